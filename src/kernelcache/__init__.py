@@ -1,0 +1,27 @@
+"""kernelcache: compile CUDA kernels once, reuse them everywhere.
+
+Public names mirror ``cuda.core.utils`` (ProgramCacheResource, InMemoryProgramCache,
+FileStreamProgramCache, make_program_cache_key), so switching is one import.
+Importing this package does not import cuda.core or load any compiler.
+"""
+
+from kernelcache.keys import explain_program_cache_key, make_program_cache_key
+from kernelcache.stores import (
+    FileStreamProgramCache,
+    InMemoryProgramCache,
+    KernelCacheWarning,
+    ProgramCacheResource,
+    UnsafeCacheDirError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FileStreamProgramCache",
+    "InMemoryProgramCache",
+    "KernelCacheWarning",
+    "ProgramCacheResource",
+    "UnsafeCacheDirError",
+    "explain_program_cache_key",
+    "make_program_cache_key",
+]

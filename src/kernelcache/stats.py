@@ -1,0 +1,244 @@
+"""Counters every store keeps: hits, misses, stores, evictions, errors, bytes, compile savings.
+
+Two implementations share one list of counter names (``COUNTERS``):
+
+* :class:`MemoryStats` -- process-local, a dict under a lock.
+* :class:`FileStats` -- a small binary file of fixed 8-byte slots, updated under an
+  ``fcntl`` record lock, so that any number of processes sharing one cache directory
+  add up exactly (no lost updates, no per-process files to merge).
+
+Both expose ``add(**deltas) -> dict``, ``set(name, value)`` and ``snapshot() -> dict``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+
+# The one list of counters. Slot order in the persistent file follows this tuple, so new
+# counters are appended, never inserted (old files keep their meaning; see FileStats).
+COUNTERS: tuple[str, ...] = (
+    "hits",  # a look-up that returned bytes
+    "misses",  # a look-up that found nothing usable (absent, corrupt, unreadable)
+    "stores",  # artifacts written
+    "evictions",  # entries removed to honour the size cap
+    "errors",  # I/O or corruption problems that were degraded to a miss / dropped write
+    "bytes_read",  # payload bytes returned by hits
+    "bytes_written",  # payload bytes stored
+    "compiles",  # compiler runs done through compile_program with this cache
+    "compile_us_saved",  # microseconds of compile time that hits avoided
+    "size_bytes",  # live bytes on disk (FileStats: the size-cap tracker)
+    "reconciled_at",  # unix time of the last directory scan that reset size_bytes
+    "internal_gets",  # look-ups made by kernelcache itself (header manifests): not user hits
+)
+_INDEX = {name: i for i, name in enumerate(COUNTERS)}
+_SLOT = struct.Struct("<q")
+_MAGIC = b"KCSTATS1"
+_HEADER = len(_MAGIC)
+_FILE_SIZE = _HEADER + _SLOT.size * len(COUNTERS)
+
+
+def _check_names(deltas: Mapping[str, int]) -> None:
+    unknown = set(deltas) - set(COUNTERS)
+    if unknown:
+        raise KeyError(f"unknown stats counter(s) {sorted(unknown)}; known: {COUNTERS}")
+
+
+def public_view(raw: Mapping[str, int]) -> dict[str, float | int]:
+    """The counters a user reads: raw slots plus derived figures (hit rate, seconds saved)."""
+    out: dict[str, float | int] = {name: int(raw.get(name, 0)) for name in COUNTERS}
+    lookups = out["hits"] + out["misses"]
+    out["hit_rate"] = (out["hits"] / lookups) if lookups else 0.0
+    out["compile_seconds_saved"] = out.pop("compile_us_saved") / 1e6
+    return out
+
+
+class MemoryStats:
+    """Process-local counters (thread-safe)."""
+
+    persistent = False
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values = dict.fromkeys(COUNTERS, 0)
+
+    def add(self, **deltas: int) -> dict[str, int]:
+        """Apply the deltas; return the counters as they are right after."""
+        _check_names(deltas)
+        with self._lock:
+            for name, delta in deltas.items():
+                self._values[name] = max(0, self._values[name] + delta)
+            return dict(self._values)
+
+    def set(self, name: str, value: int) -> None:
+        _check_names({name: value})
+        with self._lock:
+            self._values[name] = value
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+    def add_deferred(self, **deltas: int) -> None:
+        self.add(**deltas)
+
+    def close(self) -> None:
+        pass
+
+
+# Every open FileStats, so that deferred counts are written when the interpreter exits.
+_LIVE: weakref.WeakSet[FileStats] = weakref.WeakSet()
+# Deferred counts reach the file at least this often (and at every write, snapshot, close
+# and interpreter exit).
+_FLUSH_EVERY_S = 0.5
+
+
+@atexit.register
+def _flush_all() -> None:
+    for stats in list(_LIVE):
+        stats.flush()
+
+
+class FileStats:
+    """Counters kept in ``path`` and shared, exactly, by every process that opens it.
+
+    Each update is: take an exclusive ``lockf`` lock on the file, ``pread`` all slots,
+    ``pwrite`` them back with the deltas applied, unlock. ``lockf`` locks belong to the
+    process, so a thread lock serialises this process's threads first. Four system calls
+    per update: cheap next to the file I/O that caused it.
+
+    Hits are the hot path, so ``add_deferred`` (hits, misses, bytes read) only adds to a
+    per-process pending tally, written out with the next update, snapshot or close, at
+    interpreter exit, or after half a second. Counts are exact once every process has
+    flushed; a process killed with SIGKILL loses at most its last half second of read
+    counts (never a write's, never the size tracker: ``add`` writes through at once).
+
+    If the file cannot be opened or written (read-only directory, full disk), the counters
+    fall back to process memory: statistics must never break a cache operation.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = os.fspath(path)
+        self._thread_lock = threading.Lock()
+        self._fallback = MemoryStats()
+        self._pending: dict[str, int] = {}
+        self._last_flush = time.monotonic()
+        self._fd: int | None = None
+        try:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+            self._ensure_initialised()
+        except OSError:
+            self._close_fd()
+        _LIVE.add(self)
+
+    @property
+    def persistent(self) -> bool:
+        return self._fd is not None
+
+    def _ensure_initialised(self) -> None:
+        # Two processes may create the file at once; the lock makes exactly one of them
+        # write the header. A file with another magic (another layout) is restarted:
+        # counters are diagnostics, not data.
+        import fcntl
+
+        assert self._fd is not None
+        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        try:
+            head = os.pread(self._fd, _FILE_SIZE, 0)
+            if head[:_HEADER] != _MAGIC:
+                os.pwrite(self._fd, _MAGIC + bytes(_FILE_SIZE - _HEADER), 0)
+            elif len(head) < _FILE_SIZE:  # written by a version with fewer counters
+                os.pwrite(self._fd, bytes(_FILE_SIZE - len(head)), len(head))
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+    def _read_slots(self, fd: int) -> list[int]:
+        raw = os.pread(fd, _FILE_SIZE - _HEADER, _HEADER).ljust(_FILE_SIZE - _HEADER, b"\0")
+        return list(struct.unpack(f"<{len(COUNTERS)}q", raw))
+
+    def _update(self, deltas: Mapping[str, int], absolute: bool) -> dict[str, int]:
+        import fcntl
+
+        with self._thread_lock:
+            if self._pending and not absolute:
+                merged = dict(deltas)
+                for name, value in self._pending.items():
+                    merged[name] = merged.get(name, 0) + value
+                deltas, self._pending = merged, {}
+                self._last_flush = time.monotonic()
+            fd = self._fd
+            if fd is not None:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX)
+                    try:
+                        slots = self._read_slots(fd)
+                        for name, value in deltas.items():
+                            i = _INDEX[name]
+                            # Counters never go below zero: size_bytes is a tracker that
+                            # can drift under races, and the next reconcile restores it.
+                            slots[i] = value if absolute else max(0, slots[i] + value)
+                        os.pwrite(fd, struct.pack(f"<{len(COUNTERS)}q", *slots), _HEADER)
+                    finally:
+                        fcntl.lockf(fd, fcntl.LOCK_UN)
+                    return dict(zip(COUNTERS, slots))
+                except OSError:
+                    self._close_fd()  # from now on this process counts in memory
+        if absolute:
+            for name, value in deltas.items():
+                self._fallback.set(name, value)
+            return self._fallback.snapshot()
+        return self._fallback.add(**deltas)
+
+    def add(self, **deltas: int) -> dict[str, int]:
+        """Apply the deltas; return the counters as they are right after."""
+        _check_names(deltas)
+        return self._update(deltas, absolute=False)
+
+    def set(self, name: str, value: int) -> None:
+        _check_names({name: value})
+        self.flush()
+        self._update({name: value}, absolute=True)
+
+    def add_deferred(self, **deltas: int) -> None:
+        """Count read-path events in memory; written out within half a second."""
+        with self._thread_lock:
+            pending = self._pending
+            for name, value in deltas.items():
+                pending[name] = pending.get(name, 0) + value
+            due = time.monotonic() - self._last_flush > _FLUSH_EVERY_S
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write pending deferred counts to the file."""
+        if self._pending:
+            self._update({}, absolute=False)
+
+    def snapshot(self) -> dict[str, int]:
+        self.flush()
+        with self._thread_lock:
+            fd = self._fd
+            if fd is not None:
+                try:
+                    return dict(zip(COUNTERS, self._read_slots(fd)))
+                except OSError:
+                    pass
+        return self._fallback.snapshot()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd = None
+
+    def close(self) -> None:
+        self.flush()
+        with self._thread_lock:
+            self._close_fd()

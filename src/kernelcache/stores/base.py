@@ -1,0 +1,261 @@
+"""The store contract (ProgramCacheResource) and the coercions every store shares.
+
+A store maps a key (bytes; str is UTF-8 encoded) to the compiled artifact's bytes, stored
+verbatim. Built-in stores also keep a small metadata record per entry (content digest,
+compile log, symbol mapping...); ``get_record``/``set_record`` expose it to kernelcache's
+own layers. The mapping-style methods move the user-visible counters (hits, misses,
+stores); ``internal=True`` look-ups (header manifests) count apart.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import threading
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Union
+
+from kernelcache.stats import MemoryStats, public_view
+
+if TYPE_CHECKING:
+    from cuda.core import ObjectCode
+
+    ValueLike = Union[bytes, bytearray, memoryview, ObjectCode]
+else:
+    ValueLike = Union[bytes, bytearray, memoryview, Any]
+
+Meta = dict[str, Any]
+
+
+class KernelCacheWarning(RuntimeWarning):
+    """A cache problem that was degraded to a miss or a dropped write."""
+
+
+def as_key_bytes(key: object) -> bytes:
+    """Return the key as bytes: bytes as they are, str as UTF-8; anything else is a TypeError."""
+    if type(key) is bytes:
+        return key
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, bytes):  # a bytes subclass
+        return bytes(key)
+    raise TypeError(
+        f"cache keys must be bytes or str, not {type(key).__name__}; "
+        "use kernelcache.make_program_cache_key(...) to build one"
+    )
+
+
+def as_value_bytes(value: object) -> bytes:
+    """Return the artifact bytes of ``value``.
+
+    Accepts bytes, bytearray, memoryview (any contiguous buffer, copied), or a cuda.core
+    ObjectCode; a path-backed ObjectCode is read now, at write time, so a later change of
+    that file cannot change what the cache holds.
+    """
+    if type(value) is bytes:
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if isinstance(value, memoryview):
+        return value.tobytes()
+    code = getattr(value, "code", None)
+    if code is not None and type(value).__module__.startswith("cuda.core"):
+        if isinstance(code, (bytes, bytearray, memoryview)):
+            return bytes(code)
+        if isinstance(code, str):  # ObjectCode.from_cubin("path/to/file.cubin")
+            with open(code, "rb") as f:
+                return f.read()
+    raise TypeError(
+        f"cache values must be bytes, bytearray, memoryview or a cuda.core ObjectCode, "
+        f"not {type(value).__name__}"
+    )
+
+
+def check_max_size(max_size_bytes: object) -> int | None:
+    """Validate a size cap argument: None (no cap) or a positive int."""
+    if max_size_bytes is None:
+        return None
+    if isinstance(max_size_bytes, bool) or not isinstance(max_size_bytes, int):
+        raise TypeError(f"max_size_bytes must be an int or None, not {type(max_size_bytes).__name__}")
+    if max_size_bytes <= 0:
+        raise ValueError(
+            f"max_size_bytes must be a positive number of bytes or None for no cap, got {max_size_bytes}"
+        )
+    return max_size_bytes
+
+
+class ProgramCacheResource(abc.ABC):
+    """A byte store for compiled programs: bytes in, the same bytes out.
+
+    Keys are bytes or str (``"k"`` and ``b"k"`` name the same entry); other key types raise
+    TypeError. Values are bytes, bytearray, memoryview or a cuda.core ObjectCode.
+
+    There is deliberately no ``__contains__``: ``if key in cache: cache[key]`` is racy when
+    other threads or processes evict or replace entries between the two calls. Use
+    ``get(key)``, which answers both questions in one step.
+
+    Every store works as a context manager and has ``close()``; ``stats()`` returns counters.
+    """
+
+    @abc.abstractmethod
+    def __getitem__(self, key: bytes | str) -> bytes:
+        """Return the bytes stored under ``key``; KeyError when there are none."""
+
+    @abc.abstractmethod
+    def __setitem__(self, key: bytes | str, value: ValueLike) -> None:
+        """Store ``value`` under ``key`` (a failed write is dropped with a warning)."""
+
+    @abc.abstractmethod
+    def __delitem__(self, key: bytes | str) -> None:
+        """Remove ``key``; KeyError when it is absent."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Number of entries."""
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Remove every entry."""
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        """Return the bytes under ``key``, or ``default`` when there are none."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def update(self, items: Mapping[Any, ValueLike] | Iterable[tuple[Any, ValueLike]], /) -> None:
+        """Store every (key, value) of a mapping or of an iterable of pairs."""
+        pairs = items.items() if isinstance(items, Mapping) else items
+        for key, value in pairs:
+            self[key] = value
+
+    def stats(self) -> dict[str, float | int]:
+        """Counters of this store (hits, misses, stores, evictions, errors, bytes...)."""
+        return {}
+
+    # Records: payload + metadata. Stores that keep no metadata of their own (a user's
+    # subclass, say) get it through a second entry under a derived key.
+    def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
+        """Return ``(payload, meta)`` or None. ``internal`` look-ups do not count as hits/misses."""
+        k = as_key_bytes(key)
+        payload = self.get(k)
+        if payload is None:
+            return None
+        raw_meta = self.get(k + b".meta")
+        try:
+            meta = json.loads(raw_meta) if raw_meta is not None else {}
+        except ValueError:
+            meta = {}
+        return payload, meta
+
+    def set_record(self, key: bytes | str, payload: ValueLike, meta: Meta | None = None) -> bool:
+        """Store payload and metadata; return False when the write was dropped."""
+        k = as_key_bytes(key)
+        if meta:
+            self[k + b".meta"] = json.dumps(meta, sort_keys=True).encode()
+        self[k] = payload
+        return True
+
+    def discard(self, key: bytes | str) -> None:
+        """Remove ``key`` if present (no error when absent)."""
+        try:
+            del self[key]
+        except KeyError:
+            pass
+
+    def add_stats(self, **deltas: int) -> None:  # noqa: B027 - optional hook
+        """Count events seen by a layer above (compile_program's compiles and savings)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; the default has none."""
+
+    def __enter__(self) -> ProgramCacheResource:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class RecordStore(ProgramCacheResource):
+    """Base of kernelcache's own stores: implement ``_read``, ``_write``, ``_remove``.
+
+    This class turns those three into the mapping API, does the key/value coercion once,
+    counts hits/misses/stores, and issues each kind of warning once per store.
+    """
+
+    def __init__(self) -> None:
+        self._stats: Any = MemoryStats()
+        self._warned: set[str] = set()
+        self._warn_lock = threading.Lock()
+
+    @abc.abstractmethod
+    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+        """Return the verified ``(payload, meta)`` for key, or None (absent or unusable).
+
+        With ``want_meta=False`` the meta may be returned empty (saves parsing it).
+        """
+
+    @abc.abstractmethod
+    def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
+        """Store payload and meta; return False if the write was dropped."""
+
+    @abc.abstractmethod
+    def _remove(self, key: bytes) -> bool:
+        """Remove key; return whether it was present."""
+
+    def warn_once(self, cause: str, message: str) -> None:
+        """Warn about ``cause`` the first time it happens in this store, and count an error."""
+        self._stats.add(errors=1)
+        with self._warn_lock:
+            if cause in self._warned:
+                return
+            self._warned.add(cause)
+        warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=3)
+
+    def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
+        return self._counted_read(as_key_bytes(key), internal, want_meta=True)
+
+    def _counted_read(self, key: bytes, internal: bool, want_meta: bool) -> tuple[bytes, Meta] | None:
+        record = self._read(key, want_meta)
+        if internal:
+            self._stats.add_deferred(internal_gets=1)
+        elif record is None:
+            self._stats.add_deferred(misses=1)
+        else:
+            self._stats.add_deferred(hits=1, bytes_read=len(record[0]))
+        return record
+
+    def set_record(self, key: bytes | str, payload: ValueLike, meta: Meta | None = None) -> bool:
+        data = as_value_bytes(payload)
+        written = self._write(as_key_bytes(key), data, dict(meta or {}))
+        if written:
+            self._stats.add(stores=1, bytes_written=len(data))
+        return written
+
+    def __getitem__(self, key: bytes | str) -> bytes:
+        record = self._counted_read(as_key_bytes(key), False, want_meta=False)
+        if record is None:
+            raise KeyError(key)
+        return record[0]
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        record = self._counted_read(as_key_bytes(key), False, want_meta=False)
+        return default if record is None else record[0]
+
+    def __setitem__(self, key: bytes | str, value: ValueLike) -> None:
+        self.set_record(key, value)
+
+    def __delitem__(self, key: bytes | str) -> None:
+        if not self._remove(as_key_bytes(key)):
+            raise KeyError(key)
+
+    def discard(self, key: bytes | str) -> None:
+        self._remove(as_key_bytes(key))
+
+    def add_stats(self, **deltas: int) -> None:  # noqa: B027 - optional hook
+        self._stats.add(**deltas)
+
+    def stats(self) -> dict[str, float | int]:
+        return public_view(self._stats.snapshot())

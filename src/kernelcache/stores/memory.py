@@ -1,0 +1,85 @@
+"""InMemoryProgramCache: a thread-safe LRU of artifacts in process memory, capped in bytes."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from kernelcache.stores.base import Meta, RecordStore, check_max_size
+
+
+class InMemoryProgramCache(RecordStore):
+    """LRU by access (reads and writes both refresh an entry), thread-safe.
+
+    ``max_size_bytes`` caps the sum of payload sizes (None: no cap; <= 0: ValueError).
+    An entry larger than the cap is not stored at all (storing it would evict everything
+    and still not fit). Values are immutable ``bytes``, so a hit returns the stored object
+    itself without a copy.
+    """
+
+    def __init__(self, max_size_bytes: int | None = None) -> None:
+        super().__init__()
+        self._max_size = check_max_size(max_size_bytes)
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[bytes, tuple[bytes, Meta]] = OrderedDict()
+        self._size = 0
+
+    @property
+    def max_size_bytes(self) -> int | None:
+        return self._max_size
+
+    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+        with self._lock:
+            record = self._entries.get(key)
+            if record is not None:
+                self._entries.move_to_end(key)
+            return record
+
+    def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
+        if self._max_size is not None and len(payload) > self._max_size:
+            self.warn_once(
+                "too-large",
+                f"an entry of {len(payload)} bytes exceeds max_size_bytes={self._max_size}; "
+                "not stored in memory",
+            )
+            return False
+        evicted = 0
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._size -= len(old[0])
+            self._entries[key] = (payload, meta)
+            self._size += len(payload)
+            if self._max_size is not None:
+                while self._size > self._max_size:
+                    _, (victim, _) = self._entries.popitem(last=False)
+                    self._size -= len(victim)
+                    evicted += 1
+        if evicted:
+            self._stats.add(evictions=evicted)
+        return True
+
+    def _remove(self, key: bytes) -> bool:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is None:
+                return False
+            self._size -= len(old[0])
+            return True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._size = 0
+
+    def stats(self) -> dict[str, float | int]:
+        out = super().stats()
+        with self._lock:
+            out["size_bytes"] = self._size
+            out["entries"] = len(self._entries)
+        out["max_size_bytes"] = self._max_size or 0
+        return out

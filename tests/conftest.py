@@ -1,0 +1,75 @@
+"""Shared fixtures: real directories, real filesystems (tmpfs mounts), real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+ARCH = "sm_90"  # compiles target this arch on CPU-only machines (NVRTC needs no GPU)
+
+
+def _gpu_available() -> bool:
+    try:
+        from cuda.core import Device
+
+        Device(0).set_current()
+        return True
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    if _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and driver; none found here")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _private_default_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No test may touch the user's real cache: the default root points into tmp.
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path_factory.mktemp("default-cache")))
+    monkeypatch.delenv("KERNELCACHE_DISABLE", raising=False)
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(size: str, *, read_only: bool = False) -> Iterator[str]:
+    """A real tmpfs of ``size`` (e.g. "256k"); skips the test where mounting is not allowed."""
+    point = f"/tmp/kc-mnt-{uuid.uuid4().hex[:8]}"
+    os.makedirs(point)
+    opts = f"size={size},mode=0700"
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", point], capture_output=True)
+    if proc.returncode != 0:
+        os.rmdir(point)
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.decode().strip()}")
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", point], capture_output=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(point)
+
+
+def remount_read_only(point: str) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", point], check=True, capture_output=True)
+
+
+def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    """Run code in a fresh interpreter (a real separate process); return its stdout."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout
