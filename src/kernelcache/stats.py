@@ -85,7 +85,11 @@ class MemoryStats:
             return dict(self._values)
 
     def add_deferred(self, **deltas: int) -> None:
-        self.add(**deltas)
+        """The hot-path increment: no name check, no copy (names come from our own code)."""
+        values = self._values
+        with self._lock:
+            for name, delta in deltas.items():
+                values[name] += delta
 
     def close(self) -> None:
         pass
@@ -242,3 +246,10 @@ class FileStats:
         self.flush()
         with self._thread_lock:
             self._close_fd()
+
+    def __del__(self) -> None:
+        # A store dropped without close() still writes its pending counts and frees its fd.
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -231,7 +231,7 @@ class RecordStore(ProgramCacheResource):
         data = as_value_bytes(payload)
         written = self._write(as_key_bytes(key), data, dict(meta or {}))
         if written:
-            self._stats.add(stores=1, bytes_written=len(data))
+            self._stats.add_deferred(stores=1, bytes_written=len(data))
         return written
 
     def __getitem__(self, key: bytes | str) -> bytes:

@@ -89,11 +89,12 @@ _O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 # The hit path checks size and CRC-32 (zlib, about twice as fast as SHA-256 here); the
 # SHA-256 is for tools (verify, export) and for users comparing artifacts across machines.
 _SIDECAR_MAGIC = b"kernelcache-sidecar"
+# A typical sidecar is a few hundred bytes; _read_fd reads on past this if needed.
 _SIDECAR_READ = 1 << 16
 # Verified (entry, sidecar) pairs remembered per process (see _read); bounded.
 _VERIFIED_MEMO_SIZE = 4096
 # entry identity, sidecar identity, payload CRC-32, parsed metadata
-_Verified = tuple[tuple[int, int, int], tuple[int, int, int], int, Meta]  # a typical sidecar is a few hundred bytes; _read_fd reads on past this
+_Verified = tuple[tuple[int, int, int], tuple[int, int, int], int, Meta]
 
 
 def _make_sidecar(payload: bytes, meta: Meta) -> bytes:
@@ -393,7 +394,10 @@ class FileStreamProgramCache(RecordStore):
         sidecar = _make_sidecar(payload, meta)
         staged: list[str] = []
         try:
-            meta_tmp = self._stage(sidecar)
+            # Only the entry is fsync'ed. A sidecar lost or garbled by a power cut fails the
+            # CRC check on read, which makes the entry a miss: the verification that every
+            # read does already covers it, and a second fsync would double a write's cost.
+            meta_tmp = self._stage(sidecar, durable=False)
             staged.append(meta_tmp)
             entry_tmp = self._stage(payload)
             staged.append(entry_tmp)
@@ -424,8 +428,8 @@ class FileStreamProgramCache(RecordStore):
             self._evict()
         return True
 
-    def _stage(self, data: bytes) -> str:
-        """Write data to a fresh temp file, fsync it, return its path."""
+    def _stage(self, data: bytes, durable: bool = True) -> str:
+        """Write data to a fresh temp file (fsync'ed if durable), return its path."""
         name = os.path.join(self._tmp, f"{uuid.uuid4().hex}{_TMP_SUFFIX}")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
@@ -440,7 +444,8 @@ class FileStreamProgramCache(RecordStore):
                 view = view[os.write(fd, view) :]
             # fsync before publication: after a power loss the entry is either absent or
             # whole, never an allocated-but-unwritten file with a valid name.
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         except BaseException:
             os.close(fd)
             os.unlink(name)

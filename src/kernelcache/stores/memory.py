@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from kernelcache.stores.base import Meta, RecordStore, check_max_size
+from kernelcache.stores.base import Meta, RecordStore, as_key_bytes, check_max_size
 
 
 class InMemoryProgramCache(RecordStore):
@@ -23,10 +23,32 @@ class InMemoryProgramCache(RecordStore):
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, tuple[bytes, Meta]] = OrderedDict()
         self._size = 0
+        # Counted under self._lock by the __getitem__ fast path, merged into stats().
+        self._hits = self._misses = self._bytes_read = 0
 
     @property
     def max_size_bytes(self) -> int | None:
         return self._max_size
+
+    def __getitem__(self, key: bytes | str) -> bytes:
+        # The hot path, kept flat: one lock round trip for the look-up, the LRU bump and
+        # the counters together.
+        k = key if type(key) is bytes else as_key_bytes(key)
+        with self._lock:
+            record = self._entries.get(k)
+            if record is None:
+                self._misses += 1
+                raise KeyError(key)
+            self._entries.move_to_end(k)
+            self._hits += 1
+            self._bytes_read += len(record[0])
+            return record[0]
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
         with self._lock:
@@ -77,6 +99,10 @@ class InMemoryProgramCache(RecordStore):
             self._size = 0
 
     def stats(self) -> dict[str, float | int]:
+        with self._lock:
+            fast = {"hits": self._hits, "misses": self._misses, "bytes_read": self._bytes_read}
+            self._hits = self._misses = self._bytes_read = 0
+        self._stats.add_deferred(**fast)
         out = super().stats()
         with self._lock:
             out["size_bytes"] = self._size

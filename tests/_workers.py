@@ -1,0 +1,80 @@
+"""Functions that run in child processes (spawned: a real separate interpreter each)."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+from kernelcache import FileStreamProgramCache
+
+
+def payload_for(writer: int, size: int) -> bytes:
+    # Every byte says which writer wrote it: a torn read (two writers' bytes) is visible.
+    return bytes([writer % 256]) * size
+
+
+def write_same_key(root: str, writer: int, rounds: int, size: int) -> None:
+    warnings.simplefilter("ignore")
+    cache = FileStreamProgramCache(root)
+    for _ in range(rounds):
+        cache["shared"] = payload_for(writer, size)
+    cache.close()
+
+
+def read_until(root: str, deadline: float, writers: int, size: int) -> tuple[int, int, int]:
+    """(reads that returned bytes, misses, torn reads)."""
+    warnings.simplefilter("ignore")
+    cache = FileStreamProgramCache(root)
+    valid = {payload_for(w, size) for w in range(writers)}
+    hits = misses = torn = 0
+    while time.time() < deadline:
+        data = cache.get("shared")
+        if data is None:
+            misses += 1
+        elif data in valid:
+            hits += 1
+        else:
+            torn += 1
+    cache.close()
+    return hits, misses, torn
+
+
+def write_distinct_keys(root: str, writer: int, count: int) -> None:
+    cache = FileStreamProgramCache(root)
+    for i in range(count):
+        cache[f"{writer}-{i}"] = f"{writer}-{i}".encode() * 50
+    cache.close()
+
+
+def hits_and_misses(root: str, hits: int, misses: int) -> None:
+    cache = FileStreamProgramCache(root)
+    for _ in range(hits):
+        assert cache.get("present") is not None
+    for i in range(misses):
+        assert cache.get(f"absent-{os.getpid()}-{i}") is None
+    cache.close()
+
+
+def churn_capped(root: str, writer: int, rounds: int, cap: int) -> int:
+    """Rewrite and read a small key set under a tight cap; return torn reads seen."""
+    warnings.simplefilter("ignore")
+    cache = FileStreamProgramCache(root, max_size_bytes=cap)
+    torn = 0
+    for r in range(rounds):
+        key = f"k{(r * 7 + writer) % 40}"
+        cache[key] = key.encode() * 100
+        got = cache.get(f"k{(r * 3) % 40}")
+        if got is not None and got != f"k{(r * 3) % 40}".encode() * 100:
+            torn += 1
+    cache.close()
+    return torn
+
+
+def write_forever(root: str, size: int) -> None:
+    """Write big entries until killed (the test kills it with SIGKILL)."""
+    cache = FileStreamProgramCache(root)
+    i = 0
+    while True:
+        cache[f"big-{i % 5}"] = payload_for(i, size)
+        i += 1
