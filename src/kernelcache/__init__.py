@@ -5,6 +5,7 @@ FileStreamProgramCache, make_program_cache_key), so switching is one import.
 Importing this package does not import cuda.core or load any compiler.
 """
 
+from kernelcache.compile import CompileInfo, compile_program, default_cache
 from kernelcache.keys import explain_program_cache_key, make_program_cache_key
 from kernelcache.stores import (
     FileStreamProgramCache,
@@ -17,6 +18,9 @@ from kernelcache.stores import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompileInfo",
+    "compile_program",
+    "default_cache",
     "FileStreamProgramCache",
     "InMemoryProgramCache",
     "KernelCacheWarning",

@@ -190,15 +190,44 @@ def _set_fields(options: Any) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in pairs if v is not None]
 
 
+_OPTIONS_MEMO: dict[tuple[Any, ...], bytes] = {}
+_OPTIONS_MEMO_LIMIT = 1024
+
+
 def _option_components(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
     """Encoded (field, value) pairs of every set field that can change the output.
 
     Unset (None) fields are left out: the field names are in the encoding, so leaving
     them out cannot make two different option sets collide. A field the policy table does
     not know (a newer cuda.core) is hashed: fail closed.
+
+    Results are memoised by the options' values (when they are all hashable): a process
+    that compiles with one ProgramOptions pays the encoding once, not per look-up.
     """
     if not isinstance(options, _program_options_type()):
         raise TypeError(f"options must be a cuda.core.ProgramOptions or None, not {type(options).__name__}")
+    fields = getattr(options, "__dict__", None)
+    memo_key = None
+    if fields is not None:
+        values = tuple(fields.values())
+        # Types too: True == 1 == 1.0 in a tuple comparison, but they encode differently.
+        memo_key = (tuple(fields), values, tuple(map(type, values)), code_type, has_digest, headers_tracked)
+        # (field names too: an instance with an extra attribute must not share an entry)
+        try:
+            return _OPTIONS_MEMO[memo_key]
+        except KeyError:
+            pass
+        except TypeError:  # a list value: not hashable, encode every time
+            memo_key = None
+    encoded = _encode_options(options, code_type, has_digest, headers_tracked)
+    if memo_key is not None:
+        if len(_OPTIONS_MEMO) >= _OPTIONS_MEMO_LIMIT:
+            _OPTIONS_MEMO.clear()
+        _OPTIONS_MEMO[memo_key] = encoded
+    return encoded
+
+
+def _encode_options(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
     parts = []
     for name, value in _set_fields(options):
         policy = OPTION_POLICY.get(name, HASH)
@@ -259,14 +288,15 @@ def key_components(
     target_type: str,
     name_expressions: Sequence[str | bytes] = (),
     extra_digest: bytes | None = None,
-    headers_digest: bytes | None = None,
+    headers_tracked: bool = False,
     toolchain: Toolchain | None = None,
 ) -> list[tuple[str, bytes]]:
     """The named, encoded inputs of a key, in order. Validates every argument.
 
-    ``headers_digest`` is compile_program's digest of the headers a compile read; when it
-    is given, include_path/pre_include are accepted without extra_digest. ``toolchain`` is
-    the probe result to use (computed once per process when None).
+    ``headers_tracked=True`` is compile_program's promise to append the digest of the
+    headers the compile read (see headers.py); include_path/pre_include are then accepted
+    without extra_digest. ``toolchain`` is the probe result to use (computed once per
+    process when None).
     """
     ct = _normalize_kind(code_type, "code_type", frozenset(SUPPORTED_TARGETS))
     tt = _normalize_kind(target_type, "target_type", TARGET_TYPES)
@@ -283,15 +313,13 @@ def key_components(
         ("code_type", ct.encode()),
         ("target_type", tt.encode()),
         ("code", _code_bytes(code)),
-        ("options", _option_components(options, ct, extra is not None, headers_digest is not None)),
+        ("options", _option_components(options, ct, extra is not None, headers_tracked)),
         ("name_expressions", _name_expressions_bytes(name_expressions)),
         ("toolchain.cuda_core", tc.cuda_core.encode()),
         ("toolchain.compiler", tc.compiler.encode()),
     ]
     if extra is not None:
         components.append(("extra_digest", extra))
-    if headers_digest is not None:
-        components.append(("headers", headers_digest))
     return components
 
 
@@ -306,10 +334,15 @@ def digest_components(components: list[tuple[str, bytes]]) -> bytes:
     The names and the fixed-size lengths come first, so the boundaries of every value are
     fixed before any value is read: no two different inputs give the same hashed bytes.
     """
-    names = _names_blob(tuple(name for name, _ in components))
-    values = [value for _, value in components]
-    lengths = struct.pack(f"<{len(values) + 1}Q", len(names), *map(len, values))
-    return hashlib.sha256(lengths + names + b"".join(values)).digest()
+    names, values = zip(*components)
+    blob = _names_blob(names)
+    lengths = _lengths_struct(len(values)).pack(len(blob), *map(len, values))
+    return hashlib.sha256(lengths + blob + b"".join(values)).digest()
+
+
+@functools.cache
+def _lengths_struct(n: int) -> struct.Struct:
+    return struct.Struct(f"<{n + 1}Q")
 
 
 def make_program_cache_key(

@@ -254,8 +254,8 @@ class RecordStore(ProgramCacheResource):
     def discard(self, key: bytes | str) -> None:
         self._remove(as_key_bytes(key))
 
-    def add_stats(self, **deltas: int) -> None:  # noqa: B027 - optional hook
-        self._stats.add(**deltas)
+    def add_stats(self, **deltas: int) -> None:
+        self._stats.add_deferred(**deltas)
 
     def stats(self) -> dict[str, float | int]:
         return public_view(self._stats.snapshot())

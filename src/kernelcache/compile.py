@@ -1,0 +1,508 @@
+"""compile_program(): key -> store.get -> single-flight compile -> store.set; logs and symbols replayed.
+
+On a hit no compiler runs: the stored bytes come back as an ObjectCode of the right kind,
+with the NVRTC symbol mapping (name expressions) and the compile log of the original miss.
+For C++ the key also covers every header the compile read (see headers.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kernelcache import headers as hdr
+from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components, key_components
+from kernelcache.singleflight import single_flight
+from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, as_value_bytes
+from kernelcache.stores.filestream import FileStreamProgramCache, default_cache_dir
+from kernelcache.toolchain import toolchain_for
+
+if TYPE_CHECKING:
+    from cuda.core import ObjectCode, ProgramOptions
+
+__all__ = ["CompileInfo", "compile_program", "default_cache"]
+
+
+@dataclasses.dataclass
+class CompileInfo:
+    """What one compile_program call did; pass ``info=CompileInfo()`` to receive it."""
+
+    hit: bool = False  # True: no compiler ran in this call
+    key: bytes = b""  # the entry's key (for C++ it includes the headers' digest)
+    seconds: float = 0.0  # wall time of the whole call
+    compile_seconds: float = 0.0  # on a miss: this compile; on a hit: the compile it saved
+    waited: bool = False  # another thread/process compiled it while we waited
+    cached: bool = True  # False when KERNELCACHE_DISABLE=1 or the store could not be used
+    headers: list[str] = dataclasses.field(default_factory=list)  # headers the key covers
+
+    @property
+    def key_hex(self) -> str:
+        return self.key.hex()
+
+
+# -- the default cache ------------------------------------------------------------------
+
+_default_lock = threading.Lock()
+_default_caches: dict[str, FileStreamProgramCache] = {}
+
+
+def default_cache() -> FileStreamProgramCache:
+    """The process-wide FileStreamProgramCache at ``KERNELCACHE_DIR`` (or platformdirs)."""
+    root = default_cache_dir()
+    with _default_lock:
+        cache = _default_caches.get(root)
+        if cache is None:
+            cache = _default_caches[root] = FileStreamProgramCache(root)
+        return cache
+
+
+def _disabled() -> bool:
+    return os.environ.get("KERNELCACHE_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# -- compiling ----------------------------------------------------------------------------
+
+
+class _LogCollector:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+
+    def text(self) -> str:
+        return "".join(self.parts).rstrip("\x00")
+
+
+def _as_source_text(code: str | bytes) -> str:
+    if isinstance(code, str):
+        return code
+    try:
+        return bytes(code).decode("utf-8")
+    except UnicodeDecodeError:
+        # cuda.core hands NVRTC a str; Latin-1 maps every byte to one character, so the
+        # compile sees the same characters (non-ASCII bytes only ever sit in comments or
+        # string literals of real sources). The key hashes the original bytes.
+        return bytes(code).decode("latin-1")
+
+
+@functools.cache
+def driver_available() -> bool:
+    """Whether a CUDA driver library can be loaded in this process (probed once)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def _nvrtc_check(result: Any, what: str) -> None:
+    from cuda.bindings import nvrtc
+
+    err = result[0] if isinstance(result, tuple) else result
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err}")
+
+
+def _nvrtc_ptx_without_driver(
+    code: str, options: ProgramOptions, name_expressions: Sequence[str | bytes], log: _LogCollector
+) -> ObjectCode:
+    """C++ -> PTX with NVRTC alone, for machines with no driver.
+
+    cuda.core 1.2's Program.compile("ptx") asks the driver whether the PTX can be loaded and
+    raises where there is none; PTX generation itself never needed a driver.
+    """
+    from cuda.bindings import nvrtc
+    from cuda.core import ObjectCode
+
+    name = (options.name or "default_program").encode()
+    err, prog = nvrtc.nvrtcCreateProgram(code.encode("utf-8"), name, 0, [], [])
+    _nvrtc_check(err, "nvrtcCreateProgram")
+    try:
+        for expr in name_expressions:
+            raw = expr if isinstance(expr, bytes) else expr.encode()
+            _nvrtc_check(nvrtc.nvrtcAddNameExpression(prog, raw), "nvrtcAddNameExpression")
+        flags = options.as_bytes("nvrtc")
+        result = nvrtc.nvrtcCompileProgram(prog, len(flags), flags)
+        err_log, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log.write(buf.decode(errors="replace"))
+        if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            from cuda.core._utils.cuda_utils import NVRTCError  # the error cuda.core raises
+
+            raise NVRTCError(f"{result[0]}: compile of {name.decode()} failed:\n{log.text()}")
+        err, size = nvrtc.nvrtcGetPTXSize(prog)
+        _nvrtc_check(err, "nvrtcGetPTXSize")
+        ptx = b" " * size
+        _nvrtc_check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        mapping = {}
+        for expr in name_expressions:
+            raw = expr if isinstance(expr, bytes) else expr.encode()
+            err, lowered = nvrtc.nvrtcGetLoweredName(prog, raw)
+            _nvrtc_check(err, "nvrtcGetLoweredName")
+            mapping[expr] = lowered
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return ObjectCode.from_ptx(ptx.rstrip(b"\x00"), name=options.name or "", symbol_mapping=mapping)
+
+
+def _run_compiler(
+    code: str | bytes,
+    code_type: str,
+    target_type: str,
+    options: ProgramOptions,
+    name_expressions: Sequence[str | bytes],
+    trace_path: str | None,
+) -> tuple[ObjectCode, str, float]:
+    """Compile with the real compiler; return (object code, log text, seconds)."""
+    from cuda.core import Program
+
+    log = _LogCollector()
+    start = time.perf_counter()
+    if trace_path is not None:
+        options = dataclasses.replace(options, fdevice_time_trace=trace_path)
+    source: str | bytes = code if code_type == "nvvm" else _as_source_text(code)
+    if code_type == "c++" and target_type == "ptx" and not driver_available():
+        obj = _nvrtc_ptx_without_driver(str(source), options, name_expressions, log)
+    else:
+        program = Program(source, code_type, options=options)
+        try:
+            obj = program.compile(target_type, name_expressions=tuple(name_expressions), logs=log)
+        finally:
+            program.close()
+    return obj, log.text(), time.perf_counter() - start
+
+
+# -- metadata -----------------------------------------------------------------------------
+
+
+def _encode_symbols(mapping: dict[Any, Any] | None) -> list[list[str]]:
+    out = []
+    for expr, mangled in (mapping or {}).items():
+        ekind, etext = ("b", expr.decode("latin-1")) if isinstance(expr, bytes) else ("s", str(expr))
+        vkind, vtext = ("b", mangled.decode("latin-1")) if isinstance(mangled, bytes) else ("s", str(mangled))
+        out.append([ekind, etext, vkind, vtext])
+    return out
+
+
+def _decode_symbols(items: list[list[str]] | None) -> dict[Any, Any]:
+    mapping: dict[Any, Any] = {}
+    for ekind, etext, vkind, vtext in items or ():
+        expr = etext.encode("latin-1") if ekind == "b" else etext
+        mapping[expr] = vtext.encode("latin-1") if vkind == "b" else vtext
+    return mapping
+
+
+def _object_from_bytes(data: bytes, target_type: str, name: str, meta: Meta) -> ObjectCode:
+    from cuda.core import ObjectCode
+
+    factory = {
+        "cubin": ObjectCode.from_cubin,
+        "ptx": ObjectCode.from_ptx,
+        "ltoir": ObjectCode.from_ltoir,
+        "fatbin": ObjectCode.from_fatbin,
+    }[target_type]
+    return factory(data, name=name, symbol_mapping=_decode_symbols(meta.get("symbols")))
+
+
+def _options_summary(options: Any) -> dict[str, str]:
+    fields = getattr(options, "__dict__", {})
+    return {k: repr(v) for k, v in fields.items() if v is not None}
+
+
+# -- safe store access (a failing store never fails a compile) -----------------------------
+
+_warned_foreign: set[str] = set()
+
+
+def _warn_store(cache: ProgramCacheResource, what: str, exc: BaseException) -> None:
+    cause = f"{type(cache).__name__}:{what}:{type(exc).__name__}"
+    if cause not in _warned_foreign:
+        _warned_foreign.add(cause)
+        warnings.warn(
+            f"kernelcache: the cache {type(cache).__name__} failed to {what} ({exc!r}); "
+            "compiling without it",
+            KernelCacheWarning,
+            stacklevel=4,
+        )
+    try:
+        cache.add_stats(errors=1)
+    except Exception:
+        pass
+
+
+def _get(cache: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta] | None:
+    try:
+        return cache.get_record(key, internal=True)
+    except Exception as exc:
+        _warn_store(cache, "read", exc)
+        return None
+
+
+def _set(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Meta) -> None:
+    try:
+        cache.set_record(key, payload, meta)
+    except Exception as exc:
+        _warn_store(cache, "write", exc)
+
+
+def _count(cache: ProgramCacheResource, **deltas: int) -> None:
+    try:
+        cache.add_stats(**deltas)
+    except Exception:
+        pass
+
+
+def _lock_path(cache: ProgramCacheResource, key: bytes) -> str | None:
+    lock_path = getattr(cache, "lock_path", None)
+    if lock_path is None:
+        return None
+    try:
+        return str(lock_path(key.hex() + ".lock"))
+    except OSError:
+        return None
+
+
+# -- header manifests ----------------------------------------------------------------------
+
+_manifest_memo_lock = threading.Lock()
+_manifest_memo: dict[bytes, dict[str, Any]] = {}
+_trace_unsupported = False
+
+
+def _manifest_key(base: list[tuple[str, bytes]]) -> bytes:
+    return digest_components([*base, ("manifest", b"%d" % hdr.MANIFEST_FORMAT)])
+
+
+def _full_key(base: list[tuple[str, bytes]], variant: dict[str, Any]) -> bytes:
+    return digest_components([*base, ("headers", variant["digest"].encode())])
+
+
+def _matching_variant(
+    cache: ProgramCacheResource, manifest_key: bytes, dirs: list[str], read_store: bool
+) -> dict[str, Any] | None:
+    """The first variant of this source's manifest whose headers still validate.
+
+    Variants remembered in this process are tried first: any variant that validates gives
+    a correct key (the key is derived from the header contents), so a stale memo can only
+    cost a look-up, never serve wrong code.
+    """
+    with _manifest_memo_lock:
+        manifest = _manifest_memo.get(manifest_key)
+    for variant in (manifest or {}).get("variants", ()):
+        if hdr.variant_matches(variant, dirs):
+            return variant
+    if not read_store:
+        return None
+    record = _get(cache, manifest_key)
+    stored = hdr.parse_manifest(record[0]) if record else None
+    if stored is None:
+        return None
+    with _manifest_memo_lock:
+        _manifest_memo[manifest_key] = stored
+    for variant in stored["variants"]:
+        if hdr.variant_matches(variant, dirs):
+            return variant
+    return None
+
+
+def _store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: dict[str, Any]) -> None:
+    # Read-modify-write of the manifest: callers hold the single-flight lock of this source,
+    # which serialises it against every thread and process sharing the cache directory.
+    record = _get(cache, manifest_key)
+    manifest = hdr.add_variant(hdr.parse_manifest(record[0]) if record else None, variant)
+    import json
+
+    _set(cache, manifest_key, json.dumps(manifest, separators=(",", ":")).encode(), {"kind": "manifest"})
+    with _manifest_memo_lock:
+        _manifest_memo[manifest_key] = manifest
+
+
+def _tracks_headers(options: Any) -> bool:
+    return any(_is_set(getattr(options, f, None)) for f, p in OPTION_POLICY.items() if p == TRACKED)
+
+
+# -- the public call ------------------------------------------------------------------------
+
+
+def compile_program(
+    code: str | bytes,
+    code_type: str = "c++",
+    target_type: str = "cubin",
+    *,
+    options: ProgramOptions | None = None,
+    cache: ProgramCacheResource | None = None,
+    name_expressions: Sequence[str | bytes] = (),
+    logs: Any = None,
+    extra_digest: bytes | None = None,
+    info: CompileInfo | None = None,
+    wait_timeout: float | None = None,
+) -> ObjectCode:
+    """Compile ``code`` once; later calls (any thread, process, or run) load the stored result.
+
+    ``cache``: a ProgramCacheResource (default: the FileStreamProgramCache at
+    ``KERNELCACHE_DIR`` or the platformdirs user cache; ``KERNELCACHE_DISABLE=1`` compiles
+    without any cache). On a hit no compiler runs and the returned ObjectCode carries the
+    original's symbol mapping; ``logs.write`` receives the original compile log on hits
+    too. Pass ``info=CompileInfo()`` to learn whether it was a hit, the key and timings.
+
+    Concurrent callers of one key wait for a single compile (``wait_timeout`` seconds at
+    most, default ``KERNELCACHE_WAIT_TIMEOUT`` or 600; then they compile on their own).
+    Compile errors propagate as cuda.core raises them; nothing is stored for them. A
+    failing cache (I/O error, corrupt entry, full disk) degrades to a recompile and warns.
+    """
+    start = time.perf_counter()
+    info = info if info is not None else CompileInfo()
+    if options is None:
+        from kernelcache.keys import _default_options
+
+        options = _default_options()
+    if _disabled():
+        obj, log_text, seconds = _run_compiler(code, code_type, target_type, options, name_expressions, None)
+        _emit_log(logs, log_text)
+        info.hit, info.cached, info.compile_seconds = False, False, seconds
+        info.seconds = time.perf_counter() - start
+        return obj
+    if cache is None:
+        cache = default_cache()
+    elif not isinstance(cache, ProgramCacheResource):
+        raise TypeError(f"cache must be a ProgramCacheResource or None, not {type(cache).__name__}")
+
+    ct = code_type.lower() if isinstance(code_type, str) else code_type
+    tt = target_type.lower() if isinstance(target_type, str) else target_type
+    toolchain = toolchain_for(ct) if ct in ("c++", "ptx", "nvvm") else None
+    track = ct == "c++" and extra_digest is None
+    if track and _trace_unsupported and _tracks_headers(options):
+        raise ValueError(
+            "this NVRTC cannot report which headers a compile reads (no -fdevice-time-trace), so "
+            "include_path/pre_include need extra_digest=<bytes that change when the headers change>"
+        )
+    base = key_components(
+        code=code,
+        code_type=code_type,
+        options=options,
+        target_type=target_type,
+        name_expressions=name_expressions,
+        extra_digest=extra_digest,
+        headers_tracked=track,
+        toolchain=toolchain,
+    )
+    name = options.name or ""
+
+    def lookup(read_manifest_from_store: bool) -> tuple[bytes, tuple[bytes, Meta] | None, dict | None]:
+        if not track:
+            key = digest_components(base)
+            return key, _get(cache, key), None
+        dirs = hdr.search_dirs(options)
+        variant = _matching_variant(cache, manifest_key, dirs, read_manifest_from_store)
+        if variant is None:
+            return b"", None, None
+        key = _full_key(base, variant)
+        return key, _get(cache, key), variant
+
+    manifest_key = _manifest_key(base) if track else b""
+    key, record, variant = lookup(True)
+    if record is None:
+        # Single flight per source (C++: per source+options, since the header-complete key
+        # is only known after the compile; others: per key).
+        flight_key = manifest_key if track else key
+        with single_flight(flight_key, _lock_path(cache, flight_key), wait_timeout) as outcome:
+            if outcome == "acquired":
+                key, record, variant = lookup(True)  # a peer may have compiled it meanwhile
+                info.waited = record is not None
+            if record is None:
+                return _miss(
+                    cache, code, ct, tt, options, name_expressions, logs, base, manifest_key,
+                    track, toolchain, info, start,
+                )
+    payload, meta = record
+    _emit_log(logs, meta.get("log", ""))
+    saved = float(meta.get("compile_seconds", 0.0))
+    _count(cache, hits=1, bytes_read=len(payload), compile_us_saved=int(saved * 1e6))
+    info.hit, info.key, info.compile_seconds = True, key, saved
+    info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options)) if variant and track else []
+    obj = _object_from_bytes(payload, tt, name, meta)
+    info.seconds = time.perf_counter() - start
+    return obj
+
+
+def _emit_log(logs: Any, text: str) -> None:
+    if logs is not None and text:
+        logs.write(text)
+
+
+def _miss(
+    cache: ProgramCacheResource,
+    code: str | bytes,
+    code_type: str,
+    target_type: str,
+    options: Any,
+    name_expressions: Sequence[str | bytes],
+    logs: Any,
+    base: list[tuple[str, bytes]],
+    manifest_key: bytes,
+    track: bool,
+    toolchain: Any,
+    info: CompileInfo,
+    start: float,
+) -> ObjectCode:
+    global _trace_unsupported
+    trace_dir = tempfile.mkdtemp(prefix="kernelcache-trace-") if track else None
+    cwd = os.getcwd()
+    try:
+        trace_path = os.path.join(trace_dir, "trace") if trace_dir else None
+        _count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
+        obj, log_text, seconds = _run_compiler(
+            code, code_type, target_type, options, name_expressions, trace_path
+        )
+        _count(cache, compiles=1)
+        _emit_log(logs, log_text)
+        info.hit, info.compile_seconds = False, seconds
+        variant = None
+        if track:
+            assert trace_path is not None
+            found = hdr.headers_from_trace(trace_path, cwd)
+            if found is None:
+                _trace_unsupported = True
+                if _tracks_headers(options):
+                    _warn_store(cache, "track headers", RuntimeError("NVRTC wrote no header trace"))
+                    info.cached = False
+                    return obj  # cannot be keyed safely: not stored
+                found = []
+            dirs = hdr.search_dirs(options, cwd)
+            variant = hdr.make_variant(found, dirs, hdr.toolchain_header_roots(options))
+            key = _full_key(base, variant)
+            info.headers = hdr.tracked_paths(variant, dirs)
+        else:
+            key = digest_components(base)
+        info.key = key
+        meta = {
+            "code_type": code_type,
+            "target_type": target_type,
+            "name": options.name or "",
+            "symbols": _encode_symbols(getattr(obj, "symbol_mapping", None)),
+            "log": log_text,
+            "compile_seconds": seconds,
+            "toolchain": toolchain.as_dict() if toolchain is not None else {},
+            "options": _options_summary(options),
+            "headers": info.headers,
+        }
+        _set(cache, key, as_value_bytes(obj), meta)
+        if variant is not None:
+            _store_manifest(cache, manifest_key, variant)
+        info.seconds = time.perf_counter() - start
+        return obj
+    finally:
+        if trace_dir:
+            shutil.rmtree(trace_dir, ignore_errors=True)

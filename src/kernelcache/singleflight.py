@@ -1,0 +1,106 @@
+"""One compile per key at a time: a per-key lock in the process, a per-key file lock across processes.
+
+``single_flight(key, lock_path, timeout)`` is a context manager. Inside it, the caller
+re-checks the store and compiles only if the entry is still missing. Its value says how
+the wait ended: ``"acquired"`` (we hold the key; compile if still missing), ``"timeout"``
+(a peer is taking too long; compile on our own, without the lock).
+
+Why this is safe against stuck or dead peers:
+- the in-process lock is a plain ``threading.Lock`` per key, taken with a timeout;
+- the cross-process lock is an ``flock`` on ``locks/<key hex>.lock`` (filelock): the kernel
+  releases it the moment its holder dies, even by SIGKILL, so waiters get it at once;
+- waiting is bounded by ``timeout`` in total; past it the waiter compiles by itself, so a
+  peer that hangs (a stopped process, a dead NFS lock server) never blocks a user forever.
+Different keys use different locks and never wait for each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+DEFAULT_TIMEOUT_S = float(os.environ.get("KERNELCACHE_WAIT_TIMEOUT", "600"))
+
+
+class _KeyLocks:
+    """Per-key threading locks, created on demand and dropped when nobody holds or waits."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[bytes, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: bytes, timeout: float) -> Iterator[bool]:
+        with self._guard:
+            lock, users = self._locks.get(key, (None, 0))
+            if lock is None:
+                lock = threading.Lock()
+            self._locks[key] = (lock, users + 1)
+        acquired = lock.acquire(timeout=max(timeout, 0))
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                lock.release()
+            with self._guard:
+                _, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]  # the last user: do not grow the table forever
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+_THREAD_LOCKS = _KeyLocks()
+
+
+@contextlib.contextmanager
+def single_flight(key: bytes, lock_path: str | None, timeout: float | None = None) -> Iterator[str]:
+    """Hold ``key`` against other threads, and other processes when ``lock_path`` is given.
+
+    Yields "acquired" or "timeout". The lock is only ever held around "check the store,
+    compile if missing, store": never around anything that can wait on another key.
+    """
+    budget = DEFAULT_TIMEOUT_S if timeout is None else timeout
+    deadline = time.monotonic() + budget
+    with _THREAD_LOCKS.hold(key, budget) as have_thread_lock:
+        if not have_thread_lock:
+            yield "timeout"
+            return
+        if lock_path is None:
+            yield "acquired"
+            return
+        file_lock = _file_lock(lock_path, deadline)
+        if file_lock is None:
+            yield "timeout"
+            return
+        try:
+            yield "acquired"
+        finally:
+            file_lock.release()
+
+
+def _file_lock(path: str, deadline: float) -> object | None:
+    """An acquired filelock on path, or None when the deadline passed or locking failed.
+
+    A lock that cannot be created at all (read-only cache dir) is not a reason to fail:
+    we then compile without cross-process coordination.
+    """
+    import filelock
+
+    try:
+        # Keep the lock file after release: unlinking it lets a late waiter hold a lock on
+        # the old, unlinked inode while a newcomer locks a fresh file of the same name, and
+        # then both would compile. One empty file per key is the price (clear() drops them).
+        lock = filelock.FileLock(path, preserve_lock_file=True)
+    except TypeError:  # filelock older than the preserve_lock_file option
+        lock = filelock.FileLock(path)
+    try:
+        lock.acquire(timeout=max(0.0, deadline - time.monotonic()), poll_interval=0.01)
+    except filelock.Timeout:
+        return None
+    except OSError:
+        return None
+    return lock
