@@ -78,3 +78,19 @@ def write_forever(root: str, size: int) -> None:
     while True:
         cache[f"big-{i % 5}"] = payload_for(i, size)
         i += 1
+
+
+def compile_heavy(root: str, code: str, arch: str) -> tuple[bool, bytes]:
+    """compile_program in a separate process; (hit, artifact bytes)."""
+    from cuda.core import ProgramOptions
+
+    from kernelcache import CompileInfo, compile_program
+
+    info = CompileInfo()
+    obj = compile_program(
+        code,
+        options=ProgramOptions(arch=arch, use_bundled_headers=True, std="c++17"),
+        cache=FileStreamProgramCache(root),
+        info=info,
+    )
+    return info.hit, bytes(obj.code)

@@ -134,17 +134,19 @@ def _nvrtc_ptx_without_driver(
             _nvrtc_check(nvrtc.nvrtcAddNameExpression(prog, raw), "nvrtcAddNameExpression")
         flags = options.as_bytes("nvrtc")
         result = nvrtc.nvrtcCompileProgram(prog, len(flags), flags)
+        # Output buffers are fresh bytearrays: NVRTC writes into them in place, and a bytes
+        # object such as b" " * 1 is an interpreter-wide singleton it would corrupt.
         err_log, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * size
+        buf = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, buf)
-        log.write(buf.decode(errors="replace"))
+        log.write(bytes(buf).decode(errors="replace"))
         if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             from cuda.core._utils.cuda_utils import NVRTCError  # the error cuda.core raises
 
             raise NVRTCError(f"{result[0]}: compile of {name.decode()} failed:\n{log.text()}")
         err, size = nvrtc.nvrtcGetPTXSize(prog)
         _nvrtc_check(err, "nvrtcGetPTXSize")
-        ptx = b" " * size
+        ptx = bytearray(size)
         _nvrtc_check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
         mapping = {}
         for expr in name_expressions:
@@ -154,7 +156,7 @@ def _nvrtc_ptx_without_driver(
             mapping[expr] = lowered
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return ObjectCode.from_ptx(ptx.rstrip(b"\x00"), name=options.name or "", symbol_mapping=mapping)
+    return ObjectCode.from_ptx(bytes(ptx).rstrip(b"\x00"), name=options.name or "", symbol_mapping=mapping)
 
 
 def _run_compiler(
@@ -250,9 +252,9 @@ def _get(cache: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta] | None:
         return None
 
 
-def _set(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Meta) -> None:
+def _set(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Meta, internal: bool = False) -> None:
     try:
-        cache.set_record(key, payload, meta)
+        cache.set_record(key, payload, meta, internal=internal)
     except Exception as exc:
         _warn_store(cache, "write", exc)
 
@@ -324,7 +326,8 @@ def _store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: d
     manifest = hdr.add_variant(hdr.parse_manifest(record[0]) if record else None, variant)
     import json
 
-    _set(cache, manifest_key, json.dumps(manifest, separators=(",", ":")).encode(), {"kind": "manifest"})
+    raw = json.dumps(manifest, separators=(",", ":")).encode()
+    _set(cache, manifest_key, raw, {"kind": "manifest"}, internal=True)
     with _manifest_memo_lock:
         _manifest_memo[manifest_key] = manifest
 

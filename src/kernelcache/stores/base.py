@@ -150,8 +150,13 @@ class ProgramCacheResource(abc.ABC):
             meta = {}
         return payload, meta
 
-    def set_record(self, key: bytes | str, payload: ValueLike, meta: Meta | None = None) -> bool:
-        """Store payload and metadata; return False when the write was dropped."""
+    def set_record(
+        self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False
+    ) -> bool:
+        """Store payload and metadata; return False when the write was dropped.
+
+        ``internal`` writes (header manifests) do not count as user-visible stores.
+        """
         k = as_key_bytes(key)
         if meta:
             self[k + b".meta"] = json.dumps(meta, sort_keys=True).encode()
@@ -227,10 +232,12 @@ class RecordStore(ProgramCacheResource):
             self._stats.add_deferred(hits=1, bytes_read=len(record[0]))
         return record
 
-    def set_record(self, key: bytes | str, payload: ValueLike, meta: Meta | None = None) -> bool:
+    def set_record(
+        self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False
+    ) -> bool:
         data = as_value_bytes(payload)
         written = self._write(as_key_bytes(key), data, dict(meta or {}))
-        if written:
+        if written and not internal:
             self._stats.add_deferred(stores=1, bytes_written=len(data))
         return written
 
