@@ -133,9 +133,7 @@ def main() -> None:
     try:
         opts = ProgramOptions(arch=ARCH)
         kw = {"code": SRC, "code_type": "c++", "options": opts, "target_type": "cubin"}
-        rows.append(
-            ("key derivation", median_us(lambda: our_key(**kw)), median_us(lambda: their_key(**kw)), "us")
-        )
+        rows.append(("key derivation", median_us(lambda: our_key(**kw)), median_us(lambda: their_key(**kw)), "us"))
 
         om, tm = OurMemory(), TheirMemory()
         om[b"k"] = PAYLOAD
@@ -153,12 +151,8 @@ def main() -> None:
         of, tf = OurFile(os.path.join(work, "ours")), TheirFile(os.path.join(work, "theirs"))
         of[b"k"] = PAYLOAD
         tf[b"k"] = PAYLOAD
-        rows.append(
-            ("file get (hit, 16 KiB)", median_us(lambda: of[b"k"]), median_us(lambda: tf[b"k"]), "us")
-        )
-        rows.append(
-            ("file get (miss)", median_us(lambda: of.get(b"nope")), median_us(lambda: tf.get(b"nope")), "us")
-        )
+        rows.append(("file get (hit, 16 KiB)", median_us(lambda: of[b"k"]), median_us(lambda: tf[b"k"]), "us"))
+        rows.append(("file get (miss)", median_us(lambda: of.get(b"nope")), median_us(lambda: tf.get(b"nope")), "us"))
         rows.append(
             (
                 "file set (16 KiB)",

@@ -205,9 +205,7 @@ def test_editing_any_header_is_a_miss_with_the_new_code(tmp_path, project, edite
     cache = FileStreamProgramCache(tmp_path / "cache")
     before, _ = call(cache, code=code, options=options)
     path = root / edited
-    path.write_text(
-        path.read_text().replace(" 1\n", " 10\n").replace(" 2\n", " 20\n").replace(" 3\n", " 30\n")
-    )
+    path.write_text(path.read_text().replace(" 1\n", " 10\n").replace(" 2\n", " 20\n").replace(" 3\n", " 30\n"))
     after, info = call(cache, code=code, options=options)
     assert not info.hit
     assert bytes(after.code) != bytes(before.code)
@@ -241,9 +239,7 @@ def test_a_shadowing_header_earlier_on_the_path_is_a_miss(tmp_path, project) -> 
     root, code, options = project
     cache = FileStreamProgramCache(tmp_path / "cache")
     call(cache, code=code, options=options)
-    (root / "top.h").write_text(
-        '#pragma once\n#include "nested/deep.h"\n#define TOP 7\n'
-    )  # cwd: searched first
+    (root / "top.h").write_text('#pragma once\n#include "nested/deep.h"\n#define TOP 7\n')  # cwd: searched first
     (root / "nested").mkdir()
     (root / "nested" / "deep.h").write_text("#pragma once\n#define DEEP 8\n")
     shadowed, info = call(cache, code=code, options=options)

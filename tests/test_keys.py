@@ -147,9 +147,7 @@ def test_unseen_file_inputs_need_extra_digest(opts: dict) -> None:
     assert with_digest != key(options=ProgramOptions(arch=ARCH, **opts), extra_digest=b"headers-v2")
 
 
-@pytest.mark.parametrize(
-    "opts", [{"create_pch": "x.pch"}, {"time": "t.csv"}, {"fdevice_time_trace": "t.json"}]
-)
+@pytest.mark.parametrize("opts", [{"create_pch": "x.pch"}, {"time": "t.csv"}, {"fdevice_time_trace": "t.json"}])
 def test_side_effect_options_are_rejected(opts: dict) -> None:
     with pytest.raises(ValueError, match="side effect"):
         key(options=ProgramOptions(arch=ARCH, **opts))
@@ -250,12 +248,8 @@ def test_key_derivation_does_not_load_nvrtc() -> None:
 
 
 def test_explain_names_the_differing_component() -> None:
-    a = explain_program_cache_key(
-        code=SRC, code_type="c++", options=ProgramOptions(arch=ARCH), target_type="cubin"
-    )
-    b = explain_program_cache_key(
-        code=SRC, code_type="c++", options=ProgramOptions(arch="sm_80"), target_type="cubin"
-    )
+    a = explain_program_cache_key(code=SRC, code_type="c++", options=ProgramOptions(arch=ARCH), target_type="cubin")
+    b = explain_program_cache_key(code=SRC, code_type="c++", options=ProgramOptions(arch="sm_80"), target_type="cubin")
     assert a["key"] == key().hex()
     differing = {name for name in a.keys() | b.keys() if a.get(name) != b.get(name)}
     assert differing == {"options.arch", "key"}
@@ -294,9 +288,7 @@ def test_component_boundaries_cannot_shift(parts: list[bytes], cut: int) -> None
         return
     moved[1] = moved[0][-n:] + moved[1]
     moved[0] = moved[0][:-n]
-    assert keys_mod.digest_components(list(zip(names, parts))) != keys_mod.digest_components(
-        list(zip(names, moved))
-    )
+    assert keys_mod.digest_components(list(zip(names, parts))) != keys_mod.digest_components(list(zip(names, moved)))
 
 
 @given(code=st.text(max_size=50), macro=st.text(max_size=10))

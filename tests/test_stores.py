@@ -306,9 +306,7 @@ def test_size_tracker_is_exact_and_reconciles(tmp_path) -> None:
         cache[str(i)] = b"x" * (100 + i)
     tracked = cache.stats()["size_bytes"]
     on_disk = sum(
-        os.path.getsize(os.path.join(d, f))
-        for d, _, fs in os.walk(tmp_path / FORMAT_DIR / "entries")
-        for f in fs
+        os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp_path / FORMAT_DIR / "entries") for f in fs
     )
     assert tracked == on_disk
     del cache["3"]

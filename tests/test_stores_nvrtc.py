@@ -28,9 +28,7 @@ def cubin() -> ObjectCode:
 @pytest.mark.parametrize("kind", ["memory", "file"])
 def test_real_cubin_round_trip(tmp_path, cubin: ObjectCode, kind: str) -> None:
     store = InMemoryProgramCache() if kind == "memory" else FileStreamProgramCache(tmp_path)
-    key = make_program_cache_key(
-        code=SRC, code_type="c++", options=ProgramOptions(arch=ARCH), target_type="cubin"
-    )
+    key = make_program_cache_key(code=SRC, code_type="c++", options=ProgramOptions(arch=ARCH), target_type="cubin")
     store[key] = cubin
     data = store[key]
     assert data == bytes(cubin.code)
@@ -43,10 +41,7 @@ def test_file_entry_is_a_valid_elf_for_nvidia_tools(tmp_path, cubin: ObjectCode)
     store = FileStreamProgramCache(tmp_path)
     store[b"k"] = cubin
     (entry,) = [
-        os.path.join(d, f)
-        for d, _, fs in os.walk(tmp_path / "v1" / "entries")
-        for f in fs
-        if not f.endswith(".meta")
+        os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "v1" / "entries") for f in fs if not f.endswith(".meta")
     ]
     with open(entry, "rb") as f:
         assert f.read() == bytes(cubin.code)

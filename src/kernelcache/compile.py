@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -28,7 +29,7 @@ from kernelcache.toolchain import toolchain_for
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
 
-__all__ = ["CompileInfo", "compile_program", "default_cache"]
+__all__ = ["CompileInfo", "compile_program", "default_cache", "probe"]
 
 
 @dataclasses.dataclass
@@ -39,6 +40,8 @@ class CompileInfo:
     key: bytes = b""  # the entry's key (for C++ it includes the headers' digest)
     seconds: float = 0.0  # wall time of the whole call
     compile_seconds: float = 0.0  # on a miss: this compile; on a hit: the compile it saved
+    lookup_seconds: float = 0.0  # key derivation + store look-ups before the compile
+    store_seconds: float = 0.0  # writing the artifact (and header manifest) on a miss
     waited: bool = False  # another thread/process compiled it while we waited
     cached: bool = True  # False when KERNELCACHE_DISABLE=1 or the store could not be used
     headers: list[str] = dataclasses.field(default_factory=list)  # headers the key covers
@@ -218,6 +221,20 @@ def _object_from_bytes(data: bytes, target_type: str, name: str, meta: Meta) -> 
     return factory(data, name=name, symbol_mapping=_decode_symbols(meta.get("symbols")))
 
 
+_GLOBAL_FN = re.compile(rb"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+
+
+def _kernel_names(code: str | bytes, mapping: dict[Any, Any] | None) -> list[str]:
+    """Kernel names for listings: name expressions, else __global__ functions in the source."""
+    if mapping:
+        return [k.decode("latin-1") if isinstance(k, bytes) else str(k) for k in mapping]
+    raw = code.encode("utf-8", "surrogatepass") if isinstance(code, str) else bytes(code)
+    found = [m.decode("latin-1") for m in _GLOBAL_FN.findall(raw)]
+    if not found:  # PTX: .entry names
+        found = [m.decode("latin-1") for m in re.findall(rb"\.entry\s+(\w+)", raw)]
+    return list(dict.fromkeys(found))[:32]
+
+
 def _options_summary(options: Any) -> dict[str, str]:
     fields = getattr(options, "__dict__", {})
     return {k: repr(v) for k, v in fields.items() if v is not None}
@@ -233,8 +250,7 @@ def _warn_store(cache: ProgramCacheResource, what: str, exc: BaseException) -> N
     if cause not in _warned_foreign:
         _warned_foreign.add(cause)
         warnings.warn(
-            f"kernelcache: the cache {type(cache).__name__} failed to {what} ({exc!r}); "
-            "compiling without it",
+            f"kernelcache: the cache {type(cache).__name__} failed to {what} ({exc!r}); compiling without it",
             KernelCacheWarning,
             stacklevel=4,
         )
@@ -336,6 +352,79 @@ def _tracks_headers(options: Any) -> bool:
     return any(_is_set(getattr(options, f, None)) for f, p in OPTION_POLICY.items() if p == TRACKED)
 
 
+class _Lookup:
+    """One call's key material, computed once: base components, manifest key, toolchain."""
+
+    def __init__(
+        self,
+        cache: ProgramCacheResource,
+        code: str | bytes,
+        code_type: str,
+        target_type: str,
+        options: Any,
+        name_expressions: Sequence[str | bytes],
+        extra_digest: bytes | None,
+    ) -> None:
+        self.cache = cache
+        self.options = options
+        self.code_type = code_type.lower() if isinstance(code_type, str) else code_type
+        self.target_type = target_type.lower() if isinstance(target_type, str) else target_type
+        self.toolchain = toolchain_for(self.code_type) if self.code_type in ("c++", "ptx", "nvvm") else None
+        # Header tracking for every C++ compile without an extra_digest: even with no
+        # include_path, NVRTC reads quoted includes from the current directory.
+        self.track = self.code_type == "c++" and extra_digest is None
+        if self.track and _trace_unsupported and _tracks_headers(options):
+            raise ValueError(
+                "this NVRTC cannot report which headers a compile reads (no -fdevice-time-trace), so "
+                "include_path/pre_include need extra_digest=<bytes that change when the headers change>"
+            )
+        self.base = key_components(
+            code=code,
+            code_type=code_type,
+            options=options,
+            target_type=target_type,
+            name_expressions=name_expressions,
+            extra_digest=extra_digest,
+            headers_tracked=self.track,
+            toolchain=self.toolchain,
+        )
+        self.manifest_key = _manifest_key(self.base) if self.track else b""
+
+    def find(self) -> tuple[bytes, tuple[bytes, Meta] | None, dict[str, Any] | None]:
+        """(key, record or None, header variant or None); key is b"" when no variant matches."""
+        if not self.track:
+            key = digest_components(self.base)
+            return key, _get(self.cache, key), None
+        variant = _matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.options), True)
+        if variant is None:
+            return b"", None, None
+        key = _full_key(self.base, variant)
+        return key, _get(self.cache, key), variant
+
+
+def probe(
+    code: str | bytes,
+    code_type: str = "c++",
+    target_type: str = "cubin",
+    *,
+    options: ProgramOptions | None = None,
+    cache: ProgramCacheResource | None = None,
+    name_expressions: Sequence[str | bytes] = (),
+    extra_digest: bytes | None = None,
+) -> CompileInfo:
+    """Would compile_program hit? Looks up without compiling, storing or counting."""
+    if options is None:
+        from kernelcache.keys import _default_options
+
+        options = _default_options()
+    look = _Lookup(cache or default_cache(), code, code_type, target_type, options, name_expressions, extra_digest)
+    key, record, variant = look.find()
+    info = CompileInfo(hit=record is not None, key=key)
+    if variant is not None:
+        info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options))
+    return info
+
+
 # -- the public call ------------------------------------------------------------------------
 
 
@@ -382,60 +471,26 @@ def compile_program(
     elif not isinstance(cache, ProgramCacheResource):
         raise TypeError(f"cache must be a ProgramCacheResource or None, not {type(cache).__name__}")
 
-    ct = code_type.lower() if isinstance(code_type, str) else code_type
-    tt = target_type.lower() if isinstance(target_type, str) else target_type
-    toolchain = toolchain_for(ct) if ct in ("c++", "ptx", "nvvm") else None
-    track = ct == "c++" and extra_digest is None
-    if track and _trace_unsupported and _tracks_headers(options):
-        raise ValueError(
-            "this NVRTC cannot report which headers a compile reads (no -fdevice-time-trace), so "
-            "include_path/pre_include need extra_digest=<bytes that change when the headers change>"
-        )
-    base = key_components(
-        code=code,
-        code_type=code_type,
-        options=options,
-        target_type=target_type,
-        name_expressions=name_expressions,
-        extra_digest=extra_digest,
-        headers_tracked=track,
-        toolchain=toolchain,
-    )
-    name = options.name or ""
-
-    def lookup(read_manifest_from_store: bool) -> tuple[bytes, tuple[bytes, Meta] | None, dict | None]:
-        if not track:
-            key = digest_components(base)
-            return key, _get(cache, key), None
-        dirs = hdr.search_dirs(options)
-        variant = _matching_variant(cache, manifest_key, dirs, read_manifest_from_store)
-        if variant is None:
-            return b"", None, None
-        key = _full_key(base, variant)
-        return key, _get(cache, key), variant
-
-    manifest_key = _manifest_key(base) if track else b""
-    key, record, variant = lookup(True)
+    look = _Lookup(cache, code, code_type, target_type, options, name_expressions, extra_digest)
+    key, record, variant = look.find()
+    info.lookup_seconds = time.perf_counter() - start
     if record is None:
         # Single flight per source (C++: per source+options, since the header-complete key
         # is only known after the compile; others: per key).
-        flight_key = manifest_key if track else key
+        flight_key = look.manifest_key if look.track else key
         with single_flight(flight_key, _lock_path(cache, flight_key), wait_timeout) as outcome:
             if outcome == "acquired":
-                key, record, variant = lookup(True)  # a peer may have compiled it meanwhile
+                key, record, variant = look.find()  # a peer may have compiled it meanwhile
                 info.waited = record is not None
             if record is None:
-                return _miss(
-                    cache, code, ct, tt, options, name_expressions, logs, base, manifest_key,
-                    track, toolchain, info, start,
-                )
+                return _miss(look, code, options, name_expressions, logs, info, start)
     payload, meta = record
     _emit_log(logs, meta.get("log", ""))
     saved = float(meta.get("compile_seconds", 0.0))
     _count(cache, hits=1, bytes_read=len(payload), compile_us_saved=int(saved * 1e6))
     info.hit, info.key, info.compile_seconds = True, key, saved
-    info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options)) if variant and track else []
-    obj = _object_from_bytes(payload, tt, name, meta)
+    info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options)) if variant else []
+    obj = _object_from_bytes(payload, look.target_type, options.name or "", meta)
     info.seconds = time.perf_counter() - start
     return obj
 
@@ -446,29 +501,22 @@ def _emit_log(logs: Any, text: str) -> None:
 
 
 def _miss(
-    cache: ProgramCacheResource,
+    look: _Lookup,
     code: str | bytes,
-    code_type: str,
-    target_type: str,
     options: Any,
     name_expressions: Sequence[str | bytes],
     logs: Any,
-    base: list[tuple[str, bytes]],
-    manifest_key: bytes,
-    track: bool,
-    toolchain: Any,
     info: CompileInfo,
     start: float,
 ) -> ObjectCode:
     global _trace_unsupported
+    cache, code_type, target_type, track = look.cache, look.code_type, look.target_type, look.track
     trace_dir = tempfile.mkdtemp(prefix="kernelcache-trace-") if track else None
     cwd = os.getcwd()
     try:
         trace_path = os.path.join(trace_dir, "trace") if trace_dir else None
         _count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
-        obj, log_text, seconds = _run_compiler(
-            code, code_type, target_type, options, name_expressions, trace_path
-        )
+        obj, log_text, seconds = _run_compiler(code, code_type, target_type, options, name_expressions, trace_path)
         _count(cache, compiles=1)
         _emit_log(logs, log_text)
         info.hit, info.compile_seconds = False, seconds
@@ -485,10 +533,10 @@ def _miss(
                 found = []
             dirs = hdr.search_dirs(options, cwd)
             variant = hdr.make_variant(found, dirs, hdr.toolchain_header_roots(options))
-            key = _full_key(base, variant)
+            key = _full_key(look.base, variant)
             info.headers = hdr.tracked_paths(variant, dirs)
         else:
-            key = digest_components(base)
+            key = digest_components(look.base)
         info.key = key
         meta = {
             "code_type": code_type,
@@ -497,13 +545,16 @@ def _miss(
             "symbols": _encode_symbols(getattr(obj, "symbol_mapping", None)),
             "log": log_text,
             "compile_seconds": seconds,
-            "toolchain": toolchain.as_dict() if toolchain is not None else {},
+            "toolchain": look.toolchain.as_dict() if look.toolchain is not None else {},
             "options": _options_summary(options),
             "headers": info.headers,
+            "kernels": _kernel_names(code, getattr(obj, "symbol_mapping", None)),
         }
+        stored_at = time.perf_counter()
         _set(cache, key, as_value_bytes(obj), meta)
         if variant is not None:
-            _store_manifest(cache, manifest_key, variant)
+            _store_manifest(cache, look.manifest_key, variant)
+        info.store_seconds = time.perf_counter() - stored_at
         info.seconds = time.perf_counter() - start
         return obj
     finally:

@@ -165,8 +165,7 @@ def _check_extra_digest(extra_digest: object) -> bytes | None:
         return None
     if not isinstance(extra_digest, (bytes, bytearray)) or len(extra_digest) == 0:
         raise ValueError(
-            f"extra_digest must be non-empty bytes (e.g. hashlib.sha256(header_bytes).digest()), "
-            f"got {extra_digest!r}"
+            f"extra_digest must be non-empty bytes (e.g. hashlib.sha256(header_bytes).digest()), got {extra_digest!r}"
         )
     return bytes(extra_digest)
 
@@ -301,9 +300,7 @@ def key_components(
     ct = _normalize_kind(code_type, "code_type", frozenset(SUPPORTED_TARGETS))
     tt = _normalize_kind(target_type, "target_type", TARGET_TYPES)
     if tt not in SUPPORTED_TARGETS[ct]:
-        raise ValueError(
-            f"cannot compile {ct} to {tt}; {ct} compiles to one of {sorted(SUPPORTED_TARGETS[ct])}"
-        )
+        raise ValueError(f"cannot compile {ct} to {tt}; {ct} compiles to one of {sorted(SUPPORTED_TARGETS[ct])}")
     extra = _check_extra_digest(extra_digest)
     if options is None:
         options = _default_options()

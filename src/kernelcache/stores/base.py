@@ -67,8 +67,7 @@ def as_value_bytes(value: object) -> bytes:
             with open(code, "rb") as f:
                 return f.read()
     raise TypeError(
-        f"cache values must be bytes, bytearray, memoryview or a cuda.core ObjectCode, "
-        f"not {type(value).__name__}"
+        f"cache values must be bytes, bytearray, memoryview or a cuda.core ObjectCode, not {type(value).__name__}"
     )
 
 
@@ -79,9 +78,7 @@ def check_max_size(max_size_bytes: object) -> int | None:
     if isinstance(max_size_bytes, bool) or not isinstance(max_size_bytes, int):
         raise TypeError(f"max_size_bytes must be an int or None, not {type(max_size_bytes).__name__}")
     if max_size_bytes <= 0:
-        raise ValueError(
-            f"max_size_bytes must be a positive number of bytes or None for no cap, got {max_size_bytes}"
-        )
+        raise ValueError(f"max_size_bytes must be a positive number of bytes or None for no cap, got {max_size_bytes}")
     return max_size_bytes
 
 

@@ -250,12 +250,34 @@ class FileStreamProgramCache(RecordStore):
         return os.path.join(self._locks, name)
 
     def entry_name(self, key: bytes) -> str:
-        # A fixed-length file name whatever the key's length (file names stop at 255 bytes).
-        return hashlib.sha256(key).hexdigest()
+        """The file name of key's entry: 64 hex digits.
+
+        A 32-byte key (what make_program_cache_key returns) is named by its own hex, so
+        the key prefix that tools print is the file name; any other key is named by its
+        SHA-256, a fixed length whatever the key's (file names stop at 255 bytes).
+        """
+        return key.hex() if len(key) == 32 else hashlib.sha256(key).hexdigest()
 
     def _entry_path(self, key: bytes) -> str:
-        name = hashlib.sha256(key).hexdigest()
+        name = key.hex() if len(key) == 32 else hashlib.sha256(key).hexdigest()
         return f"{self._entries}{os.sep}{name[:2]}{os.sep}{name}"
+
+    def entry_path(self, name: str) -> str:
+        """Path of the entry file with this 64-hex name."""
+        return os.path.join(self._entries, name[:2], name)
+
+    def remove_entry(self, name: str, *, evicted: bool = False) -> int:
+        """Remove the entry file ``name`` and its sidecar; return the bytes freed (tools use it)."""
+        path = self.entry_path(name)
+        freed = self._unlink_if_same(path, None) + self._unlink_if_same(path + _META_SUFFIX, None)
+        if freed:
+            self._stats.add(size_bytes=-freed, evictions=1 if evicted else 0)
+        self._verified.pop(path, None)
+        return freed
+
+    @property
+    def tmp_dir(self) -> str:
+        return self._tmp
 
     # -- reading ----------------------------------------------------------------------
 

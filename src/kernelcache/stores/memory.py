@@ -61,8 +61,7 @@ class InMemoryProgramCache(RecordStore):
         if self._max_size is not None and len(payload) > self._max_size:
             self.warn_once(
                 "too-large",
-                f"an entry of {len(payload)} bytes exceeds max_size_bytes={self._max_size}; "
-                "not stored in memory",
+                f"an entry of {len(payload)} bytes exceeds max_size_bytes={self._max_size}; not stored in memory",
             )
             return False
         evicted = 0

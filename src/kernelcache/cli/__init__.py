@@ -1,0 +1,1 @@
+"""The kernelcache command-line tools (entry point: kernelcache.cli.main:main)."""

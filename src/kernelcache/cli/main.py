@@ -1,0 +1,383 @@
+"""The ``kernelcache`` command: the demo and the tools to run a cache in production.
+
+Bad input gives one clear line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from kernelcache.cli import entries as ent
+from kernelcache.stores.filestream import FileStreamProgramCache
+
+CACHE_DIR_OPTION = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Cache directory (default: KERNELCACHE_DIR or the user cache dir).",
+)
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+class UserError(click.ClickException):
+    """A problem with the user's input: one line on stderr, exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"kernelcache: error: {self.format_message()}", err=True)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+            raise
+        except (ValueError, OSError, KeyError) as exc:
+            # Expected failures (bad manifest, unreadable dir...) are one line, not a traceback.
+            raise UserError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
+
+
+def _open(cache_dir: str | None) -> FileStreamProgramCache:
+    return FileStreamProgramCache(cache_dir)
+
+
+def _emit(data: Any, as_json: bool, render: Any) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+    else:
+        render(data)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="kernelcache")
+def main() -> None:
+    """kernelcache: compile CUDA kernels once, reuse them everywhere."""
+
+
+# -- demo ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--tile-size", type=click.Choice(["8", "16", "32"]), default="16", show_default=True)
+@click.option("--epilogue", type=click.Choice(["relu", "identity", "gelu"]), default="relu", show_default=True)
+@click.option("--m", "m", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--n", "n", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--k", "k", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--device", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--iterations", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--clear-cache", is_flag=True, help="Empty the cache first (the run is then a MISS).")
+@click.option("--arch", default="sm_90", show_default=True, help="Target arch when no GPU is present.")
+@CACHE_DIR_OPTION
+@JSON_OPTION
+def demo(
+    tile_size: str,
+    epilogue: str,
+    m: int,
+    n: int,
+    k: int,
+    device: int,
+    warmup: int,
+    iterations: int,
+    clear_cache: bool,
+    arch: str,
+    cache_dir: str | None,
+    as_json: bool,
+) -> None:
+    """Compile a generated matmul+bias+epilogue kernel once; later runs load it (HIT)."""
+    from kernelcache.cli.demo import DemoConfig, format_report, run_demo
+
+    cfg = DemoConfig(
+        tile_size=int(tile_size),
+        epilogue=epilogue,
+        m=m,
+        n=n,
+        k=k,
+        device=device,
+        warmup=warmup,
+        iterations=iterations,
+        clear_cache=clear_cache,
+        cache_dir=cache_dir,
+        arch=arch,
+    )
+    report = run_demo(cfg)
+    _emit(report, as_json, lambda r: click.echo(format_report(r)))
+    if report["result"] == "FAILED":
+        sys.exit(1)
+
+
+# -- stats ---------------------------------------------------------------------------------
+
+
+@main.command()
+@CACHE_DIR_OPTION
+@click.option("--redis", "redis_url", default=None, help="Also report a Redis store at this URL.")
+@JSON_OPTION
+def stats(cache_dir: str | None, redis_url: str | None, as_json: bool) -> None:
+    """Hits, misses, hit rate, compiles, seconds saved, stores, evictions, errors, size."""
+    cache = _open(cache_dir)
+    per_store: dict[str, dict[str, Any]] = {}
+    s = dict(cache.stats())
+    entries = list(cache.iter_entries())
+    s["entries"] = len([e for e in entries if not ent.is_manifest(e)])
+    s["path"] = cache.path
+    per_store["disk"] = s
+    if redis_url:
+        from kernelcache.stores.redis import RedisProgramCache
+
+        with RedisProgramCache(redis_url) as rc:
+            r = dict(rc.stats())
+            r["entries"] = len(rc)
+            r["url"] = redis_url
+            per_store["redis"] = r
+
+    def render(data: dict[str, dict[str, Any]]) -> None:
+        from rich.table import Table
+
+        table = Table(title="kernelcache stats")
+        table.add_column("counter")
+        for name in data:
+            table.add_column(name, justify="right")
+        rows = [
+            "hits",
+            "misses",
+            "hit_rate",
+            "compiles",
+            "compile_seconds_saved",
+            "stores",
+            "evictions",
+            "errors",
+            "entries",
+            "size_bytes",
+            "max_size_bytes",
+        ]
+        for row in rows:
+            cells = []
+            for store in data.values():
+                v = store.get(row, "")
+                cells.append(f"{v:.1%}" if row == "hit_rate" else f"{v:.3f}" if isinstance(v, float) else str(v))
+            table.add_row(row, *cells)
+        _console().print(table)
+        for name, store in data.items():
+            click.echo(f"{name}: {store.get('path') or store.get('url')}")
+
+    _emit(per_store, as_json, render)
+
+
+# -- ls / show / export ---------------------------------------------------------------------
+
+
+@main.command(name="ls")
+@CACHE_DIR_OPTION
+@click.option(
+    "--sort",
+    type=click.Choice(["last-used", "created", "size", "compile-time"]),
+    default="last-used",
+    show_default=True,
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Show at most this many entries.")
+@JSON_OPTION
+def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, as_json: bool) -> None:
+    """List entries: key prefix, types, size, created, last used, compile time, kernels."""
+    rows = ent.list_rows(_open(cache_dir), sort, limit)
+
+    def render(data: list[dict[str, Any]]) -> None:
+        from rich.table import Table
+
+        table = Table(title=f"kernelcache entries ({len(data)})")
+        for col in ("key", "code", "target", "size", "created", "last used", "compile s", "kernels"):
+            table.add_column(col)
+        for r in data:
+            table.add_row(
+                r["key"][:16],
+                r["code_type"],
+                r["target_type"],
+                str(r["size"]),
+                ent.when(r["created"]),
+                ent.when(r["last_used"]),
+                "" if r["compile_seconds"] is None else f"{r['compile_seconds']:.3f}",
+                ", ".join(r["kernels"])[:60],
+            )
+        _console().print(table)
+
+    _emit(rows, as_json, render)
+
+
+@main.command()
+@click.argument("key_prefix")
+@CACHE_DIR_OPTION
+@JSON_OPTION
+def show(key_prefix: str, cache_dir: str | None, as_json: bool) -> None:
+    """The sidecar of one entry: toolchain, options, headers, compile log."""
+    cache = _open(cache_dir)
+    entry = _resolve(cache, key_prefix)
+    record = ent.describe(entry)
+
+    def render(data: dict[str, Any]) -> None:
+        for field in ("key", "path", "size", "sha256", "created", "last_used"):
+            click.echo(f"{field}: {data.get(field)}")
+        meta = data.get("meta") or {}
+        for field in ("code_type", "target_type", "name", "compile_seconds", "kernels"):
+            click.echo(f"{field}: {meta.get(field)}")
+        click.echo("toolchain:")
+        for k, v in (meta.get("toolchain") or {}).items():
+            click.echo(f"  {k}: {v}")
+        click.echo("options:")
+        for k, v in (meta.get("options") or {}).items():
+            click.echo(f"  {k} = {v}")
+        click.echo("headers:")
+        for h in meta.get("headers") or []:
+            click.echo(f"  {h}")
+        click.echo("log:")
+        click.echo(meta.get("log") or "  (empty)")
+
+    _emit(record, as_json, render)
+
+
+@main.command()
+@click.argument("key_prefix")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), required=True)
+@CACHE_DIR_OPTION
+def export(key_prefix: str, output: str, cache_dir: str | None) -> None:
+    """Write the raw artifact (cuobjdump / nvdisasm read it as it is)."""
+    cache = _open(cache_dir)
+    entry = _resolve(cache, key_prefix)
+    data = ent.read_verified(entry)
+    if data is None:
+        raise UserError(f"entry {entry.name[:16]} is corrupt; run `kernelcache verify --fix`")
+    with open(output, "wb") as f:
+        f.write(data)
+    click.echo(f"wrote {len(data)} bytes to {output}")
+
+
+def _resolve(cache: FileStreamProgramCache, prefix: str) -> Any:
+    try:
+        return ent.find_by_prefix(cache, prefix)
+    except LookupError as exc:
+        raise UserError(str(exc)) from exc
+
+
+# -- verify / prune / clear -------------------------------------------------------------------
+
+
+@main.command()
+@CACHE_DIR_OPTION
+@click.option("--fix", is_flag=True, help="Remove corrupt entries, orphaned sidecars and stale temp files.")
+@JSON_OPTION
+def verify(cache_dir: str | None, fix: bool, as_json: bool) -> None:
+    """Re-hash every entry; report corrupt entries, orphaned sidecars and stale temp files."""
+    cache = _open(cache_dir)
+    report = ent.verify(cache, fix=fix, progress=not as_json)
+
+    def render(data: dict[str, Any]) -> None:
+        click.echo(f"checked {data['checked']} entries")
+        for kind in ("corrupt", "orphaned_sidecars", "stale_temps"):
+            items = data[kind]
+            click.echo(f"{kind.replace('_', ' ')}: {len(items)}")
+            for item in items[:20]:
+                click.echo(f"  {item}")
+        if fix:
+            click.echo(f"fixed: {data['fixed']}")
+        click.echo("OK" if data["remaining"] == 0 else f"{data['remaining']} problem(s) remain")
+
+    _emit(report, as_json, render)
+    if report["remaining"]:
+        sys.exit(1)
+
+
+@main.command()
+@CACHE_DIR_OPTION
+@click.option("--max-size", default=None, help="Evict least recently used entries down to this size (e.g. 2GB).")
+@click.option("--older-than", default=None, help="Remove entries not used for this long (e.g. 30d, 12h).")
+@JSON_OPTION
+def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, as_json: bool) -> None:
+    """Remove entries by size (LRU first) or by age of last use."""
+    if max_size is None and older_than is None:
+        raise UserError("give --max-size SIZE and/or --older-than AGE (e.g. --max-size 2GB, --older-than 30d)")
+    size_cap = ent.parse_size(max_size) if max_size is not None else None
+    max_age = ent.parse_age(older_than) if older_than is not None else None
+    result = ent.prune(_open(cache_dir), size_cap, max_age, now=time.time())
+    _emit(result, as_json, lambda r: click.echo(f"removed {r['removed']} entries, freed {r['freed_bytes']} bytes"))
+
+
+@main.command()
+@CACHE_DIR_OPTION
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def clear(cache_dir: str | None, yes: bool) -> None:
+    """Remove every entry of the cache."""
+    cache = _open(cache_dir)
+    if not yes and not click.confirm(f"Remove every entry in {cache.path}?", default=False):
+        raise UserError("not confirmed; nothing removed (use --yes to skip the question)")
+    count = len(cache)
+    cache.clear()
+    click.echo(f"removed {count} entries from {cache.path}")
+
+
+# -- warm / explain ---------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("manifest", type=click.Path(dir_okay=False))
+@CACHE_DIR_OPTION
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True)
+@JSON_OPTION
+def warm(manifest: str, cache_dir: str | None, jobs: int, as_json: bool) -> None:
+    """Precompile every kernel of a JSON/TOML manifest in parallel, so a deployment starts warm."""
+    from kernelcache.cli import warm as warm_mod
+
+    items = warm_mod.load_manifest(manifest)
+    results = warm_mod.run(items, cache_dir, jobs, progress=not as_json)
+
+    def render(data: list[dict[str, Any]]) -> None:
+        for r in data:
+            status = "error: " + r["error"] if r.get("error") else ("hit" if r["hit"] else "compiled")
+            click.echo(f"{r['name']} [{r['arch']} {r['target_type']}]: {status}")
+        failed = sum(1 for r in data if r.get("error"))
+        click.echo(f"{len(data) - failed} ok, {failed} failed")
+
+    _emit(results, as_json, render)
+    if any(r.get("error") for r in results):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("first", type=click.Path(dir_okay=False))
+@click.argument("second", type=click.Path(dir_okay=False), required=False)
+@click.option("--entry", "entry_name", default=None, help="With one manifest: which entry (by name).")
+@CACHE_DIR_OPTION
+@JSON_OPTION
+def explain(first: str, second: str | None, entry_name: str | None, cache_dir: str | None, as_json: bool) -> None:
+    """Why did this miss? Compare two compile descriptions (or one with the cache)."""
+    from kernelcache.cli import warm as warm_mod
+
+    result = warm_mod.explain(first, second, entry_name, cache_dir)
+
+    def render(data: dict[str, Any]) -> None:
+        if data.get("in_cache") is not None:
+            click.echo(f"key {data['key'][:16]}: {'in the cache' if data['in_cache'] else 'NOT in the cache'}")
+            if data.get("closest"):
+                click.echo(f"closest cached entry: {data['closest']}")
+        if not data["differences"]:
+            click.echo("no differing key component")
+        for name, (a, b) in data["differences"].items():
+            click.echo(f"{name}:\n  - {a}\n  + {b}")
+
+    _emit(result, as_json, render)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
