@@ -179,7 +179,7 @@ def _launch_and_validate(dev: Any, kernel: Any, cfg: DemoConfig) -> tuple[float,
     args = (dbuf["a"], dbuf["b"], dbuf["bias"], dbuf["c"], np.int32(cfg.m), np.int32(cfg.n), np.int32(cfg.k))
     for _ in range(cfg.warmup):
         launch(stream, config, kernel, *args)
-    timing = EventOptions(enable_timing=True)
+    timing = EventOptions(timing_enabled=True)
     start = stream.record(options=timing)
     for _ in range(max(1, cfg.iterations)):
         launch(stream, config, kernel, *args)
