@@ -6,6 +6,8 @@ Importing this package does not import cuda.core or load any compiler.
 """
 
 from kernelcache.compile import CompileInfo, compile_program, default_cache
+from kernelcache.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
+from kernelcache.kernels import KernelCache
 from kernelcache.keys import explain_program_cache_key, make_program_cache_key
 from kernelcache.stores import (
     FileStreamProgramCache,
@@ -18,6 +20,10 @@ from kernelcache.stores import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheClearedDuringBuild",
+    "DeviceDestroyedDuringBuild",
+    "GuardedCache",
+    "KernelCache",
     "CompileInfo",
     "compile_program",
     "default_cache",
