@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import headers as hdr
 from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components, key_components
 from kernelcache.singleflight import single_flight
-from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, as_value_bytes
+from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore, as_value_bytes
 from kernelcache.stores.filestream import FileStreamProgramCache, default_cache_dir
 from kernelcache.toolchain import toolchain_for
 
@@ -209,16 +209,21 @@ def _decode_symbols(items: list[list[str]] | None) -> dict[Any, Any]:
     return mapping
 
 
-def _object_from_bytes(data: bytes, target_type: str, name: str, meta: Meta) -> ObjectCode:
+@functools.cache
+def _factories() -> dict[str, Any]:
     from cuda.core import ObjectCode
 
-    factory = {
+    return {
         "cubin": ObjectCode.from_cubin,
         "ptx": ObjectCode.from_ptx,
         "ltoir": ObjectCode.from_ltoir,
         "fatbin": ObjectCode.from_fatbin,
-    }[target_type]
-    return factory(data, name=name, symbol_mapping=_decode_symbols(meta.get("symbols")))
+    }
+
+
+def _object_from_bytes(data: bytes, target_type: str, name: str, meta: Meta) -> ObjectCode:
+    symbols = meta.get("symbols")
+    return _factories()[target_type](data, name=name, symbol_mapping=_decode_symbols(symbols) if symbols else None)
 
 
 _GLOBAL_FN = re.compile(rb"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
@@ -260,8 +265,11 @@ def _warn_store(cache: ProgramCacheResource, what: str, exc: BaseException) -> N
         pass
 
 
-def _get(cache: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta] | None:
+def _get(cache: ProgramCacheResource, key: bytes, counted: bool = True) -> tuple[bytes, Meta] | None:
+    """An internal look-up: never a user hit/miss (the caller counts those itself)."""
     try:
+        if not counted and isinstance(cache, RecordStore):
+            return cache.get_record_uncounted(key)
         return cache.get_record(key, internal=True)
     except Exception as exc:
         _warn_store(cache, "read", exc)
@@ -303,8 +311,20 @@ def _manifest_key(base: list[tuple[str, bytes]]) -> bytes:
     return digest_components([*base, ("manifest", b"%d" % hdr.MANIFEST_FORMAT)])
 
 
-def _full_key(base: list[tuple[str, bytes]], variant: dict[str, Any]) -> bytes:
-    return digest_components([*base, ("headers", variant["digest"].encode())])
+_full_key_memo: dict[tuple[bytes, str], bytes] = {}
+
+
+def _full_key(base: list[tuple[str, bytes]], variant: dict[str, Any], manifest_key: bytes = b"") -> bytes:
+    """The entry key: the base components plus the digest of the headers the compile read."""
+    memo_key = (manifest_key, variant["digest"])
+    key = _full_key_memo.get(memo_key) if manifest_key else None
+    if key is None:
+        key = digest_components([*base, ("headers", variant["digest"].encode())])
+        if manifest_key:
+            if len(_full_key_memo) >= 4096:
+                _full_key_memo.clear()
+            _full_key_memo[memo_key] = key
+    return key
 
 
 def _matching_variant(
@@ -352,6 +372,9 @@ def _tracks_headers(options: Any) -> bool:
     return any(_is_set(getattr(options, f, None)) for f, p in OPTION_POLICY.items() if p == TRACKED)
 
 
+_base_memo: dict[Any, tuple[list[tuple[str, bytes]], bytes]] = {}
+
+
 class _Lookup:
     """One call's key material, computed once: base components, manifest key, toolchain."""
 
@@ -378,6 +401,21 @@ class _Lookup:
                 "this NVRTC cannot report which headers a compile reads (no -fdevice-time-trace), so "
                 "include_path/pre_include need extra_digest=<bytes that change when the headers change>"
             )
+        # The key material of a repeated call is memoised by the call's own arguments (the
+        # options by their values: a mutated ProgramOptions is a new memo key).
+        fields = getattr(options, "__dict__", None)
+        memo_key: Any = None
+        if fields is not None and type(code) in (str, bytes):
+            values = tuple(fields.values())
+            names = tuple(name_expressions)
+            memo_key = (code, code_type, target_type, values, tuple(map(type, values)), names, extra_digest)
+            try:
+                found = _base_memo.get(memo_key)
+            except TypeError:  # an unhashable option value
+                memo_key, found = None, None
+            if found is not None:
+                self.base, self.manifest_key = found
+                return
         self.base = key_components(
             code=code,
             code_type=code_type,
@@ -388,18 +426,23 @@ class _Lookup:
             headers_tracked=self.track,
             toolchain=self.toolchain,
         )
-        self.manifest_key = _manifest_key(self.base) if self.track else b""
+        # Untracked calls have no manifest: the slot holds the entry key itself.
+        self.manifest_key = _manifest_key(self.base) if self.track else digest_components(self.base)
+        if memo_key is not None:
+            if len(_base_memo) >= 4096:
+                _base_memo.clear()
+            _base_memo[memo_key] = (self.base, self.manifest_key)
 
     def find(self) -> tuple[bytes, tuple[bytes, Meta] | None, dict[str, Any] | None]:
         """(key, record or None, header variant or None); key is b"" when no variant matches."""
         if not self.track:
-            key = digest_components(self.base)
-            return key, _get(self.cache, key), None
+            key = self.manifest_key or digest_components(self.base)
+            return key, _get(self.cache, key, counted=False), None
         variant = _matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.options), True)
         if variant is None:
             return b"", None, None
-        key = _full_key(self.base, variant)
-        return key, _get(self.cache, key), variant
+        key = _full_key(self.base, variant, self.manifest_key)
+        return key, _get(self.cache, key, counted=False), variant
 
 
 def probe(
@@ -489,7 +532,7 @@ def compile_program(
     saved = float(meta.get("compile_seconds", 0.0))
     _count(cache, hits=1, bytes_read=len(payload), compile_us_saved=int(saved * 1e6))
     info.hit, info.key, info.compile_seconds = True, key, saved
-    info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options)) if variant else []
+    info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options)) if variant and variant["headers"] else []
     obj = _object_from_bytes(payload, look.target_type, options.name or "", meta)
     info.seconds = time.perf_counter() - start
     return obj

@@ -89,6 +89,12 @@ class GuardedCache(Generic[V]):
 
     # -- look-ups ---------------------------------------------------------------------
 
+    def peek(self, key: Hashable) -> V | None:
+        """The value for key if one is installed, else None (never builds, takes no lease)."""
+        with self._lock:
+            entry = self._entries.get(key)
+        return None if entry is None else entry.value
+
     def find_or_build(self, key: Hashable, build: Callable[[], V], *, device_id: object = None) -> V:
         """The value for key, building it (once, whoever asks concurrently) if missing.
 

@@ -69,16 +69,27 @@ def _as_list(value: Any) -> list[str]:
 
 
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
-    """Absolute search directories for quoted includes, in NVRTC's order."""
+    """Absolute search directories for quoted includes, in NVRTC's order (memoised)."""
     cwd = cwd or os.getcwd()
-    dirs = []
     name = getattr(options, "name", None) or ""
-    name_dir = os.path.dirname(name)
-    if name_dir:
-        dirs.append(os.path.join(cwd, name_dir))
-    dirs.append(cwd)
-    dirs += [os.path.join(cwd, d) for d in _as_list(getattr(options, "include_path", None))]
-    return [os.path.normpath(d) for d in dirs]
+    include = getattr(options, "include_path", None)
+    memo_key = (cwd, name, include if isinstance(include, (str, type(None))) else tuple(include))
+    dirs = _dirs_memo.get(memo_key)
+    if dirs is None:
+        dirs = []
+        name_dir = os.path.dirname(name)
+        if name_dir:
+            dirs.append(os.path.join(cwd, name_dir))
+        dirs.append(cwd)
+        dirs += [os.path.join(cwd, d) for d in _as_list(include)]
+        dirs = [os.path.normpath(d) for d in dirs]
+        if len(_dirs_memo) > 1024:
+            _dirs_memo.clear()
+        _dirs_memo[memo_key] = dirs
+    return dirs
+
+
+_dirs_memo: dict[tuple[Any, ...], list[str]] = {}
 
 
 def toolchain_header_roots(options: Any) -> list[str]:

@@ -65,8 +65,8 @@ def _options_token(options: Any) -> Hashable:
     try:
         hash(values)
         return values
-    except TypeError:  # list values: make them hashable
-        return tuple(tuple(v) if isinstance(v, list) else v for v in values)
+    except TypeError:  # list values: make them hashable (type-tagged: a list is not a tuple)
+        return tuple(("list", tuple(v)) if isinstance(v, list) else v for v in values)
 
 
 def _is_bad_image(exc: BaseException) -> bool:
@@ -125,11 +125,23 @@ class KernelCache:
         An artifact that the driver refuses to load is evicted from L2, recompiled once, and
         loaded: a corrupt shared cache heals itself.
         """
+        # The hit path is kept flat: no Device object, no key derivation, no closure.
+        device_id = device if type(device) is int else self._device(device).device_id
+        fields = getattr(options, "__dict__", None)
+        token = _options_token(options) if fields is None else tuple(fields.values())
+        names = name_expressions if type(name_expressions) is tuple else tuple(name_expressions)
+        key = (code, name, code_type, target_type, names, extra_digest, token)
+        shard = self._shards.get(device_id) or self._shard(device_id)
+        try:
+            loaded = shard.peek(key)
+        except TypeError:  # an unhashable option value (a list): use a hashable copy
+            key = (code, name, code_type, target_type, names, extra_digest, _options_token(options))
+            loaded = shard.peek(key)
+        if loaded is not None:
+            kernel = loaded.kernel
+            if kernel is not None:
+                return kernel
         dev = self._device(device)
-        device_id = dev.device_id
-        names = tuple(name_expressions)
-        key = (code, name, code_type, target_type, names, extra_digest, _options_token(options))
-        shard = self._shard(device_id)
         loaded = shard.find_or_build(
             key,
             lambda: self._load(dev, code, name, options, code_type, target_type, names, extra_digest),

@@ -219,6 +219,10 @@ class RecordStore(ProgramCacheResource):
     def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
         return self._counted_read(as_key_bytes(key), internal, want_meta=True)
 
+    def get_record_uncounted(self, key: bytes) -> tuple[bytes, Meta] | None:
+        """get_record without touching any counter: for a layer that counts the call itself."""
+        return self._read(key, True)
+
     def _counted_read(self, key: bytes, internal: bool, want_meta: bool) -> tuple[bytes, Meta] | None:
         record = self._read(key, want_meta)
         if internal:
