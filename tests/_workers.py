@@ -94,3 +94,29 @@ def compile_heavy(root: str, code: str, arch: str) -> tuple[bool, bytes]:
         info=info,
     )
     return info.hit, bytes(obj.code)
+
+
+def host_compiles(root: str, url: str, namespace: str, kernels: int, start_at: float, arch: str) -> int:
+    """One "host": its own memory and disk tiers, a shared Redis; returns its compile count."""
+    from cuda.core import ProgramOptions
+
+    from kernelcache import InMemoryProgramCache, RedisProgramCache, TieredProgramCache, compile_program
+
+    cache = TieredProgramCache(
+        [InMemoryProgramCache(), FileStreamProgramCache(root), RedisProgramCache(url, namespace=namespace)]
+    )
+    while time.time() < start_at:
+        time.sleep(0.001)
+    for k in range(kernels):
+        src = f'extern "C" __global__ void k{k}(float* a) {{ a[threadIdx.x] = {k}.0f * a[threadIdx.x]; }}\n'
+        compile_program(src, options=ProgramOptions(arch=arch), cache=cache)
+    return int(cache.stats()["compiles"])
+
+
+def hold_redis_lock_forever(url: str, namespace: str, name: str) -> None:
+    from kernelcache import RedisProgramCache
+
+    rc = RedisProgramCache(url, namespace=namespace, lock_ttl_s=1)
+    with rc.remote_lock(name, time.monotonic() + 60, lambda: False) as outcome:
+        assert outcome == "acquired"
+        time.sleep(600)

@@ -14,8 +14,18 @@ from kernelcache.stores import (
     InMemoryProgramCache,
     KernelCacheWarning,
     ProgramCacheResource,
+    TieredProgramCache,
     UnsafeCacheDirError,
 )
+
+
+def __getattr__(name: str) -> object:
+    if name == "RedisProgramCache":  # needs the optional redis client: loaded on first use
+        from kernelcache.stores.redis import RedisProgramCache
+
+        return RedisProgramCache
+    raise AttributeError(name)
+
 
 __version__ = "0.1.0"
 
@@ -31,6 +41,8 @@ __all__ = [
     "InMemoryProgramCache",
     "KernelCacheWarning",
     "ProgramCacheResource",
+    "RedisProgramCache",
+    "TieredProgramCache",
     "UnsafeCacheDirError",
     "explain_program_cache_key",
     "make_program_cache_key",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import headers as hdr
 from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components, key_components
-from kernelcache.singleflight import single_flight
+from kernelcache.singleflight import DEFAULT_TIMEOUT_S, single_flight
 from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore, as_value_bytes
 from kernelcache.stores.filestream import FileStreamProgramCache, default_cache_dir
 from kernelcache.toolchain import toolchain_for
@@ -519,13 +519,24 @@ def compile_program(
     info.lookup_seconds = time.perf_counter() - start
     if record is None:
         # Single flight per source (C++: per source+options, since the header-complete key
-        # is only known after the compile; others: per key).
+        # is only known after the compile; others: per key). Threads and processes of this
+        # host meet on a file lock; hosts sharing a Redis tier meet on a Redis lock.
         flight_key = look.manifest_key if look.track else key
-        with single_flight(flight_key, _lock_path(cache, flight_key), wait_timeout) as outcome:
+        budget = DEFAULT_TIMEOUT_S if wait_timeout is None else wait_timeout
+        deadline = time.monotonic() + budget
+        with single_flight(flight_key, _lock_path(cache, flight_key), budget) as outcome:
             if outcome == "acquired":
                 key, record, variant = look.find()  # a peer may have compiled it meanwhile
                 info.waited = record is not None
-            if record is None:
+            remote_lock = getattr(cache, "remote_lock", None)
+            if record is None and remote_lock is not None:
+                with remote_lock(flight_key.hex(), deadline, lambda: look.find()[1] is not None) as remote:
+                    if remote in ("acquired", "ready"):
+                        key, record, variant = look.find()  # published by another host?
+                        info.waited = info.waited or record is not None
+                    if record is None:
+                        return _miss(look, code, options, name_expressions, logs, info, start)
+            elif record is None:
                 return _miss(look, code, options, name_expressions, logs, info, start)
     payload, meta = record
     _emit_log(logs, meta.get("log", ""))

@@ -3,11 +3,24 @@
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
 from kernelcache.stores.filestream import FileStreamProgramCache, UnsafeCacheDirError
 from kernelcache.stores.memory import InMemoryProgramCache
+from kernelcache.stores.tiered import TieredProgramCache
+
+
+def __getattr__(name: str) -> object:
+    # RedisProgramCache needs the optional redis client: imported on first use only.
+    if name == "RedisProgramCache":
+        from kernelcache.stores.redis import RedisProgramCache
+
+        return RedisProgramCache
+    raise AttributeError(name)
+
 
 __all__ = [
     "FileStreamProgramCache",
     "InMemoryProgramCache",
     "KernelCacheWarning",
     "ProgramCacheResource",
+    "RedisProgramCache",
+    "TieredProgramCache",
     "UnsafeCacheDirError",
 ]

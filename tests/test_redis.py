@@ -1,0 +1,351 @@
+"""RedisProgramCache and TieredProgramCache on real redis-server processes (single and cluster)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import warnings
+
+import _workers as w
+import pytest
+import redis
+from conftest import ARCH
+from redis_servers import RedisCluster3, RedisServer, need_redis
+
+from kernelcache import (
+    CompileInfo,
+    FileStreamProgramCache,
+    InMemoryProgramCache,
+    KernelCacheWarning,
+    RedisProgramCache,
+    TieredProgramCache,
+    compile_program,
+)
+
+TRIVIAL = 'extern "C" __global__ void fill(float* a, float v) { a[threadIdx.x] = v; }\n'
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    need_redis()
+    s = RedisServer(str(tmp_path_factory.mktemp("redis")))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def rc(server):
+    ns = f"t{time.time_ns()}"
+    cache = RedisProgramCache(server.url, namespace=ns, socket_timeout=0.5)
+    yield cache
+    cache.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    need_redis()
+    c = RedisCluster3(str(tmp_path_factory.mktemp("cluster")))
+    yield c
+    c.stop()
+
+
+# -- the store contract ---------------------------------------------------------------
+
+
+def test_round_trip_and_key_types(rc) -> None:
+    payload = os.urandom(16 * 1024)
+    rc["k"] = payload
+    assert rc[b"k"] == payload and rc.get("k") == payload
+    rc.set_record(b"r", b"bytes", {"log": "warning", "symbols": [["s", "f<int>", "b", "_Z1f"]]})
+    assert rc.get_record("r") == (b"bytes", {"log": "warning", "symbols": [["s", "f<int>", "b", "_Z1f"]]})
+    with pytest.raises(TypeError):
+        rc[1] = b"x"  # type: ignore[index]
+    with pytest.raises(KeyError):
+        rc["absent"]
+    assert not hasattr(type(rc), "__contains__")
+    s = rc.stats()
+    assert s["hits"] >= 2 and s["misses"] == 1 and s["stores"] == 2
+
+
+def test_len_and_clear_touch_only_the_namespace(rc, server) -> None:
+    other = redis.Redis.from_url(server.url)
+    other.set("someone-elses-key", b"keep me")
+    neighbour = RedisProgramCache(server.url, namespace=rc._ns + "-neighbour")
+    neighbour["n"] = b"keep me too"
+    for i in range(30):
+        rc[f"k{i}"] = b"x"
+    assert len(rc) == 30
+    rc.clear()
+    assert len(rc) == 0
+    assert other.get("someone-elses-key") == b"keep me"
+    assert neighbour["n"] == b"keep me too"
+
+
+def test_ttl_expires_entries(server) -> None:
+    rc = RedisProgramCache(server.url, namespace=f"ttl{time.time_ns()}", ttl=1)
+    rc["k"] = b"x"
+    assert rc.get("k") == b"x"
+    time.sleep(1.3)
+    assert rc.get("k") is None
+
+
+def test_entries_over_max_entry_bytes_are_skipped(server) -> None:
+    rc = RedisProgramCache(server.url, namespace=f"max{time.time_ns()}", max_entry_bytes=1000)
+    with pytest.warns(KernelCacheWarning, match="max_entry_bytes"):
+        rc["big"] = b"x" * 1001
+    assert rc.get("big") is None
+
+
+def test_bad_arguments(server) -> None:
+    with pytest.raises(ValueError):
+        RedisProgramCache(server.url, namespace="")
+    with pytest.raises(ValueError):
+        RedisProgramCache(server.url, ttl=0)
+    with pytest.raises(ValueError):
+        RedisProgramCache(server.url, max_entry_bytes=0)
+    with pytest.raises(ValueError):
+        RedisProgramCache(server.url, secret=b"")
+    with pytest.raises(TypeError):
+        RedisProgramCache(12345)
+
+
+def test_accepts_a_ready_client(server) -> None:
+    client = redis.Redis.from_url(server.url)
+    rc = RedisProgramCache(client, namespace=f"client{time.time_ns()}")
+    rc["k"] = b"v"
+    assert rc["k"] == b"v"
+
+
+# -- signing, tampering, read-only --------------------------------------------------------
+
+
+def test_secret_signs_and_rejects_wrong_or_missing_signatures(server) -> None:
+    ns = f"sig{time.time_ns()}"
+    writer = RedisProgramCache(server.url, namespace=ns, secret=b"team-secret")
+    writer["k"] = b"trusted kernel"
+    assert RedisProgramCache(server.url, namespace=ns, secret="team-secret")["k"] == b"trusted kernel"
+    wrong = RedisProgramCache(server.url, namespace=ns, secret=b"another")
+    with pytest.warns(KernelCacheWarning, match="unsigned or signed with another secret"):
+        assert wrong.get("k") is None
+    # A writer without the secret cannot plant code for the secret holders.
+    RedisProgramCache(server.url, namespace=ns)["planted"] = b"evil kernel"
+    reader = RedisProgramCache(server.url, namespace=ns, secret=b"team-secret")
+    with pytest.warns(KernelCacheWarning, match="unsigned"):
+        assert reader.get("planted") is None
+
+
+def test_tampered_entry_is_a_miss(server) -> None:
+    ns = f"tamper{time.time_ns()}"
+    rc = RedisProgramCache(server.url, namespace=ns, secret=b"s")
+    rc["k"] = b"A" * 100
+    raw = redis.Redis.from_url(server.url)
+    (rk,) = list(raw.scan_iter(match=f"{ns}:e:*"))
+    raw.setrange(rk, 60, b"B")  # flip a byte inside the payload
+    with pytest.warns(KernelCacheWarning):
+        assert rc.get("k") is None
+    unsigned = RedisProgramCache(server.url, namespace=ns + "u")
+    unsigned["k"] = b"A" * 100
+    (rk,) = list(raw.scan_iter(match=f"{ns}u:e:*"))
+    raw.setrange(rk, 60, b"B")
+    with pytest.warns(KernelCacheWarning, match="corrupt"):
+        assert unsigned.get("k") is None
+
+
+def test_read_only_never_writes(server) -> None:
+    ns = f"ro{time.time_ns()}"
+    RedisProgramCache(server.url, namespace=ns)["published"] = b"from CI"
+    ro = RedisProgramCache(server.url, namespace=ns, read_only=True)
+    assert ro["published"] == b"from CI"
+    ro["new"] = b"x"
+    assert ro.get("new") is None and len(ro) == 1
+    with pytest.raises(PermissionError, match="read_only"):
+        ro.clear()
+    with pytest.raises(PermissionError):
+        del ro["published"]
+
+
+# -- faults: down, killed and restarted, paused, full ---------------------------------------
+
+
+def test_redis_down_is_a_miss_warned_once_then_backed_off() -> None:
+    from redis_servers import free_port
+
+    rc = RedisProgramCache(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.2, retry_after_s=60)
+    with pytest.warns(KernelCacheWarning, match="treated as a miss") as record:
+        for _ in range(5):
+            assert rc.get("k") is None
+            rc["k"] = b"dropped"
+    assert len(record) == 2  # one per cause (read, write), not one per call
+    s = rc.stats()
+    assert s["backing_off"] == 1 and s["errors"] >= 10 and s["misses"] == 5
+
+
+def test_compile_succeeds_when_redis_is_down() -> None:
+    from cuda.core import ProgramOptions
+    from redis_servers import free_port
+
+    dead = RedisProgramCache(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.2)
+    info = CompileInfo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        obj = compile_program(TRIVIAL, options=ProgramOptions(arch=ARCH), cache=dead, info=info)
+    assert bytes(obj.code)[:4] == b"\x7fELF" and not info.hit
+
+
+def test_server_killed_during_a_run_and_restarted(tmp_path) -> None:
+    need_redis()
+    s = RedisServer(str(tmp_path))
+    try:
+        rc = RedisProgramCache(s.url, socket_timeout=0.3, retry_after_s=0.2)
+        rc["k"] = b"before"
+        assert rc["k"] == b"before"
+        s.kill()
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            assert rc.get("k") is None  # a miss, not an exception
+            rc["k2"] = b"dropped"
+        s.start()  # same port, empty (no persistence)
+        time.sleep(0.5)  # past the back-off
+        deadline = time.time() + 10
+        while rc.get("k3") is None and time.time() < deadline:
+            rc["k3"] = b"after"
+            time.sleep(0.1)
+        assert rc["k3"] == b"after"
+    finally:
+        s.stop()
+
+
+def test_paused_server_costs_one_timeout_not_a_hang(tmp_path) -> None:
+    need_redis()
+    s = RedisServer(str(tmp_path))
+    try:
+        rc = RedisProgramCache(s.url, socket_timeout=0.3, retry_after_s=0.2)
+        rc["k"] = b"v"
+        s.pause()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert rc.get("k") is None
+        assert any("TimeoutError" in str(c.message) for c in caught)
+        s.resume()
+        time.sleep(0.4)
+        deadline = time.time() + 10
+        got = None
+        while got is None and time.time() < deadline:
+            got = rc.get("k")
+            time.sleep(0.05)
+        assert got == b"v"
+    finally:
+        s.stop()
+
+
+def test_full_server_noeviction_drops_writes(tmp_path) -> None:
+    need_redis()
+    s = RedisServer(str(tmp_path), extra=("--maxmemory", "6mb", "--maxmemory-policy", "noeviction"))
+    try:
+        rc = RedisProgramCache(s.url, socket_timeout=1.0, retry_after_s=0.1)
+        with pytest.warns(KernelCacheWarning, match="failed to write"):
+            for i in range(40):
+                rc[f"k{i}"] = os.urandom(256 * 1024)
+        assert rc.stats()["errors"] >= 1
+        reader = RedisProgramCache(s.url)  # a fresh client: no back-off state from the writes
+        stored = sum(reader.get(f"k{i}") is not None for i in range(40))
+        assert 0 < stored < 40
+    finally:
+        s.stop()
+
+
+# -- Redis Cluster -----------------------------------------------------------------------------
+
+
+def test_cluster_round_trip_len_clear(cluster) -> None:
+    ns = f"cl{time.time_ns()}"
+    rc = RedisProgramCache(cluster.url, namespace=ns, secret=b"s")
+    for i in range(50):  # keys spread over all three masters' slots
+        rc[f"k{i}"] = f"v{i}".encode()
+    assert all(rc[f"k{i}"] == f"v{i}".encode() for i in range(50))
+    assert len(rc) == 50
+    rc.clear()
+    assert len(rc) == 0
+
+
+def test_cluster_via_client(cluster) -> None:
+    from redis.cluster import RedisCluster
+
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[1].port)
+    rc = RedisProgramCache(client, namespace=f"clc{time.time_ns()}")
+    rc["k"] = b"v"
+    assert rc["k"] == b"v"
+
+
+# -- TieredProgramCache ------------------------------------------------------------------------
+
+
+def test_tiered_reads_promote_and_writes_go_everywhere(tmp_path, server) -> None:
+    ns = f"tier{time.time_ns()}"
+    host_a = TieredProgramCache(
+        [InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), RedisProgramCache(server.url, namespace=ns)]
+    )
+    host_a.set_record("k", b"artifact", {"log": "w"})
+    mem_b, disk_b = InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "b")
+    host_b = TieredProgramCache([mem_b, disk_b, RedisProgramCache(server.url, namespace=ns)])
+    assert host_b.get_record("k") == (b"artifact", {"log": "w"})  # from Redis
+    assert disk_b.get_record("k") == (b"artifact", {"log": "w"})  # promoted to disk
+    assert mem_b.get("k") == b"artifact"  # and to memory
+    stats = host_b.tier_stats()
+    assert stats[2]["hits"] == 1 and stats[0]["misses"] >= 1
+    with pytest.raises(ValueError):
+        TieredProgramCache([])
+
+
+def test_compile_through_tiers_second_host_does_not_compile(tmp_path, server) -> None:
+    from cuda.core import ProgramOptions
+
+    ns = f"tc{time.time_ns()}"
+
+    def host(name: str) -> TieredProgramCache:
+        return TieredProgramCache(
+            [
+                InMemoryProgramCache(),
+                FileStreamProgramCache(tmp_path / name),
+                RedisProgramCache(server.url, namespace=ns),
+            ]
+        )
+
+    a, b = host("a"), host("b")
+    i1, i2 = CompileInfo(), CompileInfo()
+    o1 = compile_program(TRIVIAL, options=ProgramOptions(arch=ARCH), cache=a, info=i1)
+    o2 = compile_program(TRIVIAL, options=ProgramOptions(arch=ARCH), cache=b, info=i2)
+    assert (i1.hit, i2.hit) == (False, True) and bytes(o1.code) == bytes(o2.code)
+    assert b.stats()["compiles"] == 0
+
+
+def test_two_hosts_single_flight_through_redis(tmp_path, server) -> None:
+    ns = f"sf{time.time_ns()}"
+    kernels = 4
+    ctx = mp.get_context("spawn")
+    start_at = time.time() + 2.5
+    with ctx.Pool(2) as pool:
+        results = pool.starmap(
+            w.host_compiles,
+            [(str(tmp_path / host), server.url, ns, kernels, start_at, ARCH) for host in ("host1", "host2")],
+        )
+    assert sum(results) == kernels, f"compiles per host: {results}"
+
+
+def test_dead_redis_lock_holder_expires(tmp_path, server) -> None:
+    ns = f"lk{time.time_ns()}"
+    rc = RedisProgramCache(server.url, namespace=ns, lock_ttl_s=1)
+    ctx = mp.get_context("spawn")
+    holder = ctx.Process(target=w.hold_redis_lock_forever, args=(server.url, ns, "name"))
+    holder.start()
+    deadline = time.time() + 30
+    raw = redis.Redis.from_url(server.url)
+    while raw.get(f"{ns}:lock:name") is None and time.time() < deadline:
+        time.sleep(0.05)
+    holder.kill()
+    holder.join(10)
+    t0 = time.monotonic()
+    with rc.remote_lock("name", time.monotonic() + 20, lambda: False) as outcome:
+        assert outcome == "acquired"
+    assert time.monotonic() - t0 < 15  # released by expiry, not held forever
