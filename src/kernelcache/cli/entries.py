@@ -175,7 +175,9 @@ def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[
 
 
 def prune(cache: FileStreamProgramCache, max_size: int | None, max_age: float | None, now: float) -> dict[str, int]:
-    entries = sorted(cache.iter_entries(), key=lambda e: e.atime)  # least recently used first
+    # Artifacts only: header manifests are tiny, and removing one only costs its source a
+    # recompile; they go with clear, or with verify --fix when unreadable.
+    entries = sorted((e for e in cache.iter_entries() if not is_manifest(e)), key=lambda e: e.atime)  # LRU first
     removed = freed = 0
     kept = []
     for e in entries:

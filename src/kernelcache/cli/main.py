@@ -45,8 +45,9 @@ class _Group(click.Group):
             raise UserError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
 
 
-def _open(cache_dir: str | None) -> FileStreamProgramCache:
-    return FileStreamProgramCache(cache_dir)
+def _open(cache_dir: str | None, sweep: bool = True) -> FileStreamProgramCache:
+    # verify opens without the start-up sweep of stale temp files, so it can report them.
+    return FileStreamProgramCache(cache_dir, tmp_max_age_s=None if sweep else float("inf"))
 
 
 def _emit(data: Any, as_json: bool, render: Any) -> None:
@@ -280,7 +281,7 @@ def _resolve(cache: FileStreamProgramCache, prefix: str) -> Any:
 @JSON_OPTION
 def verify(cache_dir: str | None, fix: bool, as_json: bool) -> None:
     """Re-hash every entry; report corrupt entries, orphaned sidecars and stale temp files."""
-    cache = _open(cache_dir)
+    cache = _open(cache_dir, sweep=False)
     report = ent.verify(cache, fix=fix, progress=not as_json)
 
     def render(data: dict[str, Any]) -> None:
@@ -322,7 +323,7 @@ def clear(cache_dir: str | None, yes: bool) -> None:
     cache = _open(cache_dir)
     if not yes and not click.confirm(f"Remove every entry in {cache.path}?", default=False):
         raise UserError("not confirmed; nothing removed (use --yes to skip the question)")
-    count = len(cache)
+    count = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))  # artifacts, as ls lists them
     cache.clear()
     click.echo(f"removed {count} entries from {cache.path}")
 

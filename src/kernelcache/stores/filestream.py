@@ -184,7 +184,7 @@ class FileStreamProgramCache(RecordStore):
         max_size_bytes: int | None = None,
         *,
         allow_shared: bool = False,
-        tmp_max_age_s: float = DEFAULT_TMP_MAX_AGE_S,
+        tmp_max_age_s: float | None = None,
     ) -> None:
         super().__init__()
         self._max_size = check_max_size(max_size_bytes)
@@ -192,7 +192,7 @@ class FileStreamProgramCache(RecordStore):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         self._root = os.path.abspath(os.fspath(path) if path is not None else default_cache_dir())
         self._allow_shared = allow_shared
-        self._tmp_max_age_s = tmp_max_age_s
+        self._tmp_max_age_s = DEFAULT_TMP_MAX_AGE_S if tmp_max_age_s is None else tmp_max_age_s
         base = os.path.join(self._root, FORMAT_DIR)
         self._entries = os.path.join(base, "entries")
         self._tmp = os.path.join(base, "tmp")
