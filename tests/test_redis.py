@@ -9,7 +9,6 @@ import warnings
 
 import _workers as w
 import pytest
-import redis
 from conftest import ARCH
 from redis_servers import RedisCluster3, RedisServer, need_redis
 
@@ -18,10 +17,12 @@ from kernelcache import (
     FileStreamProgramCache,
     InMemoryProgramCache,
     KernelCacheWarning,
-    RedisProgramCache,
     TieredProgramCache,
     compile_program,
 )
+
+redis = pytest.importorskip("redis", reason="the redis client is the 'redis' extra: pip install -e '.[dev]'")
+from kernelcache import RedisProgramCache  # noqa: E402 - needs the redis client checked above
 
 TRIVIAL = 'extern "C" __global__ void fill(float* a, float v) { a[threadIdx.x] = v; }\n'
 

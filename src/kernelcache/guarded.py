@@ -90,9 +90,14 @@ class GuardedCache(Generic[V]):
     # -- look-ups ---------------------------------------------------------------------
 
     def peek(self, key: Hashable) -> V | None:
-        """The value for key if one is installed, else None (never builds, takes no lease)."""
-        with self._lock:
-            entry = self._entries.get(key)
+        """The value for key if one is installed, else None (never builds, takes no lease).
+
+        Lock-free on purpose: a single dict.get is atomic in CPython with the GIL and in the
+        free-threaded build (dicts lock themselves there), and taking the shard lock here made
+        threads that share a device convoy behind each other. The value may be unlinked by a
+        concurrent clear/evict right after: the same contract as find_or_build without a lease.
+        """
+        entry = self._entries.get(key)
         return None if entry is None else entry.value
 
     def find_or_build(self, key: Hashable, build: Callable[[], V], *, device_id: object = None) -> V:
