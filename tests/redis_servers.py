@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,17 +21,34 @@ def need_redis() -> None:
         pytest.skip("redis-server is not installed (.ci/run installs Debian's redis-server)")
 
 
-def free_port() -> int:
+def _port_is_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(cluster: bool = False) -> int:
+    """A free loopback port; for a cluster node also its bus port (port + 10000, < 65536)."""
+    if not cluster:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, 55000)
+        if _port_is_free(port) and _port_is_free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a Redis cluster node")
 
 
 class RedisServer:
     """One redis-server on 127.0.0.1:port, data in its own directory, no persistence."""
 
     def __init__(self, workdir: str, port: int | None = None, extra: tuple[str, ...] = ()) -> None:
-        self.port = port or free_port()
+        self.port = port or free_port(cluster="--cluster-enabled" in extra)
         self.dir = os.path.join(workdir, f"redis-{self.port}")
         os.makedirs(self.dir, exist_ok=True)
         self.extra = extra
