@@ -14,12 +14,12 @@ import argparse
 import multiprocessing as mp
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+
+from _timing import median_us
 
 ARCH = os.environ.get("BENCH_ARCH", "sm_90")
 TRIVIAL = 'extern "C" __global__ void k(float* a) { a[threadIdx.x] *= 2.0f; }\n'
@@ -34,16 +34,6 @@ extern "C" __global__ void block_sum_{variant}(const float* in, float* out) {{
     if (threadIdx.x == 0) out[blockIdx.x] = s;
 }}
 """
-
-
-def median_us(fn: Callable[[], object], repeat: int = 7, number: int = 100) -> float:
-    runs = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t) / number)
-    return statistics.median(runs) * 1e6
 
 
 def heavy_options():
@@ -135,8 +125,8 @@ def main() -> None:
         rows.append(
             (
                 "(a) hit: full call, trivial kernel",
-                median_us(lambda: compile_program(TRIVIAL, options=opts, cache=ours)),
-                median_us(lambda: Program(TRIVIAL, "c++", options=opts).compile("cubin", cache=theirs)),
+                median_us(lambda: compile_program(TRIVIAL, options=opts, cache=ours), number=100),
+                median_us(lambda: Program(TRIVIAL, "c++", options=opts).compile("cubin", cache=theirs), number=100),
                 "us",
             )
         )
@@ -149,8 +139,8 @@ def main() -> None:
         with_headers = "".join(f'#include "h{i}.h"\n' for i in range(5)) + TRIVIAL
         hopts = ProgramOptions(arch=ARCH, include_path=[inc])
         compile_program(with_headers, options=hopts, cache=ours)
-        none = median_us(lambda: compile_program(TRIVIAL, options=opts, cache=ours))
-        five = median_us(lambda: compile_program(with_headers, options=hopts, cache=ours))
+        none = median_us(lambda: compile_program(TRIVIAL, options=opts, cache=ours), number=100)
+        five = median_us(lambda: compile_program(with_headers, options=hopts, cache=ours), number=100)
         rows.append(("(c) hit with 5 tracked headers vs none (ours)", five, none, "us"))
 
         o_wall, o_compiles = cold_start("ours", procs, kernels, work)

@@ -11,25 +11,16 @@ GuardedCache shards with stand-in values (what L1 is made of), and no cuda.core 
 
 from __future__ import annotations
 
-import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable
 
+from _timing import median_us
+
 from kernelcache import GuardedCache
 
 SRC = 'extern "C" __global__ void scale(float* x, float a, int n) { int i = threadIdx.x; if (i < n) x[i] *= a; }\n'
-
-
-def median_us(fn: Callable[[], object], repeat: int = 7, number: int = 2000) -> float:
-    runs = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t) / number)
-    return statistics.median(runs) * 1e6
 
 
 def threads_rate(lookup_for_thread: Callable[[int], Callable[[], object]], threads: int, seconds: float = 1.0) -> float:
@@ -90,8 +81,8 @@ def main() -> None:
         kc.get_kernel(SRC, "scale", options=opts, device=0)
         theirs = TheirMemory()
         Program(SRC, "c++", options=opts).compile("cubin", cache=theirs).get_kernel("scale")
-        ours_explicit = median_us(lambda: kc.get_kernel(SRC, "scale", options=opts, device=0))
-        ours_current = median_us(lambda: kc.get_kernel(SRC, "scale", options=opts))
+        ours_explicit = median_us(lambda: kc.get_kernel(SRC, "scale", options=opts, device=0), number=2000)
+        ours_current = median_us(lambda: kc.get_kernel(SRC, "scale", options=opts), number=2000)
         theirs_us = median_us(
             lambda: Program(SRC, "c++", options=opts).compile("cubin", cache=theirs).get_kernel("scale"), number=200
         )

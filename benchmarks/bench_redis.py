@@ -15,27 +15,17 @@ import argparse
 import multiprocessing as mp
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+
+from _timing import median_us
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 from bench_compile import HEAVY, heavy_options  # noqa: E402
 from redis_servers import RedisServer  # noqa: E402
-
-
-def median_us(fn: Callable[[], object], repeat: int = 7, number: int = 200) -> float:
-    runs = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t) / number)
-    return statistics.median(runs) * 1e6
 
 
 def host(root: str, url: str, ns: str, kernels: int, start_at: float) -> tuple[int, float]:

@@ -19,6 +19,7 @@ import time
 import warnings
 from collections.abc import Callable
 
+from _timing import median_us
 from cuda.core import ProgramOptions
 from cuda.core.utils import FileStreamProgramCache as TheirFile
 from cuda.core.utils import InMemoryProgramCache as TheirMemory
@@ -32,16 +33,6 @@ ARCH = "sm_90"
 SRC = 'extern "C" __global__ void k(float* a) { a[threadIdx.x] *= 2.0f; }\n' * 20
 PAYLOAD = os.urandom(16 * 1024)  # a typical small cubin
 ENTRY = 1024  # entry size for the capped-cache cases
-
-
-def median_us(fn: Callable[[], object], repeat: int = 7, number: int = 200) -> float:
-    runs = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t) / number)
-    return statistics.median(runs) * 1e6
 
 
 def fill(cache: object, n: int, prefix: str) -> None:
@@ -78,11 +69,11 @@ def open_capped_us(make: Callable[[str, int | None], object], n: int, work: str)
     return statistics.median(times) * 1e6
 
 
-FIRST_HIT = {
-    "ours": """
+# What a fresh process pays for its first hit: the same script for both libraries.
+FIRST_HIT = """
 import time; t0 = time.perf_counter()
 from cuda.core import ProgramOptions
-from kernelcache import FileStreamProgramCache, make_program_cache_key
+from {module} import FileStreamProgramCache, make_program_cache_key
 t1 = time.perf_counter()
 c = FileStreamProgramCache({root!r})
 opts = ProgramOptions(arch="sm_90")
@@ -90,20 +81,8 @@ k = make_program_cache_key(code={src!r}, code_type="c++", options=opts, target_t
 assert c.get(k) is not None
 t2 = time.perf_counter()
 print(t2 - t0, t2 - t1)
-""",
-    "theirs": """
-import time; t0 = time.perf_counter()
-from cuda.core import ProgramOptions
-from cuda.core.utils import FileStreamProgramCache, make_program_cache_key
-t1 = time.perf_counter()
-c = FileStreamProgramCache({root!r})
-opts = ProgramOptions(arch="sm_90")
-k = make_program_cache_key(code={src!r}, code_type="c++", options=opts, target_type="cubin")
-assert c.get(k) is not None
-t2 = time.perf_counter()
-print(t2 - t0, t2 - t1)
-""",
-}
+"""
+MODULES = {"ours": "kernelcache", "theirs": "cuda.core.utils"}
 
 
 def first_hit_ms(which: str, work: str) -> tuple[float, float]:
@@ -113,7 +92,7 @@ def first_hit_ms(which: str, work: str) -> tuple[float, float]:
         OurFile(root)[our_key(code=SRC, code_type="c++", options=opts, target_type="cubin")] = PAYLOAD
     else:
         TheirFile(root)[their_key(code=SRC, code_type="c++", options=opts, target_type="cubin")] = PAYLOAD
-    code = FIRST_HIT[which].format(root=root, src=SRC)
+    code = FIRST_HIT.format(module=MODULES[which], root=root, src=SRC)
     samples = []
     for _ in range(5):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

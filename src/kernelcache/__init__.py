@@ -20,11 +20,10 @@ from kernelcache.stores import (
 
 
 def __getattr__(name: str) -> object:
-    if name == "RedisProgramCache":  # needs the optional redis client: loaded on first use
-        from kernelcache.stores.redis import RedisProgramCache
+    # RedisProgramCache needs the optional redis client: kernelcache.stores loads it on first use.
+    from kernelcache import stores
 
-        return RedisProgramCache
-    raise AttributeError(name)
+    return getattr(stores, name)
 
 
 __version__ = "0.1.0"
