@@ -2,47 +2,78 @@
 
 Public names mirror ``cuda.core.utils`` (ProgramCacheResource, InMemoryProgramCache,
 FileStreamProgramCache, make_program_cache_key), so switching is one import.
-Importing this package does not import cuda.core or load any compiler.
+Importing this package loads nothing but this file: each name is imported on first use
+(PEP 562), so a process that only reads the cache never loads the compile machinery, and
+none of it loads a compiler.
 """
 
-from kernelcache.compile import CompileInfo, compile_program, default_cache
-from kernelcache.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
-from kernelcache.kernels import KernelCache
-from kernelcache.keys import explain_program_cache_key, make_program_cache_key
-from kernelcache.stores import (
-    FileStreamProgramCache,
-    InMemoryProgramCache,
-    KernelCacheWarning,
-    ProgramCacheResource,
-    TieredProgramCache,
-    UnsafeCacheDirError,
-)
+from __future__ import annotations
 
-
-def __getattr__(name: str) -> object:
-    # RedisProgramCache needs the optional redis client: kernelcache.stores loads it on first use.
-    from kernelcache import stores
-
-    return getattr(stores, name)
-
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it
+_EXPORTS = {
+    "CacheClearedDuringBuild": "kernelcache.guarded",
+    "CompileInfo": "kernelcache.compile",
+    "DeviceDestroyedDuringBuild": "kernelcache.guarded",
+    "FileStreamProgramCache": "kernelcache.stores.filestream",
+    "GuardedCache": "kernelcache.guarded",
+    "InMemoryProgramCache": "kernelcache.stores.memory",
+    "KernelCache": "kernelcache.kernels",
+    "KernelCacheWarning": "kernelcache.stores.base",
+    "ProgramCacheResource": "kernelcache.stores.base",
+    "RedisProgramCache": "kernelcache.stores.redis",  # needs the optional redis client
+    "TieredProgramCache": "kernelcache.stores.tiered",
+    "UnsafeCacheDirError": "kernelcache.stores.filestream",
+    "compile_program": "kernelcache.compile",
+    "default_cache": "kernelcache.compile",
+    "explain_program_cache_key": "kernelcache.keys",
+    "make_program_cache_key": "kernelcache.keys",
+}
+
 __all__ = [
     "CacheClearedDuringBuild",
-    "DeviceDestroyedDuringBuild",
-    "GuardedCache",
-    "KernelCache",
     "CompileInfo",
-    "compile_program",
-    "default_cache",
+    "DeviceDestroyedDuringBuild",
     "FileStreamProgramCache",
+    "GuardedCache",
     "InMemoryProgramCache",
+    "KernelCache",
     "KernelCacheWarning",
     "ProgramCacheResource",
     "RedisProgramCache",
     "TieredProgramCache",
     "UnsafeCacheDirError",
+    "compile_program",
+    "default_cache",
     "explain_program_cache_key",
     "make_program_cache_key",
-]
+]  # the same names as _EXPORTS (tests/test_package.py checks)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernelcache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
+    from kernelcache.compile import CompileInfo, compile_program, default_cache
+    from kernelcache.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
+    from kernelcache.kernels import KernelCache
+    from kernelcache.keys import explain_program_cache_key, make_program_cache_key
+    from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
+    from kernelcache.stores.filestream import FileStreamProgramCache, UnsafeCacheDirError
+    from kernelcache.stores.memory import InMemoryProgramCache
+    from kernelcache.stores.redis import RedisProgramCache
+    from kernelcache.stores.tiered import TieredProgramCache
