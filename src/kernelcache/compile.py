@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import headers as hdr
-from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components, key_components
+from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components, key_components, options_fingerprint
 from kernelcache.singleflight import DEFAULT_TIMEOUT_S, single_flight
 from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore, as_value_bytes
 from kernelcache.stores.filestream import FileStreamProgramCache, default_cache_dir
@@ -403,15 +403,14 @@ class _Lookup:
             )
         # The key material of a repeated call is memoised by the call's own arguments (the
         # options by their values: a mutated ProgramOptions is a new memo key).
-        fields = getattr(options, "__dict__", None)
+        fingerprint = options_fingerprint(options)
         memo_key: Any = None
-        if fields is not None and type(code) in (str, bytes):
-            values = tuple(fields.values())
+        if fingerprint is not None and type(code) in (str, bytes):
             names = tuple(name_expressions)
-            memo_key = (code, code_type, target_type, values, tuple(map(type, values)), names, extra_digest)
+            memo_key = (code, code_type, target_type, fingerprint, names, extra_digest)
             try:
                 found = _base_memo.get(memo_key)
-            except TypeError:  # an unhashable option value
+            except TypeError:  # an unhashable name expression: no memo
                 memo_key, found = None, None
             if found is not None:
                 self.base, self.manifest_key = found
@@ -498,6 +497,7 @@ def compile_program(
     failing cache (I/O error, corrupt entry, full disk) degrades to a recompile and warns.
     """
     start = time.perf_counter()
+    want_headers = info is not None  # the list of tracked headers is built only when asked for
     info = info if info is not None else CompileInfo()
     if options is None:
         from kernelcache.keys import _default_options
@@ -543,7 +543,8 @@ def compile_program(
     saved = float(meta.get("compile_seconds", 0.0))
     _count(cache, hits=1, bytes_read=len(payload), compile_us_saved=int(saved * 1e6))
     info.hit, info.key, info.compile_seconds = True, key, saved
-    info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options)) if variant and variant["headers"] else []
+    if want_headers and variant and variant["headers"]:
+        info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options))
     obj = _object_from_bytes(payload, look.target_type, options.name or "", meta)
     info.seconds = time.perf_counter() - start
     return obj

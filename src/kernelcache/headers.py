@@ -168,10 +168,10 @@ def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
         if index < 0:
             path = rel
         elif index < len(dirs):
-            path = os.path.join(dirs[index], rel)
+            path = f"{dirs[index]}{os.sep}{rel}"
             # Shadowing: an earlier search dir that now holds the same relative name wins.
             for earlier in dirs[:index]:
-                if os.path.exists(os.path.join(earlier, rel)):
+                if os.path.exists(f"{earlier}{os.sep}{rel}"):
                     return False
         else:
             return False  # fewer search dirs than when it was compiled

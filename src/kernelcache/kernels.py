@@ -12,11 +12,12 @@ processes (L2 checks headers on every look-up) and by this one after ``clear()``
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.compile import CompileInfo, compile_program
 from kernelcache.guarded import GuardedCache
+from kernelcache.keys import options_fingerprint
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
 
 if TYPE_CHECKING:
@@ -52,21 +53,6 @@ class LoadedKernel:
         # release (a caller that still holds the Kernel keeps the module alive, safely).
         self.object_code = None
         self.kernel = None
-
-
-def _options_token(options: Any) -> Hashable:
-    """A hashable snapshot of a ProgramOptions' values (its fields can be mutated)."""
-    if options is None:
-        return None
-    fields = getattr(options, "__dict__", None)
-    if fields is None:
-        return ("id", id(options))
-    values = tuple(fields.values())
-    try:
-        hash(values)
-        return values
-    except TypeError:  # list values: make them hashable (type-tagged: a list is not a tuple)
-        return tuple(("list", tuple(v)) if isinstance(v, list) else v for v in values)
 
 
 def _is_bad_image(exc: BaseException) -> bool:
@@ -127,16 +113,15 @@ class KernelCache:
         """
         # The hit path is kept flat: no Device object, no key derivation, no closure.
         device_id = device if type(device) is int else self._device(device).device_id
-        fields = getattr(options, "__dict__", None)
-        token = _options_token(options) if fields is None else tuple(fields.values())
+        # Options by value (a mutated ProgramOptions is a new entry); not exact about True
+        # versus 1 in one field, which only an ill-typed option could tell apart.
+        token = options_fingerprint(options, exact=False) if options is not None else None
+        if token is None and options is not None:
+            token = ("id", id(options))
         names = name_expressions if type(name_expressions) is tuple else tuple(name_expressions)
         key = (code, name, code_type, target_type, names, extra_digest, token)
         shard = self._shards.get(device_id) or self._shard(device_id)
-        try:
-            loaded = shard.peek(key)
-        except TypeError:  # an unhashable option value (a list): use a hashable copy
-            key = (code, name, code_type, target_type, names, extra_digest, _options_token(options))
-            loaded = shard.peek(key)
+        loaded = shard.peek(key)
         if loaded is not None:
             kernel = loaded.kernel
             if kernel is not None:
