@@ -115,13 +115,16 @@ class KernelCache:
         device_id = device if type(device) is int else self._device(device).device_id
         # Options by value (a mutated ProgramOptions is a new entry); not exact about True
         # versus 1 in one field, which only an ill-typed option could tell apart.
-        token = options_fingerprint(options, exact=False) if options is not None else None
-        if token is None and options is not None:
-            token = ("id", id(options))
+        fields = getattr(options, "__dict__", None)
+        token: Any = tuple(fields.values()) if fields is not None else options
         names = name_expressions if type(name_expressions) is tuple else tuple(name_expressions)
         key = (code, name, code_type, target_type, names, extra_digest, token)
         shard = self._shards.get(device_id) or self._shard(device_id)
-        loaded = shard.peek(key)
+        try:
+            loaded = shard.peek(key)
+        except TypeError:  # a list-valued option (include paths...): the slower exact snapshot
+            key = (code, name, code_type, target_type, names, extra_digest, options_fingerprint(options))
+            loaded = shard.peek(key)
         if loaded is not None:
             kernel = loaded.kernel
             if kernel is not None:

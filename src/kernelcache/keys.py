@@ -189,7 +189,6 @@ def _set_fields(options: Any) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in pairs if v is not None]
 
 
-_OPTIONS_MEMO: dict[tuple[Any, ...], bytes] = {}
 
 
 def options_fingerprint(options: Any, exact: bool = True) -> tuple[Any, ...] | None:
@@ -215,7 +214,6 @@ def options_fingerprint(options: Any, exact: bool = True) -> tuple[Any, ...] | N
     return (tuple(fields), values, tuple(map(type, values)))
 
 
-_OPTIONS_MEMO_LIMIT = 1024
 
 
 def _option_components(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
@@ -225,24 +223,12 @@ def _option_components(options: Any, code_type: str, has_digest: bool, headers_t
     them out cannot make two different option sets collide. A field the policy table does
     not know (a newer cuda.core) is hashed: fail closed.
 
-    Results are memoised by the options' values (when they are all hashable): a process
-    that compiles with one ProgramOptions pays the encoding once, not per look-up.
     """
     if not isinstance(options, _program_options_type()):
         raise TypeError(f"options must be a cuda.core.ProgramOptions or None, not {type(options).__name__}")
-    fingerprint = options_fingerprint(options)
-    memo_key = None
-    if fingerprint is not None:
-        memo_key = (fingerprint, code_type, has_digest, headers_tracked)
-        found = _OPTIONS_MEMO.get(memo_key)
-        if found is not None:
-            return found
-    encoded = _encode_options(options, code_type, has_digest, headers_tracked)
-    if memo_key is not None:
-        if len(_OPTIONS_MEMO) >= _OPTIONS_MEMO_LIMIT:
-            _OPTIONS_MEMO.clear()
-        _OPTIONS_MEMO[memo_key] = encoded
-    return encoded
+    # No memo here: encoding the few set fields costs less than fingerprinting all of them
+    # (compile_program memoises whole key derivations, where that pays).
+    return _encode_options(options, code_type, has_digest, headers_tracked)
 
 
 def _encode_options(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
