@@ -123,7 +123,8 @@ class KernelCache:
         try:
             loaded = shard.peek(key)
         except TypeError:  # a list-valued option (include paths...): the slower exact snapshot
-            key = (code, name, code_type, target_type, names, extra_digest, options_fingerprint(options))
+            exact = options_fingerprint(options) or ("id", id(options))
+            key = (code, name, code_type, target_type, names, extra_digest, exact)
             loaded = shard.peek(key)
         if loaded is not None:
             kernel = loaded.kernel
