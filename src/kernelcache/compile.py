@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import headers as hdr
 from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components, key_components, options_fingerprint
-from kernelcache.singleflight import DEFAULT_TIMEOUT_S, single_flight
+from kernelcache.singleflight import default_timeout_s, single_flight
 from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore, as_value_bytes
 from kernelcache.stores.filestream import FileStreamProgramCache, default_cache_dir
 from kernelcache.toolchain import toolchain_for
@@ -522,7 +522,7 @@ def compile_program(
         # is only known after the compile; others: per key). Threads and processes of this
         # host meet on a file lock; hosts sharing a Redis tier meet on a Redis lock.
         flight_key = look.manifest_key if look.track else key
-        budget = DEFAULT_TIMEOUT_S if wait_timeout is None else wait_timeout
+        budget = default_timeout_s() if wait_timeout is None else wait_timeout
         deadline = time.monotonic() + budget
         with single_flight(flight_key, _lock_path(cache, flight_key), budget) as outcome:
             if outcome == "acquired":

@@ -189,8 +189,6 @@ def _set_fields(options: Any) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in pairs if v is not None]
 
 
-
-
 def options_fingerprint(options: Any, exact: bool = True) -> tuple[Any, ...] | None:
     """A hashable snapshot of a ProgramOptions' values, for memo keys; None if not a dataclass.
 
@@ -212,8 +210,6 @@ def options_fingerprint(options: Any, exact: bool = True) -> tuple[Any, ...] | N
     if not exact:
         return values
     return (tuple(fields), values, tuple(map(type, values)))
-
-
 
 
 def _option_components(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
