@@ -439,3 +439,17 @@ def test_a_store_that_raises_degrades_to_compiling(tmp_path) -> None:
         obj, info = call(cache)
     assert not info.hit and bytes(obj.code)[:4] == b"\x7fELF"
     assert cache.stats()["errors"] >= 1
+
+
+def test_failed_traced_compile_leaves_no_stray_trace_in_cwd(tmp_path, monkeypatch) -> None:
+    # NVRTC 13.5 keeps trace state after a failed traced compile; the next untraced compile
+    # then wrote ".json" into the current directory until compile_program reset it.
+    from cuda.core._utils.cuda_utils import NVRTCError
+
+    monkeypatch.chdir(tmp_path)
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    with pytest.raises(NVRTCError):
+        call(cache, code='extern "C" __global__ void k() { nope(); }')
+    monkeypatch.setenv("KERNELCACHE_DISABLE", "1")
+    call(cache)
+    assert not (tmp_path / ".json").exists()
