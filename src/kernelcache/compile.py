@@ -162,6 +162,28 @@ def _nvrtc_ptx_without_driver(
     return ObjectCode.from_ptx(bytes(ptx).rstrip(b"\x00"), name=options.name or "", symbol_mapping=mapping)
 
 
+_RESET_SOURCE = 'extern "C" __global__ void kernelcache_trace_reset() {}\n'
+
+
+def _reset_nvrtc_trace_state(trace_dir: str | None) -> None:
+    """Work around an NVRTC bug seen with 13.5: after a compile that FAILS with
+    -fdevice-time-trace, the process's next compile without that option still writes a trace,
+    to ".json" in the current directory. A successful traced compile clears that state, so
+    after a failed one we run a trivial traced compile into our temp dir."""
+    from cuda.core import Program, ProgramOptions
+
+    try:
+        trace = os.path.join(trace_dir or tempfile.gettempdir(), "reset")
+        options = ProgramOptions(arch="sm_90", fdevice_time_trace=trace)
+        program = Program(_RESET_SOURCE, "c++", options=options)
+        try:
+            program.compile("ltoir" if not driver_available() else "cubin")
+        finally:
+            program.close()
+    except Exception:
+        pass  # best effort: the user's own compile error is what gets raised
+
+
 def _run_compiler(
     code: str | bytes,
     code_type: str,
@@ -571,7 +593,12 @@ def _miss(
     try:
         trace_path = os.path.join(trace_dir, "trace") if trace_dir else None
         _count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
-        obj, log_text, seconds = _run_compiler(code, code_type, target_type, options, name_expressions, trace_path)
+        try:
+            obj, log_text, seconds = _run_compiler(code, code_type, target_type, options, name_expressions, trace_path)
+        except Exception:
+            if trace_path is not None:
+                _reset_nvrtc_trace_state(trace_dir)
+            raise
         _count(cache, compiles=1)
         _emit_log(logs, log_text)
         info.hit, info.compile_seconds = False, seconds
