@@ -177,7 +177,7 @@ def _reset_nvrtc_trace_state(trace_dir: str | None) -> None:
         options = ProgramOptions(arch="sm_90", fdevice_time_trace=trace)
         program = Program(_RESET_SOURCE, "c++", options=options)
         try:
-            program.compile("ltoir" if not driver_available() else "cubin")
+            program.compile("cubin")  # NVRTC alone: no driver needed
         finally:
             program.close()
     except Exception:
