@@ -148,6 +148,15 @@ def test_memory_entry_larger_than_cap_is_not_stored() -> None:
     assert cache.get("small") == b"123"  # nothing was evicted for it
 
 
+def test_file_entry_larger_than_cap_is_not_stored(tmp_path) -> None:
+    cache = FileStreamProgramCache(tmp_path, max_size_bytes=2000)
+    cache["small"] = b"123"
+    with pytest.warns(KernelCacheWarning, match="exceeds max_size_bytes"):
+        cache["big"] = b"x" * 5000
+    assert cache.get("big") is None
+    assert cache.get("small") == b"123" and cache.stats()["evictions"] == 0
+
+
 def test_memory_threads() -> None:
     cache = InMemoryProgramCache(max_size_bytes=64 * 100)
     errors: list[BaseException] = []

@@ -414,6 +414,13 @@ class FileStreamProgramCache(RecordStore):
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         path = self._entry_path(key)
         sidecar = _make_sidecar(payload, meta)
+        if self._max_size is not None and len(payload) + len(sidecar) > self._max_size:
+            # Storing it would evict every other entry and still exceed the cap.
+            self.warn_once(
+                "too-large",
+                f"an entry of {len(payload)} bytes exceeds max_size_bytes={self._max_size}; not stored on disk",
+            )
+            return False
         staged: list[str] = []
         try:
             # Only the entry is fsync'ed. A sidecar lost or garbled by a power cut fails the

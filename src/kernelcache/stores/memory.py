@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from kernelcache.stores.base import Meta, RecordStore, as_key_bytes, check_max_size
 
@@ -23,26 +23,44 @@ class InMemoryProgramCache(RecordStore):
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, tuple[bytes, Meta]] = OrderedDict()
         self._size = 0
-        # Counted under self._lock by the __getitem__ fast path, merged into stats().
-        self._hits = self._misses = self._bytes_read = 0
+        # Hits of the lock-free read path: (key, payload size), appended without the lock
+        # (deque.append is thread-safe in CPython, with or without the GIL). They are
+        # applied -- LRU bumps and counters -- under the lock before any eviction, at
+        # stats(), and whenever 256 have piled up, so the LRU order eviction sees is exact.
+        self._pending_hits: deque[tuple[bytes, int]] = deque()
+        self._misses = 0  # counted under the lock (a miss is followed by a compile anyway)
 
     @property
     def max_size_bytes(self) -> int | None:
         return self._max_size
 
     def __getitem__(self, key: bytes | str) -> bytes:
-        # The hot path, kept flat: one lock round trip for the look-up, the LRU bump and
-        # the counters together.
+        # The hot path takes no lock: one dict.get (atomic) and one deque.append.
         k = key if type(key) is bytes else as_key_bytes(key)
-        with self._lock:
-            record = self._entries.get(k)
-            if record is None:
+        record = self._entries.get(k)
+        if record is None:
+            with self._lock:
                 self._misses += 1
-                raise KeyError(key)
-            self._entries.move_to_end(k)
-            self._hits += 1
-            self._bytes_read += len(record[0])
-            return record[0]
+            raise KeyError(key)
+        pending = self._pending_hits
+        pending.append((k, len(record[0])))
+        if len(pending) >= 256:
+            with self._lock:
+                self._apply_pending_hits()
+        return record[0]
+
+    def _apply_pending_hits(self) -> None:
+        """Apply queued hits: bump each key still present, count hits and bytes (lock held)."""
+        entries, pending = self._entries, self._pending_hits
+        hits = nbytes = 0
+        while pending:
+            k, n = pending.popleft()
+            hits += 1
+            nbytes += n
+            if k in entries:
+                entries.move_to_end(k)
+        if hits:
+            self._stats.add_deferred(hits=hits, bytes_read=nbytes)
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
         try:
@@ -52,6 +70,7 @@ class InMemoryProgramCache(RecordStore):
 
     def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
         with self._lock:
+            self._apply_pending_hits()
             record = self._entries.get(key)
             if record is not None:
                 self._entries.move_to_end(key)
@@ -66,6 +85,7 @@ class InMemoryProgramCache(RecordStore):
             return False
         evicted = 0
         with self._lock:
+            self._apply_pending_hits()  # eviction must see every read that happened before it
             old = self._entries.pop(key, None)
             if old is not None:
                 self._size -= len(old[0])
@@ -99,9 +119,9 @@ class InMemoryProgramCache(RecordStore):
 
     def stats(self) -> dict[str, float | int]:
         with self._lock:
-            fast = {"hits": self._hits, "misses": self._misses, "bytes_read": self._bytes_read}
-            self._hits = self._misses = self._bytes_read = 0
-        self._stats.add_deferred(**fast)
+            self._apply_pending_hits()
+            misses, self._misses = self._misses, 0
+        self._stats.add_deferred(misses=misses)
         out = super().stats()
         with self._lock:
             out["size_bytes"] = self._size
