@@ -182,3 +182,20 @@ def test_explain_names_the_differing_component(tmp_path, warm_cache) -> None:
     assert "options.arch" in result["differences"]
     hit = json.loads(kc("explain", EXAMPLE, "--entry", "saxpy", "--json", cache=warm_cache).stdout)
     assert hit["in_cache"] is True
+
+
+def test_stats_with_a_redis_store(tmp_path) -> None:
+    pytest.importorskip("redis")
+    from redis_servers import RedisServer, need_redis
+
+    need_redis()
+    server = RedisServer(str(tmp_path))
+    try:
+        from kernelcache import RedisProgramCache
+
+        RedisProgramCache(server.url)["k"] = b"v"
+        data = json.loads(kc("stats", "--redis", server.url, "--json", cache=str(tmp_path / "c")).stdout)
+        assert data["redis"]["entries"] == 1 and data["redis"]["url"] == server.url
+        assert "redis" in kc("stats", "--redis", server.url, cache=str(tmp_path / "c")).stdout
+    finally:
+        server.stop()
