@@ -370,11 +370,18 @@ def _matching_variant(
     if stored is None:
         return None
     with _manifest_memo_lock:
-        _manifest_memo[manifest_key] = stored
+        _remember_manifest(manifest_key, stored)
     for variant in stored["variants"]:
         if hdr.variant_matches(variant, dirs):
             return variant
     return None
+
+
+def _remember_manifest(manifest_key: bytes, manifest: dict[str, Any]) -> None:
+    # Caller holds _manifest_memo_lock. Bounded like every other per-process memo here.
+    if len(_manifest_memo) >= 4096:
+        _manifest_memo.clear()
+    _manifest_memo[manifest_key] = manifest
 
 
 def _store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: dict[str, Any]) -> None:
@@ -387,7 +394,7 @@ def _store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: d
     raw = json.dumps(manifest, separators=(",", ":")).encode()
     _set(cache, manifest_key, raw, {"kind": "manifest"}, internal=True)
     with _manifest_memo_lock:
-        _manifest_memo[manifest_key] = manifest
+        _remember_manifest(manifest_key, manifest)
 
 
 def _tracks_headers(options: Any) -> bool:
