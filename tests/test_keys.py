@@ -304,3 +304,13 @@ def test_distinct_sources_and_macros_give_distinct_keys(code: str, macro: str) -
     assert k1 != k2
     with_macro = key(code=code, options=ProgramOptions(arch=ARCH, define_macro=macro or "X"))
     assert with_macro != k1
+
+
+def test_repeated_derivations_stay_exact_about_value_types() -> None:
+    # The per-process encoding memo must not confuse values that compare equal.
+    a = key(options=ProgramOptions(arch=ARCH, max_register_count=1))
+    b = key(options=ProgramOptions(arch=ARCH, max_register_count=True))
+    c = key(options=ProgramOptions(arch=ARCH, define_macro=[("N", "1")]))
+    d = key(options=ProgramOptions(arch=ARCH, define_macro=[("N", "1")]))
+    assert a != b and c == d
+    assert key(options=ProgramOptions(arch=ARCH, max_register_count=1)) == a

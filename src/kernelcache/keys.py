@@ -180,13 +180,16 @@ def _program_options_type() -> type:
 _TAGS = {name: b"%d:%s" % (len(name), name.encode()) for name in OPTION_POLICY}
 
 
-def _set_fields(options: Any) -> list[tuple[str, Any]]:
-    """(field, value) for every field that is not None, in field order."""
+def _set_fields(options: Any) -> Any:
+    """(field, value) pairs of the options, in field order (unset ones included: callers skip None).
+
+    Attributes whose names start with "_" are cuda.core's own derived state (e.g. ``_name``,
+    the encoded ``name``), not options: they are left out.
+    """
     fields = getattr(options, "__dict__", None)
-    if fields is not None:  # a plain dataclass instance: one pass over its dict
-        return [(k, v) for k, v in fields.items() if v is not None]
-    pairs = ((name, getattr(options, name, None)) for name in OPTION_POLICY)
-    return [(k, v) for k, v in pairs if v is not None]
+    if fields is not None:
+        return fields.items()
+    return ((name, getattr(options, name, None)) for name in OPTION_POLICY)
 
 
 def options_fingerprint(options: Any, exact: bool = True) -> tuple[Any, ...] | None:
@@ -227,9 +230,23 @@ def _option_components(options: Any, code_type: str, has_digest: bool, headers_t
     return _encode_options(options, code_type, has_digest, headers_tracked)
 
 
+# (field, value, type) -> encoded bytes, for the HASH fields: what one process passes is a
+# handful of distinct values, so most encodings are a dict look-up. Bounded.
+_PAIR_MEMO: dict[tuple[str, Any, type], bytes] = {}
+_SCALARS = (str, bool, int, float, bytes)
+
+
 def _encode_options(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
     parts = []
+    memo = _PAIR_MEMO
     for name, value in _set_fields(options):
+        if value is None or name[:1] == "_":
+            continue
+        try:
+            parts.append(memo[(name, value, type(value))])
+            continue
+        except (KeyError, TypeError):  # not seen yet, or an unhashable (list) value
+            pass
         policy = OPTION_POLICY.get(name, HASH)
         if policy == IGNORE:
             continue
@@ -253,7 +270,14 @@ def _encode_options(options: Any, code_type: str, has_digest: bool, headers_trac
                     "extra_digest=<bytes that change whenever those headers change>"
                 )
         tag = _TAGS.get(name) or b"%d:%s" % (len(name), name.encode())
-        parts.append(tag + _encode(value))
+        encoded = tag + _encode(value)
+        parts.append(encoded)
+        # Only fields without checks may skip the code above next time, and only scalars: in a
+        # tuple, ("N", 1) == ("N", True) although they encode differently.
+        if policy == HASH and type(value) in _SCALARS:
+            if len(memo) >= 4096:
+                memo.clear()
+            memo[(name, value, type(value))] = encoded
     return b"".join(parts)
 
 
