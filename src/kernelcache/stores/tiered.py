@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kernelcache.stores.base import Meta, ProgramCacheResource, RecordStore, as_key_bytes
+from kernelcache.stores.base import Meta, ProgramCacheResource, RecordStore
 
 
 class TieredProgramCache(RecordStore):
@@ -30,7 +30,9 @@ class TieredProgramCache(RecordStore):
 
     def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
         for i, tier in enumerate(self.tiers):
-            record = _uncounted_get(tier, key)
+            # Each tier counts its own hits and misses (tier_stats shows where look-ups end);
+            # this store's own counters are what the caller sees.
+            record = tier.get_record(key)
             if record is not None:
                 for upper in self.tiers[:i]:  # promote: the next look-up stops higher up
                     upper.set_record(key, record[0], record[1], internal=True)
@@ -84,12 +86,6 @@ class TieredProgramCache(RecordStore):
     def close(self) -> None:
         for tier in self.tiers:
             tier.close()
-
-
-def _uncounted_get(tier: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta] | None:
-    # Each tier counts its own hits and misses (tier_stats shows where look-ups end);
-    # the tiered store's own counters are what the caller sees.
-    return tier.get_record(as_key_bytes(key))
 
 
 __all__ = ["TieredProgramCache"]
