@@ -401,7 +401,7 @@ def _tracks_headers(options: Any) -> bool:
     return any(_is_set(getattr(options, f, None)) for f, p in OPTION_POLICY.items() if p == TRACKED)
 
 
-_base_memo: dict[Any, tuple[list[tuple[str, bytes]], bytes]] = {}
+_base_memo: dict[Any, tuple[list[tuple[str, bytes]], bytes, bytes]] = {}
 
 
 class _Lookup:
@@ -442,7 +442,7 @@ class _Lookup:
             except TypeError:  # an unhashable name expression: no memo
                 memo_key, found = None, None
             if found is not None:
-                self.base, self.manifest_key = found
+                self.base, self.manifest_key, self.entry_key = found
                 return
         self.base = key_components(
             code=code,
@@ -454,18 +454,19 @@ class _Lookup:
             headers_tracked=self.track,
             toolchain=self.toolchain,
         )
-        # Untracked calls have no manifest: the slot holds the entry key itself.
-        self.manifest_key = _manifest_key(self.base) if self.track else digest_components(self.base)
+        # Tracked: the entry key depends on the headers, found through the manifest.
+        # Untracked: no manifest; the entry key is known now.
+        self.manifest_key = _manifest_key(self.base) if self.track else b""
+        self.entry_key = b"" if self.track else digest_components(self.base)
         if memo_key is not None:
             if len(_base_memo) >= 4096:
                 _base_memo.clear()
-            _base_memo[memo_key] = (self.base, self.manifest_key)
+            _base_memo[memo_key] = (self.base, self.manifest_key, self.entry_key)
 
     def find(self) -> tuple[bytes, tuple[bytes, Meta] | None, dict[str, Any] | None]:
         """(key, record or None, header variant or None); key is b"" when no variant matches."""
         if not self.track:
-            key = self.manifest_key or digest_components(self.base)
-            return key, _get(self.cache, key, counted=False), None
+            return self.entry_key, _get(self.cache, self.entry_key, counted=False), None
         variant = _matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.options), True)
         if variant is None:
             return b"", None, None
@@ -550,7 +551,7 @@ def compile_program(
         # Single flight per source (C++: per source+options, since the header-complete key
         # is only known after the compile; others: per key). Threads and processes of this
         # host meet on a file lock; hosts sharing a Redis tier meet on a Redis lock.
-        flight_key = look.manifest_key if look.track else key
+        flight_key = look.manifest_key or look.entry_key
         budget = default_timeout_s() if wait_timeout is None else wait_timeout
         deadline = time.monotonic() + budget
         with single_flight(flight_key, _lock_path(cache, flight_key), budget) as outcome:
@@ -625,7 +626,7 @@ def _miss(
             key = _full_key(look.base, variant)
             info.headers = hdr.tracked_paths(variant, dirs)
         else:
-            key = digest_components(look.base)
+            key = look.entry_key
         info.key = key
         meta = {
             "code_type": code_type,
