@@ -109,14 +109,23 @@ def _make_sidecar(payload: bytes, meta: Meta) -> bytes:
     return head + json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _parse_sidecar(raw: bytes | None) -> tuple[tuple[int, int] | None, bytes]:
-    """((size, crc32), meta JSON) from a sidecar; (None, b"") if unusable, size -1 if unknown format."""
+def _split_sidecar(raw: bytes | None) -> tuple[list[bytes], bytes] | None:
+    """(header fields, meta JSON) of a kernelcache sidecar, or None if it is not one."""
     if not raw:
-        return None, b""
+        return None
     head, _, meta_json = raw.partition(b"\n")
     fields = head.split(b" ")
     if len(fields) < 6 or fields[0] != _SIDECAR_MAGIC:
+        return None
+    return fields, meta_json
+
+
+def _parse_sidecar(raw: bytes | None) -> tuple[tuple[int, int] | None, bytes]:
+    """((size, crc32), meta JSON) from a sidecar; (None, b"") if unusable, size -1 if unknown format."""
+    split = _split_sidecar(raw)
+    if split is None:
         return None, b""
+    fields, meta_json = split
     if fields[1] != b"%d" % SIDECAR_FORMAT:
         return (-1, 0), b""
     try:
@@ -127,10 +136,10 @@ def _parse_sidecar(raw: bytes | None) -> tuple[tuple[int, int] | None, bytes]:
 
 def sidecar_info(raw: bytes) -> dict[str, Any] | None:
     """Everything a sidecar says, for tools: size, crc32, sha256, created, meta."""
-    head, _, meta_json = raw.partition(b"\n")
-    fields = head.split(b" ")
-    if len(fields) < 6 or fields[0] != _SIDECAR_MAGIC or fields[1] != b"%d" % SIDECAR_FORMAT:
+    split = _split_sidecar(raw)
+    if split is None or split[0][1] != b"%d" % SIDECAR_FORMAT:
         return None
+    fields, meta_json = split
     try:
         return {
             "size": int(fields[2]),
