@@ -41,12 +41,11 @@ _BAD_IMAGE_ERRORS = (
 class LoadedKernel:
     """What L1 holds for one (kernel, device): the ObjectCode (its module) and the Kernel."""
 
-    __slots__ = ("object_code", "kernel", "key")
+    __slots__ = ("object_code", "kernel")
 
-    def __init__(self, object_code: ObjectCode, kernel: Kernel, key: bytes) -> None:
+    def __init__(self, object_code: ObjectCode, kernel: Kernel) -> None:
         self.object_code: ObjectCode | None = object_code
         self.kernel: Kernel | None = kernel
-        self.key = key
 
     def release(self) -> None:
         # cuda.core unloads a module when its last reference goes; dropping ours is the
@@ -181,7 +180,7 @@ class KernelCache:
                 info=info,
             )
             try:
-                return LoadedKernel(obj, obj.get_kernel(name), info.key)
+                return LoadedKernel(obj, obj.get_kernel(name))
             except Exception as exc:
                 if attempt == 2 or not info.hit or not _is_bad_image(exc):
                     raise
