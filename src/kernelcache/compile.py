@@ -19,11 +19,13 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernelcache import config
 from kernelcache import headers as hdr
 from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components, key_components, options_fingerprint
-from kernelcache.singleflight import default_timeout_s, single_flight
+from kernelcache.memo import remember
+from kernelcache.singleflight import single_flight
 from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore, as_value_bytes
-from kernelcache.stores.filestream import FileStreamProgramCache, default_cache_dir
+from kernelcache.stores.filestream import FileStreamProgramCache
 from kernelcache.toolchain import toolchain_for
 
 if TYPE_CHECKING:
@@ -59,16 +61,12 @@ _default_caches: dict[str, FileStreamProgramCache] = {}
 
 def default_cache() -> FileStreamProgramCache:
     """The process-wide FileStreamProgramCache at ``KERNELCACHE_DIR`` (or platformdirs)."""
-    root = default_cache_dir()
+    root = config.cache_dir()
     with _default_lock:
         cache = _default_caches.get(root)
         if cache is None:
             cache = _default_caches[root] = FileStreamProgramCache(root)
         return cache
-
-
-def _disabled() -> bool:
-    return os.environ.get("KERNELCACHE_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 # -- compiling ----------------------------------------------------------------------------
@@ -343,9 +341,7 @@ def _full_key(base: list[tuple[str, bytes]], variant: dict[str, Any], manifest_k
     if key is None:
         key = digest_components([*base, ("headers", variant["digest"].encode())])
         if manifest_key:
-            if len(_full_key_memo) >= 4096:
-                _full_key_memo.clear()
-            _full_key_memo[memo_key] = key
+            remember(_full_key_memo, memo_key, key, 4096)
     return key
 
 
@@ -379,9 +375,7 @@ def _matching_variant(
 
 def _remember_manifest(manifest_key: bytes, manifest: dict[str, Any]) -> None:
     # Caller holds _manifest_memo_lock. Bounded like every other per-process memo here.
-    if len(_manifest_memo) >= 4096:
-        _manifest_memo.clear()
-    _manifest_memo[manifest_key] = manifest
+    remember(_manifest_memo, manifest_key, manifest, 4096)
 
 
 def _store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: dict[str, Any]) -> None:
@@ -459,9 +453,7 @@ class _Lookup:
         self.manifest_key = _manifest_key(self.base) if self.track else b""
         self.entry_key = b"" if self.track else digest_components(self.base)
         if memo_key is not None:
-            if len(_base_memo) >= 4096:
-                _base_memo.clear()
-            _base_memo[memo_key] = (self.base, self.manifest_key, self.entry_key)
+            remember(_base_memo, memo_key, (self.base, self.manifest_key, self.entry_key), 4096)
 
     def find(self) -> tuple[bytes, tuple[bytes, Meta] | None, dict[str, Any] | None]:
         """(key, record or None, header variant or None); key is b"" when no variant matches."""
@@ -533,7 +525,7 @@ def compile_program(
         from kernelcache.keys import _default_options
 
         options = _default_options()
-    if _disabled():
+    if config.disabled():
         obj, log_text, seconds = _run_compiler(code, code_type, target_type, options, name_expressions, None)
         _emit_log(logs, log_text)
         info.hit, info.cached, info.compile_seconds = False, False, seconds
@@ -552,7 +544,7 @@ def compile_program(
         # is only known after the compile; others: per key). Threads and processes of this
         # host meet on a file lock; hosts sharing a Redis tier meet on a Redis lock.
         flight_key = look.manifest_key or look.entry_key
-        budget = default_timeout_s() if wait_timeout is None else wait_timeout
+        budget = config.wait_timeout_s() if wait_timeout is None else wait_timeout
         deadline = time.monotonic() + budget
         with single_flight(flight_key, _lock_path(cache, flight_key), budget) as outcome:
             if outcome == "acquired":

@@ -29,6 +29,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from kernelcache.memo import remember
+
 MANIFEST_FORMAT = 1
 MAX_VARIANTS = 8  # header versions remembered per source (switching back is still a hit)
 
@@ -54,9 +56,7 @@ def file_digest(path: str) -> str | None:
     except OSError:
         return None
     with _memo_lock:
-        if len(_digest_memo) >= _MEMO_LIMIT:
-            _digest_memo.clear()
-        _digest_memo[path] = (ident, digest)
+        remember(_digest_memo, path, (ident, digest), _MEMO_LIMIT)
     return digest
 
 
@@ -83,9 +83,7 @@ def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
         dirs.append(cwd)
         dirs += [os.path.join(cwd, d) for d in _as_list(include)]
         dirs = [os.path.normpath(d) for d in dirs]
-        if len(_dirs_memo) > 1024:
-            _dirs_memo.clear()
-        _dirs_memo[memo_key] = dirs
+        remember(_dirs_memo, memo_key, dirs, 1024)
     return dirs
 
 

@@ -16,6 +16,7 @@ import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernelcache.memo import remember
 from kernelcache.toolchain import Toolchain, toolchain_for
 
 if TYPE_CHECKING:
@@ -275,9 +276,7 @@ def _encode_options(options: Any, code_type: str, has_digest: bool, headers_trac
         # Only fields without checks may skip the code above next time, and only scalars: in a
         # tuple, ("N", 1) == ("N", True) although they encode differently.
         if policy == HASH and type(value) in _SCALARS:
-            if len(memo) >= 4096:
-                memo.clear()
-            memo[(name, value, type(value))] = encoded
+            remember(memo, (name, value, type(value)), encoded, 4096)
     return b"".join(parts)
 
 

@@ -17,19 +17,11 @@ Different keys use different locks and never wait for each other.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator
 
-
-def default_timeout_s() -> float:
-    """``KERNELCACHE_WAIT_TIMEOUT`` (seconds) if set, else 600: read per call, not at import."""
-    raw = os.environ.get("KERNELCACHE_WAIT_TIMEOUT", "")
-    try:
-        return float(raw) if raw.strip() else 600.0
-    except ValueError:
-        raise ValueError(f"KERNELCACHE_WAIT_TIMEOUT must be a number of seconds, got {raw!r}") from None
+from kernelcache import config
 
 
 class _KeyLocks:
@@ -70,7 +62,7 @@ def single_flight(key: bytes, lock_path: str | None, timeout: float | None = Non
     Yields "acquired" or "timeout". The lock is only ever held around "check the store,
     compile if missing, store": never around anything that can wait on another key.
     """
-    budget = default_timeout_s() if timeout is None else timeout
+    budget = config.wait_timeout_s() if timeout is None else timeout
     deadline = time.monotonic() + budget
     with _THREAD_LOCKS.hold(key, budget) as have_thread_lock:
         if not have_thread_lock:

@@ -27,8 +27,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kernelcache import config
+from kernelcache.memo import remember
 from kernelcache.stats import FileStats
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
+from kernelcache.stores.naming import entry_name
 
 FORMAT_DIR = "v1"
 SIDECAR_FORMAT = 1
@@ -51,16 +54,6 @@ _WRITE_DROP_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, err
 
 class UnsafeCacheDirError(PermissionError):
     """The cache root is owned by another user or writable by others."""
-
-
-def default_cache_dir() -> str:
-    """``KERNELCACHE_DIR`` if set, else the platform's user cache dir for "kernelcache"."""
-    env = os.environ.get("KERNELCACHE_DIR")
-    if env:
-        return env
-    import platformdirs
-
-    return platformdirs.user_cache_dir("kernelcache", appauthor=False)
 
 
 def _stat_key(st: os.stat_result) -> tuple[int, int, int]:
@@ -199,7 +192,7 @@ class FileStreamProgramCache(RecordStore):
         self._max_size = check_max_size(max_size_bytes)
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
-        self._root = os.path.abspath(os.fspath(path) if path is not None else default_cache_dir())
+        self._root = os.path.abspath(os.fspath(path) if path is not None else config.cache_dir())
         self._allow_shared = allow_shared
         self._tmp_max_age_s = DEFAULT_TMP_MAX_AGE_S if tmp_max_age_s is None else tmp_max_age_s
         base = os.path.join(self._root, FORMAT_DIR)
@@ -258,17 +251,8 @@ class FileStreamProgramCache(RecordStore):
         os.makedirs(self._locks, mode=0o700, exist_ok=True)
         return os.path.join(self._locks, name)
 
-    def entry_name(self, key: bytes) -> str:
-        """The file name of key's entry: 64 hex digits.
-
-        A 32-byte key (what make_program_cache_key returns) is named by its own hex, so
-        the key prefix that tools print is the file name; any other key is named by its
-        SHA-256, a fixed length whatever the key's (file names stop at 255 bytes).
-        """
-        return key.hex() if len(key) == 32 else hashlib.sha256(key).hexdigest()
-
     def _entry_path(self, key: bytes) -> str:
-        name = key.hex() if len(key) == 32 else hashlib.sha256(key).hexdigest()
+        name = entry_name(key)
         return f"{self._entries}{os.sep}{name[:2]}{os.sep}{name}"
 
     def entry_path(self, name: str) -> str:
@@ -334,10 +318,7 @@ class FileStreamProgramCache(RecordStore):
         return None  # files kept changing under us: a miss, not a corruption
 
     def _remember_verified(self, path: str, item: _Verified) -> None:
-        verified = self._verified
-        if len(verified) >= _VERIFIED_MEMO_SIZE:
-            verified.clear()  # crude but bounded; a miss here only costs one sidecar read
-        verified[path] = item
+        remember(self._verified, path, item, _VERIFIED_MEMO_SIZE)  # a miss costs one sidecar read
 
     def _read_entry(self, path: str) -> tuple[bytes, tuple[int, int, int]] | None:
         """(payload, file identity) of the entry at path, with its atime bumped; None if absent."""

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
+from kernelcache.stores.naming import entry_name
 
 _MAGIC = b"KCR1"
 _LEN = struct.Struct("<I")
@@ -131,8 +132,7 @@ class RedisProgramCache(RecordStore):
     # -- keys and records ------------------------------------------------------------------
 
     def _entry_key(self, key: bytes) -> str:
-        name = key.hex() if len(key) == 32 else hashlib.sha256(key).hexdigest()
-        return f"{self._ns}:e:{name}"
+        return f"{self._ns}:e:{entry_name(key)}"
 
     def _mac(self, redis_key: str, body: bytes) -> bytes:
         assert self._secret is not None
