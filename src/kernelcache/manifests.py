@@ -1,0 +1,87 @@
+"""Header manifests: which headers each compile of a source+options read (ccache "direct mode").
+
+A C++ entry's key (its "full key") is the source+options key plus the digest of the headers
+the compile read, which are known only after the compile. So compile_program stores, under
+a manifest key derived from the source+options key, a manifest: a few *variants* (each a set
+of headers with their digests, see headers.py), newest first. A look-up takes the first
+variant whose headers still validate and derives the full key from it.
+
+Manifests and full keys are memoised per process: any variant that validates gives a
+correct key (the key is derived from the header contents), so a stale memo can only cost a
+look-up, never serve wrong code.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from kernelcache import headers as hdr
+from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components
+from kernelcache.memo import remember
+from kernelcache.records import read_record, write_record
+from kernelcache.stores.base import ProgramCacheResource
+
+_MEMO_LIMIT = 4096
+_manifest_memo_lock = threading.Lock()
+_manifest_memo: dict[bytes, dict[str, Any]] = {}
+_full_key_memo: dict[tuple[bytes, str], bytes] = {}
+
+
+def tracks_headers(options: Any) -> bool:
+    """Whether options set a field that names headers (OPTION_POLICY's TRACKED fields)."""
+    return any(_is_set(getattr(options, f, None)) for f, p in OPTION_POLICY.items() if p == TRACKED)
+
+
+def manifest_key(base: list[tuple[str, bytes]]) -> bytes:
+    """The key a source+options' manifest is stored under."""
+    return digest_components([*base, ("manifest", b"%d" % hdr.MANIFEST_FORMAT)])
+
+
+def full_key(base: list[tuple[str, bytes]], variant: dict[str, Any], manifest_key: bytes = b"") -> bytes:
+    """The entry key: the base components plus the digest of the headers the compile read.
+
+    ``manifest_key``: when given, the result is memoised under it and the variant's digest.
+    """
+    memo_key = (manifest_key, variant["digest"])
+    key = _full_key_memo.get(memo_key) if manifest_key else None
+    if key is None:
+        key = digest_components([*base, ("headers", variant["digest"].encode())])
+        if manifest_key:
+            remember(_full_key_memo, memo_key, key, _MEMO_LIMIT)
+    return key
+
+
+def matching_variant(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[str]) -> dict[str, Any] | None:
+    """The first variant of this source's manifest whose headers still validate.
+
+    Variants remembered in this process are tried first, then the stored manifest.
+    """
+    with _manifest_memo_lock:
+        manifest = _manifest_memo.get(manifest_key)
+    for variant in (manifest or {}).get("variants", ()):
+        if hdr.variant_matches(variant, dirs):
+            return variant
+    record = read_record(cache, manifest_key)
+    stored = hdr.parse_manifest(record[0]) if record else None
+    if stored is None:
+        return None
+    with _manifest_memo_lock:
+        remember(_manifest_memo, manifest_key, stored, _MEMO_LIMIT)
+    for variant in stored["variants"]:
+        if hdr.variant_matches(variant, dirs):
+            return variant
+    return None
+
+
+def store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: dict[str, Any]) -> None:
+    """Add variant to the stored manifest (newest first)."""
+    # Read-modify-write of the manifest: callers hold the single-flight lock of this source,
+    # which serialises it against every thread and process sharing the cache directory.
+    record = read_record(cache, manifest_key)
+    manifest = hdr.add_variant(hdr.parse_manifest(record[0]) if record else None, variant)
+    raw = json.dumps(manifest, separators=(",", ":")).encode()
+    write_record(cache, manifest_key, raw, {"kind": "manifest"}, internal=True)
+    with _manifest_memo_lock:
+        remember(_manifest_memo, manifest_key, manifest, _MEMO_LIMIT)

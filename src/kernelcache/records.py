@@ -1,0 +1,159 @@
+"""What compile_program stores beside an artifact, and how an ObjectCode is rebuilt from it.
+
+The artifact is stored verbatim; its metadata (a JSON-able dict) carries what a hit needs to
+give back the same ObjectCode as the compile did (kind, name, symbol mapping of name
+expressions, log) and what tools list (kernels, options, toolchain, headers).
+
+The store is reached only through read_record/write_record/count here: a store that fails
+never fails a compile; it becomes a miss or a dropped write, ONE warning per cause, and an
+``errors`` count.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore
+
+if TYPE_CHECKING:
+    from cuda.core import ObjectCode
+
+    from kernelcache.toolchain import Toolchain
+
+
+# -- metadata -----------------------------------------------------------------------------
+
+
+def encode_symbols(mapping: dict[Any, Any] | None) -> list[list[str]]:
+    """A symbol mapping (name expression -> mangled name, each str or bytes) as JSON-able lists."""
+    out = []
+    for expr, mangled in (mapping or {}).items():
+        ekind, etext = ("b", expr.decode("latin-1")) if isinstance(expr, bytes) else ("s", str(expr))
+        vkind, vtext = ("b", mangled.decode("latin-1")) if isinstance(mangled, bytes) else ("s", str(mangled))
+        out.append([ekind, etext, vkind, vtext])
+    return out
+
+
+def decode_symbols(items: list[list[str]] | None) -> dict[Any, Any]:
+    """The inverse of encode_symbols: str stays str, bytes stay bytes."""
+    mapping: dict[Any, Any] = {}
+    for ekind, etext, vkind, vtext in items or ():
+        expr = etext.encode("latin-1") if ekind == "b" else etext
+        mapping[expr] = vtext.encode("latin-1") if vkind == "b" else vtext
+    return mapping
+
+
+@functools.cache
+def _factories() -> dict[str, Any]:
+    from cuda.core import ObjectCode
+
+    return {
+        "cubin": ObjectCode.from_cubin,
+        "ptx": ObjectCode.from_ptx,
+        "ltoir": ObjectCode.from_ltoir,
+    }
+
+
+def object_from_record(data: bytes, target_type: str, name: str, meta: Meta) -> ObjectCode:
+    """The ObjectCode a hit returns: the stored bytes with the original's symbol mapping."""
+    symbols = meta.get("symbols")
+    return _factories()[target_type](data, name=name, symbol_mapping=decode_symbols(symbols) if symbols else None)
+
+
+_GLOBAL_FN = re.compile(rb"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+
+
+def kernel_names(code: str | bytes, mapping: dict[Any, Any] | None) -> list[str]:
+    """Kernel names for listings: name expressions, else __global__ functions in the source."""
+    if mapping:
+        return [k.decode("latin-1") if isinstance(k, bytes) else str(k) for k in mapping]
+    raw = code.encode("utf-8", "surrogatepass") if isinstance(code, str) else bytes(code)
+    found = [m.decode("latin-1") for m in _GLOBAL_FN.findall(raw)]
+    if not found:  # PTX: .entry names
+        found = [m.decode("latin-1") for m in re.findall(rb"\.entry\s+(\w+)", raw)]
+    return list(dict.fromkeys(found))[:32]
+
+
+def options_summary(options: Any) -> dict[str, str]:
+    """The options that are set, as repr strings (for listings and ``explain``)."""
+    fields = getattr(options, "__dict__", {})
+    return {k: repr(v) for k, v in fields.items() if v is not None}
+
+
+def artifact_meta(
+    code: str | bytes,
+    code_type: str,
+    target_type: str,
+    options: Any,
+    obj: ObjectCode,
+    log_text: str,
+    seconds: float,
+    toolchain: Toolchain | None,
+    headers: Sequence[str],
+) -> Meta:
+    """The metadata stored beside a freshly compiled artifact."""
+    mapping = getattr(obj, "symbol_mapping", None)
+    return {
+        "code_type": code_type,
+        "target_type": target_type,
+        "name": options.name or "",
+        "symbols": encode_symbols(mapping),
+        "log": log_text,
+        "compile_seconds": seconds,
+        "toolchain": toolchain.as_dict() if toolchain is not None else {},
+        "options": options_summary(options),
+        "headers": list(headers),
+        "kernels": kernel_names(code, mapping),
+    }
+
+
+# -- safe store access (a failing store never fails a compile) -----------------------------
+
+_warned: set[str] = set()
+
+
+def warn_store(cache: ProgramCacheResource, what: str, exc: BaseException) -> None:
+    """Warn once per (store class, action, error class) and count an error."""
+    cause = f"{type(cache).__name__}:{what}:{type(exc).__name__}"
+    if cause not in _warned:
+        _warned.add(cause)
+        warnings.warn(
+            f"kernelcache: the cache {type(cache).__name__} failed to {what} ({exc!r}); compiling without it",
+            KernelCacheWarning,
+            stacklevel=4,
+        )
+    count(cache, errors=1)
+
+
+def read_record(cache: ProgramCacheResource, key: bytes, counted: bool = True) -> tuple[bytes, Meta] | None:
+    """An internal look-up: never a user hit/miss (the caller counts those itself).
+
+    ``counted=False``: not even an internal look-up in the store's counters.
+    """
+    try:
+        if not counted and isinstance(cache, RecordStore):
+            return cache.get_record_uncounted(key)
+        return cache.get_record(key, internal=True)
+    except Exception as exc:
+        warn_store(cache, "read", exc)
+        return None
+
+
+def write_record(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Meta, internal: bool = False) -> None:
+    """Store payload + metadata; a failure warns and is dropped."""
+    try:
+        cache.set_record(key, payload, meta, internal=internal)
+    except Exception as exc:
+        warn_store(cache, "write", exc)
+
+
+def count(cache: ProgramCacheResource, **deltas: int) -> None:
+    """Add to the store's counters; a store that cannot count is left alone."""
+    try:
+        cache.add_stats(**deltas)
+    except Exception:
+        pass
