@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "CacheClearedDuringBuild": "kernelcache.guarded",
     "CompileInfo": "kernelcache.compile",
+    "CompileManyError": "kernelcache.batch",
     "DeviceDestroyedDuringBuild": "kernelcache.guarded",
     "FileStreamProgramCache": "kernelcache.stores.filestream",
     "GuardedCache": "kernelcache.guarded",
@@ -28,6 +29,7 @@ _EXPORTS = {
     "RedisProgramCache": "kernelcache.stores.redis",  # needs the optional redis client
     "TieredProgramCache": "kernelcache.stores.tiered",
     "UnsafeCacheDirError": "kernelcache.stores.filestream",
+    "compile_many": "kernelcache.batch",
     "compile_program": "kernelcache.compile",
     "default_cache": "kernelcache.compile",
     "explain_program_cache_key": "kernelcache.keys",
@@ -37,6 +39,7 @@ _EXPORTS = {
 __all__ = [
     "CacheClearedDuringBuild",
     "CompileInfo",
+    "CompileManyError",
     "DeviceDestroyedDuringBuild",
     "FileStreamProgramCache",
     "GuardedCache",
@@ -47,6 +50,7 @@ __all__ = [
     "RedisProgramCache",
     "TieredProgramCache",
     "UnsafeCacheDirError",
+    "compile_many",
     "compile_program",
     "default_cache",
     "explain_program_cache_key",
@@ -68,6 +72,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
+    from kernelcache.batch import CompileManyError, compile_many
     from kernelcache.compile import CompileInfo, compile_program, default_cache
     from kernelcache.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
     from kernelcache.kernels import KernelCache

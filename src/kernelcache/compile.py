@@ -221,43 +221,87 @@ def compile_program(
         info.hit, info.cached, info.compile_seconds = False, False, seconds
         info.seconds = time.perf_counter() - start
         return obj
-    if cache is None:
-        cache = default_cache()
-    elif not isinstance(cache, ProgramCacheResource):
-        raise TypeError(f"cache must be a ProgramCacheResource or None, not {type(cache).__name__}")
-
+    cache = _resolve_cache(cache)
     look = _Lookup(cache, code, code_type, target_type, options, name_expressions, extra_digest)
     key, record, variant = look.find()
     info.lookup_seconds = time.perf_counter() - start
-    if record is None:
-        # Single flight per source (C++: per source+options, since the header-complete key
-        # is only known after the compile; others: per key). Threads and processes of this
-        # host meet on a file lock; hosts sharing a Redis tier meet on a Redis lock.
-        flight_key = look.manifest_key or look.entry_key
-        budget = config.wait_timeout_s() if wait_timeout is None else wait_timeout
-        deadline = time.monotonic() + budget
-        with single_flight(flight_key, _lock_path(cache, flight_key), budget) as outcome:
-            if outcome == "acquired":
-                key, record, variant = look.find()  # a peer may have compiled it meanwhile
-                info.waited = record is not None
-            remote_lock = getattr(cache, "remote_lock", None)
-            if record is None and remote_lock is not None:
-                with remote_lock(flight_key.hex(), deadline, lambda: look.find()[1] is not None) as remote:
-                    if remote in ("acquired", "ready"):
-                        key, record, variant = look.find()  # published by another host?
-                        info.waited = info.waited or record is not None
-                    if record is None:
-                        return _miss(look, code, options, name_expressions, logs, info, start)
-            elif record is None:
-                return _miss(look, code, options, name_expressions, logs, info, start)
+    if record is not None:
+        return _hit(look, key, record, variant, logs, info, start, want_headers)
+    budget = config.wait_timeout_s() if wait_timeout is None else wait_timeout
+    obj = _flight(look, code, name_expressions, logs, info, start, budget, want_headers)
+    assert obj is not None  # only wait=False returns None
+    return obj
+
+
+def _resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource:
+    """The store a call uses: ``cache``, or the default one; TypeError for anything else."""
+    if cache is None:
+        return default_cache()
+    if not isinstance(cache, ProgramCacheResource):
+        raise TypeError(f"cache must be a ProgramCacheResource or None, not {type(cache).__name__}")
+    return cache
+
+
+def _flight(
+    look: _Lookup,
+    code: str | bytes,
+    name_expressions: Sequence[str | bytes],
+    logs: Any,
+    info: CompileInfo,
+    start: float,
+    budget: float,
+    want_headers: bool,
+    wait: bool = True,
+) -> ObjectCode | None:
+    """A missing key under its single flight: the peer's result if one published it
+    meanwhile, else our compile. ``wait=False``: one try; None if a peer holds the key."""
+    # Single flight per source (C++: per source+options, since the header-complete key
+    # is only known after the compile; others: per key). Threads and processes of this
+    # host meet on a file lock; hosts sharing a Redis tier meet on a Redis lock.
+    cache, options = look.cache, look.options
+    flight_key = look.manifest_key or look.entry_key
+    deadline = time.monotonic() + (budget if wait else 0.0)
+    key, record, variant = b"", None, None
+    with single_flight(flight_key, _lock_path(cache, flight_key), budget, wait=wait) as outcome:
+        if outcome == "busy":
+            return None
+        if outcome == "acquired":
+            key, record, variant = look.find()  # a peer may have compiled it meanwhile
+            info.waited = record is not None
+        remote_lock = getattr(cache, "remote_lock", None)
+        if record is None and remote_lock is not None:
+            with remote_lock(flight_key.hex(), deadline, lambda: look.find()[1] is not None) as remote:
+                if remote == "timeout" and not wait:
+                    return None  # another host is compiling it: come back to it later
+                if remote in ("acquired", "ready"):
+                    key, record, variant = look.find()  # published by another host?
+                    info.waited = info.waited or record is not None
+                if record is None:
+                    return _miss(look, code, options, name_expressions, logs, info, start)
+        elif record is None:
+            return _miss(look, code, options, name_expressions, logs, info, start)
+    return _hit(look, key, record, variant, logs, info, start, want_headers)
+
+
+def _hit(
+    look: _Lookup,
+    key: bytes,
+    record: tuple[bytes, Meta],
+    variant: dict[str, Any] | None,
+    logs: Any,
+    info: CompileInfo,
+    start: float,
+    want_headers: bool,
+) -> ObjectCode:
+    """The ObjectCode of a stored record, counted as a hit (log and symbols replayed)."""
     payload, meta = record
     _emit_log(logs, meta.get("log", ""))
     saved = float(meta.get("compile_seconds", 0.0))
-    count(cache, hits=1, bytes_read=len(payload), compile_us_saved=int(saved * 1e6))
+    count(look.cache, hits=1, bytes_read=len(payload), compile_us_saved=int(saved * 1e6))
     info.hit, info.key, info.compile_seconds = True, key, saved
     if want_headers and variant and variant["headers"]:
-        info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options))
-    obj = object_from_record(payload, look.target_type, options.name or "", meta)
+        info.headers = hdr.tracked_paths(variant, hdr.search_dirs(look.options))
+    obj = object_from_record(payload, look.target_type, look.options.name or "", meta)
     info.seconds = time.perf_counter() - start
     return obj
 

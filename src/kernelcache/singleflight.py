@@ -3,7 +3,8 @@
 ``single_flight(key, lock_path, timeout)`` is a context manager. Inside it, the caller
 re-checks the store and compiles only if the entry is still missing. Its value says how
 the wait ended: ``"acquired"`` (we hold the key; compile if still missing), ``"timeout"``
-(a peer is taking too long; compile on our own, without the lock).
+(a peer is taking too long; compile on our own, without the lock). With ``wait=False`` it
+does not wait at all: ``"busy"`` means a peer (thread or process) holds the key right now.
 
 Why this is safe against stuck or dead peers:
 - the in-process lock is a plain ``threading.Lock`` per key, taken with a timeout;
@@ -56,24 +57,29 @@ _THREAD_LOCKS = _KeyLocks()
 
 
 @contextlib.contextmanager
-def single_flight(key: bytes, lock_path: str | None, timeout: float | None = None) -> Iterator[str]:
+def single_flight(
+    key: bytes, lock_path: str | None, timeout: float | None = None, *, wait: bool = True
+) -> Iterator[str]:
     """Hold ``key`` against other threads, and other processes when ``lock_path`` is given.
 
-    Yields "acquired" or "timeout". The lock is only ever held around "check the store,
-    compile if missing, store": never around anything that can wait on another key.
+    Yields "acquired" or "timeout"; with ``wait=False`` (one try, no waiting) "acquired" or
+    "busy" (a peer holds the key), or "timeout" when the lock cannot be taken at all (a
+    read-only cache directory: compile on your own, as after a timeout). The lock is only
+    ever held around "check the store, compile if missing, store": never around anything
+    that can wait on another key.
     """
-    budget = config.wait_timeout_s() if timeout is None else timeout
+    budget = (config.wait_timeout_s() if timeout is None else timeout) if wait else 0.0
     deadline = time.monotonic() + budget
     with _THREAD_LOCKS.hold(key, budget) as have_thread_lock:
         if not have_thread_lock:
-            yield "timeout"
+            yield "timeout" if wait else "busy"
             return
         if lock_path is None:
             yield "acquired"
             return
         file_lock = _file_lock(lock_path, deadline)
-        if file_lock is None:
-            yield "timeout"
+        if file_lock is None or file_lock == "busy":
+            yield "busy" if file_lock == "busy" and not wait else "timeout"
             return
         try:
             yield "acquired"
@@ -82,7 +88,8 @@ def single_flight(key: bytes, lock_path: str | None, timeout: float | None = Non
 
 
 def _file_lock(path: str, deadline: float) -> object | None:
-    """An acquired filelock on path, or None when the deadline passed or locking failed.
+    """An acquired filelock on path; "busy" when a peer still held it at the deadline; None
+    when locking failed.
 
     A lock that cannot be created at all (read-only cache dir) is not a reason to fail:
     we then compile without cross-process coordination.
@@ -99,7 +106,7 @@ def _file_lock(path: str, deadline: float) -> object | None:
     try:
         lock.acquire(timeout=max(0.0, deadline - time.monotonic()), poll_interval=0.01)
     except filelock.Timeout:
-        return None
+        return "busy"
     except OSError:
         return None
     return lock

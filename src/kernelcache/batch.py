@@ -1,0 +1,293 @@
+"""compile_many(): many compile_program calls at once -- hits first, misses on threads, peers' keys last.
+
+The order of work, and why:
+1. Every request is looked up first, in this thread: a hit costs microseconds, and an
+   all-hit batch starts no thread at all.
+2. The misses go to up to ``max_workers`` threads (NVRTC, nvJitLink and NVVM release the
+   GIL, so compiles on threads run on all cores). A thread takes a key's single-flight
+   lock only if nobody holds it (one non-blocking try); a key that a peer -- another
+   thread, another process sharing the directory, another host sharing a Redis tier -- is
+   compiling is put aside. So P processes given the same K requests split the K compiles
+   between them instead of queueing behind each other on the same key.
+3. Only when no fresh key is left does a thread come back to the keys put aside, trying
+   each again every few milliseconds: a key is taken the moment its peer releases it,
+   which is right after it published the entry, so the waiter finds a hit. A peer that
+   died released its lock with its life (flock), and the waiter compiles the key itself.
+   A peer that holds a key longer than the wait budget (``KERNELCACHE_WAIT_TIMEOUT``) is
+   given up on, as compile_program does: the key is compiled without the lock.
+
+Failures: a request that fails does not stop the others. When every other request has
+finished (and was stored), CompileManyError is raised; it carries each failure by
+request index and every result (None where failed).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from kernelcache import config
+from kernelcache.compile import (
+    CompileInfo,
+    _flight,
+    _hit,
+    _Lookup,
+    _resolve_cache,
+    compile_program,
+)
+
+if TYPE_CHECKING:
+    from cuda.core import ObjectCode
+
+    from kernelcache.stores.base import ProgramCacheResource
+
+__all__ = ["CompileManyError", "compile_many"]
+
+REQUEST_FIELDS = frozenset({"code", "code_type", "target_type", "options", "name_expressions", "extra_digest"})
+_RETRY_S = 0.005  # how often a key that a peer holds is tried again (a try costs ~20 us)
+
+
+class CompileManyError(Exception):
+    """Some requests of a batch failed; every other request finished and was stored.
+
+    ``errors``: request index -> the exception that request raised (the same one
+    compile_program would have raised). ``results``: one entry per request, in request
+    order: the result, or None where the request failed.
+    """
+
+    def __init__(self, errors: dict[int, BaseException], results: list[Any]) -> None:
+        self.errors = dict(sorted(errors.items()))
+        self.results = list(results)
+        lines = [f"{len(self.errors)} of {len(self.results)} requests failed (see .errors and .results):"]
+        for index, exc in list(self.errors.items())[:5]:
+            text = str(exc).strip()
+            lines.append(f"  request #{index}: {type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+        if len(self.errors) > 5:
+            lines.append(f"  ... and {len(self.errors) - 5} more")
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes despite the custom __init__
+        return (type(self), (self.errors, self.results))
+
+
+def normalize_requests(
+    requests: Iterable[Mapping[str, Any]], fields: frozenset[str], what: str
+) -> list[dict[str, Any]]:
+    """The requests as dicts; TypeError (naming the request) for anything malformed."""
+    if isinstance(requests, (str, bytes, Mapping)):
+        raise TypeError(f"{what}: requests must be a sequence of mappings, not one {type(requests).__name__}")
+    out = []
+    for i, request in enumerate(requests):
+        if not isinstance(request, Mapping):
+            raise TypeError(f"{what}: request #{i} must be a mapping of arguments, not {type(request).__name__}")
+        unknown = set(request) - fields
+        if unknown:
+            raise TypeError(f"{what}: request #{i} has unknown field(s) {sorted(unknown)}; known: {sorted(fields)}")
+        missing = ({"code"} | ({"name"} & fields)) - set(request)
+        if missing:
+            raise TypeError(f"{what}: request #{i} needs {sorted(missing)}")
+        out.append(dict(request))
+    return out
+
+
+def worker_count(max_workers: int | None) -> int:
+    """``max_workers`` checked (None: the CPU count)."""
+    if max_workers is None:
+        return os.cpu_count() or 1
+    if type(max_workers) is not int or max_workers < 1:
+        raise ValueError(f"max_workers must be a positive int or None (the CPU count), not {max_workers!r}")
+    return max_workers
+
+
+class _Job:
+    """One request that missed: retried until it is compiled here or found published."""
+
+    __slots__ = ("index", "look", "request", "info", "retry_at", "give_up_at")
+
+    def __init__(self, index: int, look: _Lookup | None, request: dict[str, Any]) -> None:
+        self.index = index
+        self.look = look  # None: the cache is disabled; compile_program does the whole call
+        self.request = request
+        self.info = CompileInfo()
+        self.retry_at = 0.0  # monotonic time of the next try once a peer was found holding it
+        self.give_up_at = 0.0  # set at the first "busy": the end of the wait budget
+
+
+class _Batch:
+    """The shared state of one batch: the queues, the results, the errors."""
+
+    def __init__(self, jobs: list[_Job], size: int, budget: float) -> None:
+        self.fresh = collections.deque(jobs)
+        self.put_aside: collections.deque[_Job] = collections.deque()
+        self.results: list[Any] = [None] * size
+        self.errors: dict[int, BaseException] = {}
+        self.infos: list[CompileInfo | None] = [None] * size
+        self.budget = budget
+        self.stop = False
+        self._lock = threading.Lock()
+
+    def _next(self) -> tuple[_Job, bool] | None:
+        with self._lock:
+            if self.stop:
+                return None
+            if self.fresh:
+                return self.fresh.popleft(), False
+            if self.put_aside:
+                return self.put_aside.popleft(), True
+            return None
+
+    def work(self) -> None:
+        """Run jobs until none is left (every worker thread, and the caller's, runs this)."""
+        while True:
+            picked = self._next()
+            if picked is None:
+                return
+            job, again = picked
+            if again:
+                pause = job.retry_at - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+            try:
+                obj = self._try(job)
+            except Exception as exc:  # this request's failure: the others go on
+                with self._lock:
+                    self.errors[job.index] = exc
+                continue
+            if obj is None:  # a peer holds the key: put it aside, try again later
+                now = time.monotonic()
+                job.retry_at = now + _RETRY_S
+                job.give_up_at = job.give_up_at or now + self.budget
+                with self._lock:
+                    self.put_aside.append(job)
+                continue
+            self.results[job.index] = obj  # distinct indexes: no two threads write one slot
+            self.infos[job.index] = job.info
+
+    def _try(self, job: _Job) -> ObjectCode | None:
+        request = job.request
+        if job.look is None:
+            return compile_program(**request, cache=None, info=job.info)
+        start = time.perf_counter()
+        names = request.get("name_expressions", ())
+        if job.give_up_at and time.monotonic() >= job.give_up_at:
+            # Waited the whole budget for a peer that still holds the key (a hung process, a
+            # dead NFS lock server): compile on our own, as compile_program does then.
+            return _flight(job.look, request["code"], names, None, job.info, start, 0.0, False)
+        return _flight(job.look, request["code"], names, None, job.info, start, self.budget, False, wait=False)
+
+
+def run_batch(
+    requests: Iterable[Mapping[str, Any]],
+    cache: ProgramCacheResource | None,
+    max_workers: int | None,
+    *,
+    fields: frozenset[str] = REQUEST_FIELDS,
+    what: str = "compile_many",
+    defaults: Callable[[dict[str, Any]], Any] | None = None,
+) -> _Batch:
+    """The batch run to its end: ``.results``, ``.errors`` and ``.infos`` by request index.
+
+    Bad arguments raise at once, before anything compiles. ``defaults(request)`` gives the
+    options of a request that has none (default: compile_program's defaults).
+    """
+    normalized = normalize_requests(requests, fields, what)
+    workers = worker_count(max_workers)
+    disabled = config.disabled()
+    store = None if disabled else _resolve_cache(cache)
+    batch = _Batch([], len(normalized), config.wait_timeout_s())
+    jobs = []
+    for i, request in enumerate(normalized):
+        request.pop("name", None)
+        start = time.perf_counter()
+        look = _lookup(i, store, request, what, defaults)
+        if look is None:
+            jobs.append(_Job(i, None, request))
+            continue
+        info = CompileInfo()
+        key, record, variant = look.find()
+        info.lookup_seconds = time.perf_counter() - start
+        if record is None:
+            jobs.append(_Job(i, look, request))
+            continue
+        try:
+            batch.results[i] = _hit(look, key, record, variant, None, info, start, False)
+            batch.infos[i] = info
+        except Exception as exc:
+            batch.errors[i] = exc
+    if not jobs:
+        return batch  # all hits: no thread started
+    batch.fresh.extend(jobs)
+    threads = [threading.Thread(target=batch.work, name=f"kernelcache-compile-{n}") for n in range(1, workers)]
+    del threads[max(len(jobs) - 1, 0) :]  # never more threads than misses (this thread is one)
+    for thread in threads:
+        thread.start()
+    try:
+        batch.work()
+    except BaseException:
+        batch.stop = True  # Ctrl-C: the threads finish their current compile and take no more
+        raise
+    for thread in threads:
+        thread.join()
+    return batch
+
+
+def _default_options() -> Any:
+    from kernelcache.keys import _default_options as defaults
+
+    return defaults()
+
+
+def _lookup(
+    index: int,
+    store: ProgramCacheResource | None,
+    request: dict[str, Any],
+    what: str,
+    defaults: Callable[[dict[str, Any]], Any] | None,
+) -> _Lookup | None:
+    """The request's key material (None when the cache is disabled); its options filled in."""
+    try:
+        if request.get("options") is None:
+            request["options"] = defaults(request) if defaults is not None else _default_options()
+        if store is None:
+            return None
+        return _Lookup(
+            store,
+            request["code"],
+            request.get("code_type", "c++"),
+            request.get("target_type", "cubin"),
+            request["options"],
+            request.get("name_expressions", ()),
+            request.get("extra_digest"),
+        )
+    except (TypeError, ValueError) as exc:  # a wrong argument: raise now, naming the request
+        if type(exc) not in (TypeError, ValueError):
+            raise
+        raise type(exc)(f"{what}: request #{index}: {exc}") from exc
+
+
+def compile_many(
+    requests: Iterable[Mapping[str, Any]],
+    *,
+    cache: ProgramCacheResource | None = None,
+    max_workers: int | None = None,
+) -> list[ObjectCode]:
+    """compile_program for every request at once; the results in request order.
+
+    Each request is a mapping of compile_program's arguments: ``code``, and optionally
+    ``code_type``, ``target_type``, ``options``, ``name_expressions``, ``extra_digest``.
+    Hits are looked up first; misses compile on up to ``max_workers`` threads (default:
+    the CPU count). Processes sharing the store split the misses: each compiles the keys
+    no peer is compiling first, and waits only at the end for the keys a peer holds.
+    A request that fails does not stop the others: once they all finished (and were
+    stored), CompileManyError is raised with ``.errors`` (request index -> exception) and
+    ``.results`` (None where failed). Malformed requests raise TypeError/ValueError at
+    once, before anything compiles.
+    """
+    batch = run_batch(requests, cache, max_workers)
+    if batch.errors:
+        raise CompileManyError(batch.errors, batch.results)
+    return batch.results

@@ -1,0 +1,40 @@
+"""compile_many in child processes (spawned: a real separate interpreter each)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+
+def variant(i: int) -> str:
+    """A small kernel per index: distinct sources, distinct keys, fast compiles."""
+    return f'extern "C" __global__ void scale{i}(float* a) {{ a[threadIdx.x] *= {i + 1}.0f; }}\n'
+
+
+def compile_variants(root: str, arch: str, count: int, start_at: float) -> list[bytes]:
+    """compile_many of ``count`` variants on a shared cache dir, started at ``start_at``."""
+    from cuda.core import ProgramOptions
+
+    from kernelcache import FileStreamProgramCache, compile_many
+
+    warnings.simplefilter("ignore")
+    cache = FileStreamProgramCache(root)
+    requests = [{"code": variant(i), "options": ProgramOptions(arch=arch)} for i in range(count)]
+    while time.time() < start_at:  # every process starts at once: the worst case for sharing
+        time.sleep(0.001)
+    return [bytes(obj.code) for obj in compile_many(requests, cache=cache, max_workers=2)]
+
+
+def compile_one_held(root: str, code: str, arch: str, started: object) -> None:
+    """compile_program of ``code`` (a slow one), saying when it starts."""
+    from cuda.core import ProgramOptions
+
+    from kernelcache import FileStreamProgramCache, compile_program
+
+    warnings.simplefilter("ignore")
+    started.set()  # type: ignore[attr-defined]
+    compile_program(
+        code,
+        options=ProgramOptions(arch=arch, use_bundled_headers=True, std="c++17"),
+        cache=FileStreamProgramCache(root),
+    )
