@@ -184,6 +184,32 @@ def test_explain_names_the_differing_component(tmp_path, warm_cache) -> None:
     assert hit["in_cache"] is True
 
 
+def test_explain_prints_the_key_the_store_uses(tmp_path) -> None:
+    # A C++ entry is stored under source+options+headers; explain must print that entry's
+    # name (the prefix ls prints and show accepts), never the source+options key alone.
+    cache = str(tmp_path / "c")
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "v.h").write_text("#define V 1\n")
+    kernel = {
+        "name": "k",
+        "code": '#include "v.h"\nextern "C" __global__ void k(int* x) { x[0] = V; }',
+        "options": {"include_path": [str(tmp_path / "inc")]},
+    }
+    desc = tmp_path / "k.json"
+    desc.write_text(json.dumps({"kernel": [kernel]}))
+    before = json.loads(kc("explain", str(desc), "--json", cache=cache).stdout)  # nothing cached yet
+    assert before["in_cache"] is False and before["key"] is None
+    kc("warm", str(desc), cache=cache)
+    names = [row["key"] for row in json.loads(kc("ls", "--json", cache=cache).stdout)]
+    hit = json.loads(kc("explain", str(desc), "--json", cache=cache).stdout)
+    assert hit["in_cache"] is True and hit["key"] in names
+    assert kc("explain", str(desc), cache=cache).stdout.startswith(f"key {hit['key'][:16]}: in the cache")
+    kc("show", hit["key"][:16], cache=cache)  # the printed prefix is one show accepts
+    (tmp_path / "inc" / "v.h").write_text("#define V 2\n")  # the header changed: a miss
+    miss = json.loads(kc("explain", str(desc), "--json", cache=cache).stdout)
+    assert miss["in_cache"] is False and miss["key"] is None and miss["closest"] == hit["key"][:16]
+
+
 def test_stats_with_a_redis_store(tmp_path) -> None:
     pytest.importorskip("redis")
     from redis_servers import RedisServer, need_redis

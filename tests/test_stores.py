@@ -320,21 +320,21 @@ def test_size_tracker_is_exact_and_reconciles(tmp_path) -> None:
     assert tracked == on_disk
     del cache["3"]
     cache["4"] = b"short"  # a rewrite moves the tracker by the net delta
-    cache._reconcile_size()
-    assert cache.stats()["size_bytes"] == cache._reconcile_size() > 0
+    cache._sizecap.reconcile()
+    assert cache.stats()["size_bytes"] == cache._sizecap.reconcile() > 0
 
 
 def test_full_cache_write_does_not_rescan_every_time(tmp_path, monkeypatch) -> None:
     cache = FileStreamProgramCache(tmp_path, max_size_bytes=200 * 300)
     scans = 0
-    real = cache._reconcile_size
+    real = cache._sizecap.reconcile
 
     def counting() -> int:
         nonlocal scans
         scans += 1
         return real()
 
-    monkeypatch.setattr(cache, "_reconcile_size", counting)
+    monkeypatch.setattr(cache._sizecap, "reconcile", counting)
     for i in range(1000):
         cache[str(i)] = b"x" * 200
     # Evicting to the low-water mark leaves room for ~10% of the cap before the next
@@ -358,7 +358,7 @@ def test_stat_guard_spares_an_entry_rewritten_after_the_scan(tmp_path) -> None:
     cache = FileStreamProgramCache(tmp_path, max_size_bytes=3000)
     cache["a"] = b"a" * 1000
     cache["b"] = b"b" * 1000
-    cache._reconcile_size()  # candidates now hold a's and b's current versions
+    cache._sizecap.reconcile()  # candidates now hold a's and b's current versions
     time.sleep(0.01)
     cache["a"] = b"A" * 1000  # a is rewritten: a new inode, not the version the scan saw
     cache["c"] = b"c" * 900  # over the cap: evicts from the candidate list, oldest first

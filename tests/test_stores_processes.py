@@ -62,9 +62,9 @@ def test_eviction_racing_rewrites(tmp_path) -> None:
         torn = pool.starmap(w.churn_capped, [(root, n, 400, cap) for n in range(4)])
     assert sum(torn) == 0
     cache = FileStreamProgramCache(root, max_size_bytes=cap)
-    true_size = cache._reconcile_size()
+    true_size = cache._sizecap.reconcile()
     assert true_size <= cap + 4 * 600  # each racing writer may overshoot by one entry
-    for f, _ in cache._scan():  # every surviving entry still verifies
+    for f, _ in cache.scan():  # every surviving entry still verifies
         if not f.name.endswith(".meta"):
             assert len(f.name) == 64
     for i in range(40):

@@ -60,7 +60,8 @@ def file_digest(path: str) -> str | None:
     return digest
 
 
-def _as_list(value: Any) -> list[str]:
+def as_list(value: Any) -> list[str]:
+    """None -> [], a str -> [it], any other iterable -> its items as str."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -81,7 +82,7 @@ def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
         if name_dir:
             dirs.append(os.path.join(cwd, name_dir))
         dirs.append(cwd)
-        dirs += [os.path.join(cwd, d) for d in _as_list(include)]
+        dirs += [os.path.join(cwd, d) for d in as_list(include)]
         dirs = [os.path.normpath(d) for d in dirs]
         remember(_dirs_memo, memo_key, dirs, 1024)
     return dirs

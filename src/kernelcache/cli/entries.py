@@ -142,7 +142,7 @@ def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[
             corrupt.append(e.name)
     present = {e.name for e in entries}
     orphans = []
-    for f, _ in cache._scan():
+    for f, _ in cache.scan():
         if f.name.endswith(".meta") and f.name[: -len(".meta")] not in present:
             orphans.append(f.path)
     stale = []

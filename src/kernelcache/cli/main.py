@@ -363,13 +363,16 @@ def warm(manifest: str, cache_dir: str | None, jobs: int, as_json: bool) -> None
 @JSON_OPTION
 def explain(first: str, second: str | None, entry_name: str | None, cache_dir: str | None, as_json: bool) -> None:
     """Why did this miss? Compare two compile descriptions (or one with the cache)."""
-    from kernelcache.cli import warm as warm_mod
+    from kernelcache.cli import explain as explain_mod
 
-    result = warm_mod.explain(first, second, entry_name, cache_dir)
+    result = explain_mod.explain(first, second, entry_name, cache_dir)
 
     def render(data: dict[str, Any]) -> None:
         if data.get("in_cache") is not None:
-            click.echo(f"key {data['key'][:16]}: {'in the cache' if data['in_cache'] else 'NOT in the cache'}")
+            if data["key"] is None:  # a C++ miss: its key includes headers only a compile reveals
+                click.echo("NOT in the cache (no stored header set of this source+options matches)")
+            else:
+                click.echo(f"key {data['key'][:16]}: {'in the cache' if data['in_cache'] else 'NOT in the cache'}")
             if data.get("closest"):
                 click.echo(f"closest cached entry: {data['closest']}")
         if not data["differences"]:

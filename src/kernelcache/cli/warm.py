@@ -1,4 +1,4 @@
-"""Warm manifests (``kernelcache warm``) and key explanations (``kernelcache explain``).
+"""Warm manifests: what ``kernelcache warm`` (and ``explain``) read, and the warming itself.
 
 A manifest is JSON or TOML::
 
@@ -27,6 +27,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
+
+from kernelcache.headers import as_list
 
 _KERNEL_FIELDS = {"name", "source", "code", "code_type", "arch", "target", "options", "name_expressions"}
 
@@ -60,10 +62,6 @@ def _read_document(path: str) -> dict[str, Any]:
         raise ValueError(f"manifest {path} is not valid {'TOML' if path.endswith('.toml') else 'JSON'}: {exc}") from exc
 
 
-def _as_list(value: Any) -> list[str]:
-    return [value] if isinstance(value, str) else list(value)
-
-
 def load_manifest(path: str) -> list[WarmItem]:
     """Expand a manifest into one item per (kernel, arch, target); ValueError if malformed."""
     doc = _read_document(path)
@@ -94,8 +92,8 @@ def load_manifest(path: str) -> list[WarmItem]:
                 raise ValueError(f"manifest {path}: kernel {name!r}: cannot read {src}: {exc.strerror}") from exc
         else:
             raise ValueError(f"manifest {path}: kernel {name!r} needs 'source' (a file) or 'code' (inline)")
-        for arch in _as_list(k.get("arch", "sm_90")):
-            for target in _as_list(k.get("target", "cubin")):
+        for arch in as_list(k.get("arch", "sm_90")):
+            for target in as_list(k.get("target", "cubin")):
                 items.append(
                     WarmItem(
                         name=name,
@@ -110,7 +108,8 @@ def load_manifest(path: str) -> list[WarmItem]:
     return items
 
 
-def _options(item: WarmItem) -> Any:
+def program_options(item: WarmItem) -> Any:
+    """The item's cuda.core ProgramOptions; ValueError naming the kernel if they are bad."""
     from cuda.core import ProgramOptions
 
     try:
@@ -131,7 +130,7 @@ def warm_one(item: WarmItem, cache_dir: str | None) -> dict[str, Any]:
             item.code,
             item.code_type,
             item.target_type,
-            options=_options(item),
+            options=program_options(item),
             cache=FileStreamProgramCache(cache_dir),
             name_expressions=item.name_expressions,
             info=info,
@@ -167,102 +166,3 @@ def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool)
         if bar is not None:
             bar.stop()
     return [r for r in results if r is not None]
-
-
-# -- explain ------------------------------------------------------------------------------
-
-
-def _pick(items: list[WarmItem], entry_name: str | None, path: str) -> WarmItem:
-    if entry_name is None:
-        return items[0]
-    for item in items:
-        if item.name == entry_name:
-            return item
-    raise ValueError(f"manifest {path} has no kernel named {entry_name!r}")
-
-
-def _explain_item(item: WarmItem) -> dict[str, str]:
-    from kernelcache.keys import explain_program_cache_key
-
-    return (
-        explain_program_cache_key(
-            code=item.code,
-            code_type=item.code_type,
-            options=_options(item),
-            target_type=item.target_type,
-            name_expressions=item.name_expressions,
-            extra_digest=None,
-        )
-        if not _has_tracked(item)
-        else _explain_tracked(item)
-    )
-
-
-def _has_tracked(item: WarmItem) -> bool:
-    return any(item.options.get(f) for f in ("include_path", "pre_include"))
-
-
-def _explain_tracked(item: WarmItem) -> dict[str, str]:
-    # include_path/pre_include: explain the source+options part; headers are compared by
-    # compile_program's manifest (the differing header shows as a cache miss below).
-    from kernelcache.keys import explain_program_cache_key
-
-    return explain_program_cache_key(
-        code=item.code,
-        code_type=item.code_type,
-        options=_options(item),
-        target_type=item.target_type,
-        name_expressions=item.name_expressions,
-        extra_digest=b"headers tracked by compile_program",
-    )
-
-
-def explain(first: str, second: str | None, entry_name: str | None, cache_dir: str | None) -> dict[str, Any]:
-    """Which key components differ between two descriptions, or between one and the cache."""
-    a_item = _pick(load_manifest(first), entry_name, first)
-    a = _explain_item(a_item)
-    if second is not None:
-        b = _explain_item(_pick(load_manifest(second), entry_name, second))
-        diffs = {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and k != "key"}
-        return {"key": a["key"], "other_key": b["key"], "in_cache": None, "differences": diffs}
-    from kernelcache.compile import probe
-    from kernelcache.stores.filestream import FileStreamProgramCache
-
-    cache = FileStreamProgramCache(cache_dir)
-    found = probe(
-        a_item.code,
-        a_item.code_type,
-        a_item.target_type,
-        options=_options(a_item),
-        cache=cache,
-        name_expressions=a_item.name_expressions,
-    )
-    result: dict[str, Any] = {"key": found.key_hex or a["key"], "in_cache": found.hit, "differences": {}}
-    if found.hit:
-        return result
-    # Not cached: compare with the cached entry of the same kernel(s) that differs least.
-    ours = {f"options.{k}": v for k, v in _options_repr(a_item).items()}
-    ours.update({k: v for k, v in a.items() if k.startswith("toolchain.") or k in ("code_type", "target_type")})
-    best = None
-    for entry in cache.iter_entries():
-        meta = (entry.meta or {}).get("meta") or {}
-        if not meta.get("kernels") or not set(meta["kernels"]) & {a_item.name, *a_item.name_expressions}:
-            continue
-        theirs = {f"options.{k}": v for k, v in (meta.get("options") or {}).items()}
-        theirs.update({f"toolchain.{k}": v for k, v in (meta.get("toolchain") or {}).items()})
-        theirs.update({"code_type": meta.get("code_type"), "target_type": meta.get("target_type")})
-        diffs = {
-            k: (theirs.get(k), ours.get(k)) for k in sorted(ours.keys() | theirs.keys()) if ours.get(k) != theirs.get(k)
-        }
-        if best is None or len(diffs) < len(best[1]):
-            best = (entry.name, diffs)
-    if best is not None:
-        name, diffs = best
-        result["closest"] = name[:16]
-        result["differences"] = diffs or {"code or headers": ("cached", "changed")}
-    return result
-
-
-def _options_repr(item: WarmItem) -> dict[str, str]:
-    opts = _options(item)
-    return {k: repr(v) for k, v in getattr(opts, "__dict__", {}).items() if v is not None}

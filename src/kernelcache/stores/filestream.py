@@ -1,28 +1,24 @@
 """FileStreamProgramCache: artifacts as plain files in a directory shared by many processes.
 
-Layout (see ARCHITECTURE.md; a reader ignores format directories it does not know)::
+Layout (a reader ignores format directories it does not know; the project's map of it is
+../shared/ARCHITECTURE.md, outside this repository)::
 
     <root>/v1/entries/<2 hex>/<64 hex>        the artifact, verbatim (cuobjdump reads it)
-    <root>/v1/entries/<2 hex>/<64 hex>.meta   sidecar: JSON with digest, size, metadata
+    <root>/v1/entries/<2 hex>/<64 hex>.meta   sidecar: header line + JSON metadata (sidecar.py)
     <root>/v1/tmp/                            staging for atomic writes
     <root>/v1/locks/                          single-flight and eviction locks
     <root>/v1/stats                           counters shared by all processes (stats.FileStats)
 
-Every decision that concerns other processes is explained where it is made.
+Every decision that concerns other processes is explained where it is made. The sidecar
+format is sidecar.py, size tracking and eviction sizecap.py, the file operations fileops.py.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
 import os
 import stat as stat_mod
-import threading
 import time
-import uuid
 import zlib
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,126 +27,38 @@ from kernelcache import config
 from kernelcache.memo import remember
 from kernelcache.stats import FileStats
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
+from kernelcache.stores.fileops import (
+    O_RDONLY,
+    TMP_SUFFIX,
+    StatKey,
+    path_in,
+    publish,
+    read_fd,
+    scan_shards,
+    size_of,
+    stage,
+    stat_key,
+    unlink_if_same,
+)
 from kernelcache.stores.naming import entry_name
+from kernelcache.stores.sidecar import META_SUFFIX, READ_SIZE, load_meta, make_sidecar, parse_sidecar, sidecar_info
+from kernelcache.stores.sizecap import SizeCap
 
 FORMAT_DIR = "v1"
-SIDECAR_FORMAT = 1
-_META_SUFFIX = ".meta"
-_TMP_SUFFIX = ".tmp"
 # Crashed writers leave files in tmp/. A live writer finishes in well under a second, so a
 # temp file older than this is an orphan. Generous, because a slow network filesystem
 # under load must not have its in-flight writes swept.
 DEFAULT_TMP_MAX_AGE_S = 15 * 60
-# Evict down to this fraction of the cap, not just below it: each eviction pass then frees
-# room for many writes, so a full cache pays for a directory scan once per ~10% of its size
-# written instead of once per write (cuda.core's rescan-per-write costs O(entries)).
-_LOW_WATER = 0.9
-# The size tracker drifts when processes race on one key or die mid-way; rescan the
-# directory to reset it when the last reconcile is older than this.
-_RECONCILE_EVERY_S = 3600
-# Errors that mean "this disk will not take it now": drop the write, warn once.
-_WRITE_DROP_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EPERM, errno.EFBIG}
 
 
 class UnsafeCacheDirError(PermissionError):
     """The cache root is owned by another user or writable by others."""
 
 
-def _stat_key(st: os.stat_result) -> tuple[int, int, int]:
-    """Identity of one version of a file: a writer's os.replace changes the inode."""
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _read_fd(fd: int, expected: int) -> bytes:
-    """Read a whole regular file: usually one read() of ``expected`` + 1 bytes.
-
-    On a regular file a short read means end of file, so one call suffices unless the file
-    is longer than expected (then read on: never return a part as if it were all).
-    """
-    data = os.read(fd, expected + 1)
-    if len(data) <= expected:
-        return data
-    chunks = [data]
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-# Sidecar: one header line the hit path parses without JSON, then the metadata as JSON.
-#   kernelcache-sidecar 1 <size> <crc32 hex> <sha256 hex> <created unix time>\n{json}
-# The hit path checks size and CRC-32 (zlib, about twice as fast as SHA-256 here); the
-# SHA-256 is for tools (verify, export) and for users comparing artifacts across machines.
-_SIDECAR_MAGIC = b"kernelcache-sidecar"
-# A typical sidecar is a few hundred bytes; _read_fd reads on past this if needed.
-_SIDECAR_READ = 1 << 16
 # Verified (entry, sidecar) pairs remembered per process (see _read); bounded.
 _VERIFIED_MEMO_SIZE = 4096
 # entry identity, sidecar identity, payload CRC-32, parsed metadata
-_Verified = tuple[tuple[int, int, int], tuple[int, int, int], int, Meta]
-
-
-def _make_sidecar(payload: bytes, meta: Meta) -> bytes:
-    head = b"%s %d %d %08x %s %.6f\n" % (
-        _SIDECAR_MAGIC,
-        SIDECAR_FORMAT,
-        len(payload),
-        zlib.crc32(payload),
-        hashlib.sha256(payload).hexdigest().encode(),
-        time.time(),
-    )
-    return head + json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _split_sidecar(raw: bytes | None) -> tuple[list[bytes], bytes] | None:
-    """(header fields, meta JSON) of a kernelcache sidecar, or None if it is not one."""
-    if not raw:
-        return None
-    head, _, meta_json = raw.partition(b"\n")
-    fields = head.split(b" ")
-    if len(fields) < 6 or fields[0] != _SIDECAR_MAGIC:
-        return None
-    return fields, meta_json
-
-
-def _parse_sidecar(raw: bytes | None) -> tuple[tuple[int, int] | None, bytes]:
-    """((size, crc32), meta JSON) from a sidecar; (None, b"") if unusable, size -1 if unknown format."""
-    split = _split_sidecar(raw)
-    if split is None:
-        return None, b""
-    fields, meta_json = split
-    if fields[1] != b"%d" % SIDECAR_FORMAT:
-        return (-1, 0), b""
-    try:
-        return (int(fields[2]), int(fields[3], 16)), meta_json
-    except ValueError:
-        return None, b""
-
-
-def sidecar_info(raw: bytes) -> dict[str, Any] | None:
-    """Everything a sidecar says, for tools: size, crc32, sha256, created, meta."""
-    split = _split_sidecar(raw)
-    if split is None or split[0][1] != b"%d" % SIDECAR_FORMAT:
-        return None
-    fields, meta_json = split
-    try:
-        return {
-            "size": int(fields[2]),
-            "crc32": fields[3].decode(),
-            "sha256": fields[4].decode(),
-            "created": float(fields[5]),
-            "meta": _load_meta(meta_json),
-        }
-    except ValueError:
-        return None
-
-
-def _load_meta(meta_json: bytes) -> Meta:
-    try:
-        meta = json.loads(meta_json) if meta_json else {}
-    except ValueError:
-        return {}
-    return meta if isinstance(meta, dict) else {}
+_Verified = tuple[StatKey, StatKey, int, Meta]
 
 
 @dataclass(frozen=True)
@@ -161,7 +69,6 @@ class EntryInfo:
     path: str
     size: int
     atime: float
-    mtime: float
     meta: Meta | None  # the sidecar's record, None if missing/unreadable
 
 
@@ -201,17 +108,9 @@ class FileStreamProgramCache(RecordStore):
         self._locks = os.path.join(base, "locks")
         self._make_dirs(base)
         self._stats = FileStats(os.path.join(base, "stats"))
-        self._evict_lock = threading.Lock()
         self._verified: dict[str, _Verified] = {}
-        # Oldest-first eviction candidates from the last directory scan: (atime_ns, path,
-        # stat key, bytes). Entries written after the scan are newer than all of these,
-        # so popping from the left stays LRU order without rescanning per write.
-        self._candidates: deque[tuple[int, str, tuple[int, int, int], int]] = deque()
         self._sweep_stale_tmp()
-        if self._max_size is not None:
-            snap = self._stats.snapshot()
-            if time.time() - snap["reconciled_at"] > _RECONCILE_EVERY_S:
-                self._reconcile_size()
+        self._sizecap = SizeCap(self._max_size, self._stats, self._entries, self._locks)
 
     # -- directories ------------------------------------------------------------------
 
@@ -248,8 +147,7 @@ class FileStreamProgramCache(RecordStore):
 
     def lock_path(self, name: str) -> str:
         """Path of a lock file in locks/ (used by single-flight); the dir is recreated if gone."""
-        os.makedirs(self._locks, mode=0o700, exist_ok=True)
-        return os.path.join(self._locks, name)
+        return path_in(self._locks, name)
 
     def _entry_path(self, key: bytes) -> str:
         name = entry_name(key)
@@ -262,9 +160,8 @@ class FileStreamProgramCache(RecordStore):
     def remove_entry(self, name: str, *, evicted: bool = False) -> int:
         """Remove the entry file ``name`` and its sidecar; return the bytes freed (tools use it)."""
         path = self.entry_path(name)
-        freed = self._unlink_if_same(path, None) + self._unlink_if_same(path + _META_SUFFIX, None)
-        if freed:
-            self._stats.add(size_bytes=-freed, evictions=1 if evicted else 0)
+        freed = unlink_if_same(path, None) + unlink_if_same(path + META_SUFFIX, None)
+        self._sizecap.freed(freed, evicted=evicted)
         self._verified.pop(path, None)
         return freed
 
@@ -289,7 +186,7 @@ class FileStreamProgramCache(RecordStore):
             known = self._verified.get(path)
             if known is not None and known[0] == st_key and known[2] == zlib.crc32(payload):
                 try:
-                    if _stat_key(os.stat(path + _META_SUFFIX)) == known[1]:
+                    if stat_key(os.stat(path + META_SUFFIX)) == known[1]:
                         return payload, known[3]
                 except OSError:
                     pass
@@ -297,9 +194,9 @@ class FileStreamProgramCache(RecordStore):
             if got_sidecar is False:
                 return None
             sidecar, sidecar_key = got_sidecar
-            header, meta_json = _parse_sidecar(sidecar)
+            header, meta_json = parse_sidecar(sidecar)
             if header is not None and header[0] == len(payload) and header[1] == zlib.crc32(payload):
-                meta = _load_meta(meta_json)
+                meta = load_meta(meta_json)
                 self._remember_verified(path, (st_key, sidecar_key, header[1], meta))
                 return payload, meta
             if header is not None and header[0] < 0:
@@ -323,7 +220,7 @@ class FileStreamProgramCache(RecordStore):
     def _read_entry(self, path: str) -> tuple[bytes, tuple[int, int, int]] | None:
         """(payload, file identity) of the entry at path, with its atime bumped; None if absent."""
         try:
-            fd = os.open(path, _O_RDONLY)
+            fd = os.open(path, O_RDONLY)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -331,7 +228,7 @@ class FileStreamProgramCache(RecordStore):
             return None
         try:
             st = os.fstat(fd)
-            payload = _read_fd(fd, st.st_size)
+            payload = read_fd(fd, st.st_size)
             # Reads alone do not reliably move atime (relatime, noatime mounts), and LRU
             # eviction sorts by atime: set it explicitly, on the open fd, so that a file a
             # writer has meanwhile os.replace'd onto this path is not touched. mtime is kept:
@@ -351,7 +248,7 @@ class FileStreamProgramCache(RecordStore):
         """(raw sidecar, its identity); (None, None) if missing (the entry is then
         unusable); False on an I/O error (already warned)."""
         try:
-            fd = os.open(path + _META_SUFFIX, _O_RDONLY)
+            fd = os.open(path + META_SUFFIX, O_RDONLY)
         except FileNotFoundError:
             # The sidecar goes in before the entry and out after it, so an entry without a
             # sidecar is damage (or a remover mid-way; the retry in _read tells them apart).
@@ -360,7 +257,7 @@ class FileStreamProgramCache(RecordStore):
             self.warn_once(f"read-{exc.errno}", f"cannot read sidecar of {path}: {exc}; treated as a miss")
             return False
         try:
-            return _read_fd(fd, _SIDECAR_READ), _stat_key(os.fstat(fd))
+            return read_fd(fd, READ_SIZE), stat_key(os.fstat(fd))
         except OSError as exc:
             self.warn_once(f"read-{exc.errno}", f"cannot read sidecar of {path}: {exc}; treated as a miss")
             return False
@@ -368,43 +265,22 @@ class FileStreamProgramCache(RecordStore):
             os.close(fd)
 
     def _remove_corrupt(self, path: str, entry_key: tuple[int, int, int]) -> None:
-        removed = self._unlink_if_same(path, entry_key)
+        removed = unlink_if_same(path, entry_key)
         if removed:
-            removed += self._unlink_if_same(path + _META_SUFFIX, None)
-            self._stats.add(size_bytes=-removed)
+            removed += unlink_if_same(path + META_SUFFIX, None)
+            self._sizecap.freed(removed)
         self.warn_once(
             "corrupt",
             f"cache entry {os.path.basename(path)} failed its integrity check (truncated, "
             "modified or missing its sidecar); removed it, it will be recompiled",
         )
 
-    @staticmethod
-    def _unlink_if_same(path: str, key: Any) -> int:
-        """Unlink path if it is still the file version ``key``; return the bytes freed.
-
-        The stat-then-unlink pair leaves a window of microseconds in which another process
-        can os.replace a fresh file onto ``path``; we would then delete that fresh entry.
-        The cost is one recompile, never a wrong result, so we accept it rather than take a
-        lock on every write.
-        """
-        try:
-            st = os.stat(path)
-        except OSError:
-            return 0
-        if key is not None and _stat_key(st) != key:
-            return 0
-        try:
-            os.unlink(path)
-        except OSError:
-            return 0
-        return st.st_size
-
     # -- writing ----------------------------------------------------------------------
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         path = self._entry_path(key)
-        sidecar = _make_sidecar(payload, meta)
-        if self._max_size is not None and len(payload) + len(sidecar) > self._max_size:
+        sidecar = make_sidecar(payload, meta)
+        if self._sizecap.too_large(len(payload) + len(sidecar)):
             # Storing it would evict every other entry and still exceed the cap.
             self.warn_once(
                 "too-large",
@@ -416,16 +292,16 @@ class FileStreamProgramCache(RecordStore):
             # Only the entry is fsync'ed. A sidecar lost or garbled by a power cut fails the
             # CRC check on read, which makes the entry a miss: the verification that every
             # read does already covers it, and a second fsync would double a write's cost.
-            meta_tmp = self._stage(sidecar, durable=False)
+            meta_tmp = stage(self._tmp, sidecar, durable=False)
             staged.append(meta_tmp)
-            entry_tmp = self._stage(payload)
+            entry_tmp = stage(self._tmp, payload)
             staged.append(entry_tmp)
-            old = self._size_of_pair(path)
+            old = size_of(path, path + META_SUFFIX)
             # Sidecar first, entry second: a reader that sees the new entry is guaranteed
             # to find a sidecar at least as new. (The reverse pairing -- new sidecar, old
             # entry -- is caught by the digest check and retried in _read.)
-            self._publish(meta_tmp, path + _META_SUFFIX)
-            self._publish(entry_tmp, path)
+            publish(meta_tmp, path + META_SUFFIX)
+            publish(entry_tmp, path)
             staged.clear()
         except OSError as exc:
             self.warn_once(
@@ -440,150 +316,20 @@ class FileStreamProgramCache(RecordStore):
                     os.unlink(leftover)
                 except OSError:
                     pass
-        # The tracker moves by this write's net delta: O(1), no directory walk. A racing
-        # writer of the same key can make `old` stale; the periodic reconcile absorbs that.
-        after = self._stats.add(size_bytes=len(payload) + len(sidecar) - old)
-        if self._max_size is not None and after["size_bytes"] > self._max_size:
-            self._evict()
-        return True
-
-    def _stage(self, data: bytes, durable: bool = True) -> str:
-        """Write data to a fresh temp file (fsync'ed if durable), return its path."""
-        name = os.path.join(self._tmp, f"{uuid.uuid4().hex}{_TMP_SUFFIX}")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
-            fd = os.open(name, flags, 0o600)
-        except FileNotFoundError:
-            # Someone deleted tmp/ (or the whole v1/) under a live cache: recreate it.
-            os.makedirs(self._tmp, mode=0o700, exist_ok=True)
-            fd = os.open(name, flags, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            # fsync before publication: after a power loss the entry is either absent or
-            # whole, never an allocated-but-unwritten file with a valid name.
-            if durable:
-                os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            os.unlink(name)
-            raise
-        os.close(fd)
-        return name
-
-    def _publish(self, tmp: str, target: str) -> None:
-        try:
-            os.replace(tmp, target)
-        except FileNotFoundError:
-            if not os.path.exists(tmp):
-                raise
-            # The two-hex subdirectory does not exist yet (or clear() removed it).
-            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-            os.replace(tmp, target)
-
-    @staticmethod
-    def _size_of_pair(path: str) -> int:
-        total = 0
-        for p in (path, path + _META_SUFFIX):
-            try:
-                total += os.stat(p).st_size
-            except OSError:
-                pass
-        return total
-
-    # -- size cap ---------------------------------------------------------------------
-
-    def _evict(self) -> None:
-        """Bring the tracked size down to the low-water mark, least recently read first."""
-        # One evictor per process (thread lock) and one per directory (a file lock taken
-        # without waiting): if another process is already evicting, our write is done and
-        # that process frees the room.
-        if not self._evict_lock.acquire(blocking=False):
-            return
-        try:
-            import filelock
-
-            lock = filelock.FileLock(self.lock_path("evict.lock"))
-            try:
-                lock.acquire(timeout=0)
-            except filelock.Timeout:
-                return
-            try:
-                self._evict_locked()
-            finally:
-                lock.release()
+            self._sizecap.wrote(len(payload) + len(sidecar) - old)  # the net delta of this write
         except OSError as exc:
             self.warn_once(f"evict-{exc.errno}", f"eviction failed in {self._root}: {exc}")
-        finally:
-            self._evict_lock.release()
+        return True
 
-    def _evict_locked(self) -> None:
-        assert self._max_size is not None
-        target = int(self._max_size * _LOW_WATER)
-        size = self._stats.snapshot()["size_bytes"]
-        evicted = 0
-        rescanned = False
-        while size > target:
-            if not self._candidates:
-                if rescanned:
-                    break  # everything left is newer than the scan, or is being rewritten
-                size = self._reconcile_size()
-                rescanned = True
-                continue
-            atime_ns, path, key, nbytes = self._candidates.popleft()
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                continue
-            # Stat guard: evict only the exact file version that the scan saw, unread since.
-            # A different inode/size/mtime means a writer replaced it; a newer atime means a
-            # reader used it: either way it is no longer a least-recently-used entry.
-            if _stat_key(st) != key or st.st_atime_ns != atime_ns:
-                continue
-            freed = self._unlink_if_same(path, key)
-            if freed:
-                freed += self._unlink_if_same(path + _META_SUFFIX, None)
-                size -= freed
-                evicted += 1
-                self._stats.add(size_bytes=-freed)
-        if evicted:
-            self._stats.add(evictions=evicted)
+    # -- scanning and maintenance -------------------------------------------------------
 
-    def _scan(self) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]:
-        try:
-            shards = list(os.scandir(self._entries))
-        except FileNotFoundError:
-            return
-        for shard in shards:
-            if not shard.is_dir(follow_symlinks=False):
-                continue
-            try:
-                files = list(os.scandir(shard.path))
-            except FileNotFoundError:
-                continue
-            for f in files:
-                try:
-                    yield f, f.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
+    def scan(self) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]:
+        """Every file under entries/ (artifacts, sidecars, anything else) with its lstat.
 
-    def _reconcile_size(self) -> int:
-        """Rescan entries/: reset the size tracker and refill the eviction candidates."""
-        total = 0
-        found = []
-        meta_sizes: dict[str, int] = {}
-        for f, st in self._scan():
-            total += st.st_size
-            if f.name.endswith(_META_SUFFIX):
-                meta_sizes[f.path[: -len(_META_SUFFIX)]] = st.st_size
-            else:
-                found.append((st.st_atime_ns, f.path, _stat_key(st), st.st_size))
-        found.sort()
-        self._candidates = deque((a, p, k, n + meta_sizes.get(p, 0)) for a, p, k, n in found)
-        self._stats.set("size_bytes", total)
-        self._stats.set("reconciled_at", int(time.time()))
-        return total
+        For tools and counting; files that vanish during the scan are skipped.
+        """
+        return scan_shards(self._entries)
 
     def _sweep_stale_tmp(self) -> None:
         # Age-based, so that temp files of live writers in other processes survive.
@@ -602,38 +348,32 @@ class FileStreamProgramCache(RecordStore):
     # -- the rest of the mapping API -------------------------------------------------
 
     def _remove(self, key: bytes) -> bool:
-        path = self._entry_path(key)
-        freed = self._unlink_if_same(path, None)
-        freed_meta = self._unlink_if_same(path + _META_SUFFIX, None)
-        if freed or freed_meta:
-            self._stats.add(size_bytes=-(freed + freed_meta))
-        return bool(freed or freed_meta)
+        return self.remove_entry(entry_name(key)) > 0
 
     def __len__(self) -> int:
-        return sum(1 for f, _ in self._scan() if not f.name.endswith((_META_SUFFIX, _TMP_SUFFIX)))
+        return sum(1 for f, _ in self.scan() if not f.name.endswith((META_SUFFIX, TMP_SUFFIX)))
 
     def clear(self) -> None:
         """Remove every entry (other processes' in-flight writes may land afterwards)."""
-        for f, _ in self._scan():
+        for f, _ in self.scan():
             try:
                 os.unlink(f.path)
             except OSError:
                 pass
-        self._candidates.clear()
-        self._stats.set("size_bytes", 0)
+        self._sizecap.emptied()
 
     def iter_entries(self) -> Iterator[EntryInfo]:
         """Every entry with its sidecar record (for ls/show/verify); payloads are not read."""
-        for f, st in self._scan():
-            if f.name.endswith((_META_SUFFIX, _TMP_SUFFIX)):
+        for f, st in self.scan():
+            if f.name.endswith((META_SUFFIX, TMP_SUFFIX)):
                 continue
             meta = None
             try:
-                with open(f.path + _META_SUFFIX, "rb") as fh:
+                with open(f.path + META_SUFFIX, "rb") as fh:
                     meta = sidecar_info(fh.read())
             except OSError:
                 pass
-            yield EntryInfo(f.name, f.path, st.st_size, st.st_atime, st.st_mtime, meta)
+            yield EntryInfo(f.name, f.path, st.st_size, st.st_atime, meta)
 
     def stats(self) -> dict[str, float | int]:
         out = super().stats()

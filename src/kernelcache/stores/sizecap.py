@@ -1,0 +1,144 @@
+"""Size tracking and eviction for a file store: a shared byte count, LRU by atime, one evictor.
+
+The tracked size lives in the store's persistent counters (stats.FileStats), shared by every
+process using the directory: each write moves it by its net delta (O(1), no directory walk),
+each removal by the bytes it freed. Eviction brings it down to a low-water mark, least
+recently *read* entries first (the file store sets atime on every read).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+
+from kernelcache.stats import FileStats
+from kernelcache.stores.fileops import StatKey, path_in, scan_shards, stat_key, unlink_if_same
+from kernelcache.stores.sidecar import META_SUFFIX
+
+# Evict down to this fraction of the cap, not just below it: each eviction pass then frees
+# room for many writes, so a full cache pays for a directory scan once per ~10% of its size
+# written instead of once per write (cuda.core's rescan-per-write costs O(entries)).
+_LOW_WATER = 0.9
+# The size tracker drifts when processes race on one key or die mid-way; rescan the
+# directory to reset it when the last reconcile is older than this.
+_RECONCILE_EVERY_S = 3600
+
+
+class SizeCap:
+    """The tracked size of one store's ``entries`` directory, and eviction under ``max_size``.
+
+    ``max_size`` None: no cap (the size is still tracked). ``locks``: the directory of the
+    eviction lock. No reference back to the store: a store is freed (and flushes its
+    counters) as soon as its last user drops it.
+    """
+
+    def __init__(self, max_size: int | None, stats: FileStats, entries: str, locks: str) -> None:
+        self.max_size = max_size
+        self._stats = stats
+        self._entries = entries
+        self._locks = locks
+        self._evict_lock = threading.Lock()
+        # Oldest-first eviction candidates from the last directory scan: (atime_ns, path,
+        # stat key, bytes). Entries written after the scan are newer than all of these,
+        # so popping from the left stays LRU order without rescanning per write.
+        self._candidates: deque[tuple[int, str, StatKey, int]] = deque()
+        if max_size is not None and time.time() - stats.snapshot()["reconciled_at"] > _RECONCILE_EVERY_S:
+            self.reconcile()
+
+    def too_large(self, nbytes: int) -> bool:
+        """Whether one entry of nbytes could never fit (storing it would evict all and still exceed)."""
+        return self.max_size is not None and nbytes > self.max_size
+
+    def wrote(self, delta: int) -> None:
+        """A write changed the directory by delta bytes: track it, evict if now over the cap.
+
+        OSError: eviction failed (the write itself stands).
+        """
+        # A racing writer of the same key can make the caller's delta stale; the periodic
+        # reconcile absorbs that.
+        after = self._stats.add(size_bytes=delta)
+        if self.max_size is not None and after["size_bytes"] > self.max_size:
+            self.evict()
+
+    def freed(self, nbytes: int, *, evicted: bool = False) -> None:
+        """A removal freed nbytes (no-op for 0); ``evicted`` counts it as one eviction."""
+        if nbytes:
+            self._stats.add(size_bytes=-nbytes, evictions=1 if evicted else 0)
+
+    def emptied(self) -> None:
+        """Every entry was removed (clear)."""
+        self._candidates.clear()
+        self._stats.set("size_bytes", 0)
+
+    def evict(self) -> None:
+        """Bring the tracked size down to the low-water mark, least recently read first (OSError)."""
+        # One evictor per process (thread lock) and one per directory (a file lock taken
+        # without waiting): if another process is already evicting, our write is done and
+        # that process frees the room.
+        if not self._evict_lock.acquire(blocking=False):
+            return
+        try:
+            import filelock
+
+            lock = filelock.FileLock(path_in(self._locks, "evict.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except filelock.Timeout:
+                return
+            try:
+                self._evict_locked()
+            finally:
+                lock.release()
+        finally:
+            self._evict_lock.release()
+
+    def _evict_locked(self) -> None:
+        assert self.max_size is not None
+        target = int(self.max_size * _LOW_WATER)
+        size = self._stats.snapshot()["size_bytes"]
+        evicted = 0
+        rescanned = False
+        while size > target:
+            if not self._candidates:
+                if rescanned:
+                    break  # everything left is newer than the scan, or is being rewritten
+                size = self.reconcile()
+                rescanned = True
+                continue
+            atime_ns, path, key, nbytes = self._candidates.popleft()
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            # Stat guard: evict only the exact file version that the scan saw, unread since.
+            # A different inode/size/mtime means a writer replaced it; a newer atime means a
+            # reader used it: either way it is no longer a least-recently-used entry.
+            if stat_key(st) != key or st.st_atime_ns != atime_ns:
+                continue
+            freed = unlink_if_same(path, key)
+            if freed:
+                freed += unlink_if_same(path + META_SUFFIX, None)
+                size -= freed
+                evicted += 1
+                self._stats.add(size_bytes=-freed)
+        if evicted:
+            self._stats.add(evictions=evicted)
+
+    def reconcile(self) -> int:
+        """Rescan entries/: reset the size tracker and refill the eviction candidates."""
+        total = 0
+        found = []
+        meta_sizes: dict[str, int] = {}
+        for f, st in scan_shards(self._entries):
+            total += st.st_size
+            if f.name.endswith(META_SUFFIX):
+                meta_sizes[f.path[: -len(META_SUFFIX)]] = st.st_size
+            else:
+                found.append((st.st_atime_ns, f.path, stat_key(st), st.st_size))
+        found.sort()
+        self._candidates = deque((a, p, k, n + meta_sizes.get(p, 0)) for a, p, k, n in found)
+        self._stats.set("size_bytes", total)
+        self._stats.set("reconciled_at", int(time.time()))
+        return total
