@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from kernelcache.cli import entries as ent
+from kernelcache.materialized import KEEP_RECENT_S, remove_materialized
 from kernelcache.stores.filestream import FileStreamProgramCache
 
 CACHE_DIR_OPTION = click.option(
@@ -311,7 +312,10 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, a
         raise UserError("give --max-size SIZE and/or --older-than AGE (e.g. --max-size 2GB, --older-than 30d)")
     size_cap = ent.parse_size(max_size) if max_size is not None else None
     max_age = ent.parse_age(older_than) if older_than is not None else None
-    result = ent.prune(_open(cache_dir), size_cap, max_age, now=time.time())
+    cache = _open(cache_dir)
+    result = ent.prune(cache, size_cap, max_age, now=time.time())
+    # Copies handed to Triton (kernelcache.materialized) are not entries: idle ones go too.
+    result["materialized_removed"] = remove_materialized(cache.path, KEEP_RECENT_S)[0]
     _emit(result, as_json, lambda r: click.echo(f"removed {r['removed']} entries, freed {r['freed_bytes']} bytes"))
 
 
@@ -325,7 +329,8 @@ def clear(cache_dir: str | None, yes: bool) -> None:
         raise UserError("not confirmed; nothing removed (use --yes to skip the question)")
     count = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))  # artifacts, as ls lists them
     cache.clear()
-    click.echo(f"removed {count} entries from {cache.path}")
+    copies = remove_materialized(cache.path)[0]  # the copies handed to Triton go with them
+    click.echo(f"removed {count} entries from {cache.path}" + (f" and {copies} materialized copies" if copies else ""))
 
 
 # -- warm / explain ---------------------------------------------------------------------------

@@ -1,0 +1,132 @@
+"""Materialized copies: stored bytes handed out as files, for tools that want a path.
+
+Triton's cache interface returns file paths (it reads the cubin and imports the launcher
+``.so`` from them), so an entry read from kernelcache's store is copied to a file under
+the cache's own root::
+
+    <root>/materialized/<namespace>/<owner>/<sha256 prefix>/<file name>
+    <root>/materialized/tmp/                       staging for atomic writes
+
+The copies are not entries: the store's size tracker never sees them (they do not count
+toward the cap twice), ``kernelcache clear`` removes them all and ``kernelcache prune``
+removes those not handed out recently. Each copy lives in a directory named by a digest of
+its content, so the bytes at a path never change once written: a reader that got a path
+and reads it later can never find another writer's version there (Triton's own file
+manager overwrites in place, so a group read while a peer rewrites it can mix versions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+
+MATERIALIZED_DIR = "materialized"
+# A copy handed out less than this long ago is kept by prune: the process that got its path
+# reads it right away (Triton reads the whole group in CompiledKernel.__init__), so after
+# this long nobody is about to read it. The same margin as the store's stale temp files.
+KEEP_RECENT_S = 15 * 60
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def check_file_name(name: str) -> str:
+    """Return ``name`` if it is a plain file name; ValueError otherwise (no path may escape)."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\x00" in name
+        or (os.altsep and os.altsep in name)
+    ):
+        raise ValueError(f"file name {name!r} must be a plain name without directories")
+    return name
+
+
+def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -> str:
+    """Return the path of a file under ``root`` holding exactly ``data``, named ``name``.
+
+    Writes it (staged, then os.replace) unless an identical copy is already there; an
+    existing copy has its mtime bumped, which tells prune it was just handed out.
+    OSError when the directory cannot be written.
+    """
+    check_file_name(name)
+    base = os.path.join(root, MATERIALIZED_DIR)
+    digest = hashlib.sha256(data).hexdigest()[:32]
+    folder = os.path.join(base, namespace, check_file_name(owner), digest)
+    path = os.path.join(folder, name)
+    if _same_content(path, data):
+        try:
+            # Race with prune: it may unlink between our compare and this utime (prune
+            # only takes copies idle for KEEP_RECENT_S, so that needs a copy idle that long
+            # and then handed out in the same microseconds). Triton then fails to open the
+            # path; a rerun rematerializes it. Never a wrong file, since paths are immutable.
+            os.utime(path)
+            return path
+        except FileNotFoundError:
+            pass
+    tmp_dir = os.path.join(base, "tmp")
+    os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    tmp = os.path.join(tmp_dir, f"{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    # Two processes materializing the same bytes both replace: either result is the same
+    # content, and a reader holding the path sees one whole file or the other.
+    os.replace(tmp, path)
+    return path
+
+
+def _same_content(path: str, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_size != len(data):
+            return False
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks) == data
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_materialized(root: str, idle_s: float | None = None) -> tuple[int, int]:
+    """Remove copies under ``root`` not handed out for ``idle_s`` seconds (None: all).
+
+    Returns (files removed, bytes freed). Empty directories go too.
+    """
+    base = os.path.join(root, MATERIALIZED_DIR)
+    cutoff = None if idle_s is None else time.time() - idle_s
+    files = freed = 0
+    for dirpath, dirnames, filenames in os.walk(base, topdown=False):
+        for fname in filenames:
+            path = os.path.join(dirpath, fname)
+            try:
+                st = os.lstat(path)
+                if cutoff is not None and st.st_mtime >= cutoff:
+                    continue
+                os.unlink(path)
+            except OSError:
+                continue
+            files += 1
+            freed += st.st_size
+        for dname in dirnames:
+            try:
+                os.rmdir(os.path.join(dirpath, dname))  # only if empty
+            except OSError:
+                pass
+    return files, freed

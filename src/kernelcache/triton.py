@@ -1,0 +1,294 @@
+"""Triton's cache hooks over kernelcache's store.
+
+Set-up, no code::
+
+    TRITON_CACHE_MANAGER=kernelcache.triton:KernelCacheManager
+
+or, to keep Triton's own manager and use kernelcache as its remote tier::
+
+    TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager
+    TRITON_REMOTE_CACHE_BACKEND=kernelcache.triton:KernelCacheRemoteBackend
+
+Files go to ``kernelcache.default_cache()`` (configured by ``KERNELCACHE_DIR`` and the other
+``KERNELCACHE_*`` variables), one entry per (Triton key, file name), checked on every read
+like any entry. Triton wants paths back; those are copies under the cache root
+(kernelcache.materialized), never the entries themselves.
+
+Groups (Triton stores a compiled kernel as a group: IRs, cubin, metadata JSON) are all or
+nothing. A group is one manifest entry naming each member and the SHA-256 of its bytes,
+written only after every member is in the store. A reader takes the manifest, reads every
+member and checks each digest: a member missing (evicted, never written because its writer
+died) or different (a peer rewrote it) makes the whole group a miss. So a reader, in any
+process or host, sees a complete group of matching members or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import warnings
+from typing import Any
+
+try:
+    import triton
+    from triton.runtime.cache import CacheManager, FileCacheManager, RemoteCacheBackend
+except ImportError as exc:  # pragma: no cover - exercised where triton is absent
+    raise ImportError(
+        "kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`"
+    ) from exc
+
+from kernelcache.materialized import check_file_name, materialize
+from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
+
+__all__ = ["KernelCacheManager", "KernelCacheRemoteBackend"]
+
+# Domain-separated key prefixes: no key of compile_program or of the other kind can equal them.
+_FILE_DOMAIN = b"kernelcache.triton.file/1\x00"
+_GROUP_DOMAIN = b"kernelcache.triton.group/1\x00"
+_GROUP_FORMAT = 1
+_GROUP_PREFIX = "__grp__"  # Triton's name for a group's own file
+_READ_ATTEMPTS = 2  # a group that changed while we read it is read once more, then a miss
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(cause: str, message: str) -> None:
+    with _warn_lock:
+        if cause in _warned:
+            return
+        _warned.add(cause)
+    warnings.warn(f"kernelcache.triton: {message}", KernelCacheWarning, stacklevel=3)
+
+
+def _as_bytes(data: Any) -> bytes:
+    # Triton passes bytes for binaries and str (or IR objects whose str() is the text) for
+    # the rest; its FileCacheManager writes str(data), its RemoteCacheManager UTF-8 encodes it.
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    return str(data).encode("utf-8")
+
+
+def _store_and_root() -> tuple[ProgramCacheResource, str]:
+    """The default store, and the root directory of its file tier (where copies go)."""
+    from kernelcache.compile import default_cache
+    from kernelcache.stores.filestream import default_cache_dir
+
+    store = default_cache()
+    for tier in [store, *getattr(store, "tiers", ())]:
+        path = getattr(tier, "path", None)
+        if isinstance(path, str):
+            return store, path
+    return store, default_cache_dir()
+
+
+class _TritonFiles:
+    """The files of one Triton key in a kernelcache store: single files and groups."""
+
+    def __init__(self, key: str, store: ProgramCacheResource) -> None:
+        self.key = key
+        self.store = store
+        self._prefix = key.encode("utf-8") + b"\x00"
+
+    def _file_key(self, name: str) -> bytes:
+        return _FILE_DOMAIN + self._prefix + name.encode("utf-8")
+
+    def get(self, name: str, *, internal: bool = False) -> bytes | None:
+        record = self.store.get_record(self._file_key(name), internal=internal)
+        return None if record is None else record[0]
+
+    def put(self, name: str, data: bytes) -> bool:
+        ext = name.rsplit(".", 1)[-1] if "." in name else ""
+        meta = {
+            "kind": "triton",
+            "code_type": "triton",
+            "target_type": ext or "file",
+            "kernels": [name],
+            "triton_key": self.key,
+            "triton_version": triton.__version__,
+        }
+        return self.store.set_record(self._file_key(name), data, meta)
+
+    def put_group(self, name: str, members: dict[str, bytes]) -> bool:
+        """Store every member that the store does not hold as given, then the manifest."""
+        digests = {}
+        for member, data in members.items():
+            # Re-put a member a peer replaced since we wrote it (or that was evicted): the
+            # manifest must name bytes that are in the store now, or readers would miss on
+            # it until the next compile.
+            if self.get(member, internal=True) != data and not self.put(member, data):
+                return False  # a member that is not stored makes no group
+            digests[member] = hashlib.sha256(data).hexdigest()
+        manifest = json.dumps({"format": _GROUP_FORMAT, "members": digests}, sort_keys=True).encode()
+        meta = {
+            "kind": "triton-group",
+            "code_type": "triton",
+            "target_type": "group",
+            "kernels": sorted(members),
+            "triton_key": self.key,
+            "triton_version": triton.__version__,
+        }
+        # Last write: until it lands, readers see no group (a writer killed before this
+        # line leaves members only, which nobody reads as a group).
+        return self.store.set_record(_GROUP_DOMAIN + self._prefix + name.encode("utf-8"), manifest, meta)
+
+    def get_group(self, name: str) -> dict[str, bytes] | None:
+        """Every member of the group, each matching the manifest's digest; else None."""
+        for _ in range(_READ_ATTEMPTS):
+            record = self.store.get_record(_GROUP_DOMAIN + self._prefix + name.encode("utf-8"))
+            if record is None:
+                return None
+            try:
+                manifest = json.loads(record[0])
+                digests = manifest["members"]
+                if manifest.get("format") != _GROUP_FORMAT or not isinstance(digests, dict):
+                    raise ValueError("unknown group format")
+            except (ValueError, KeyError, TypeError):
+                return None  # a format this version does not know: a miss
+            members: dict[str, bytes] = {}
+            for member, digest in digests.items():
+                data = self.get(member, internal=True)
+                # Race: a peer rewrote this member (with other bytes) after our manifest
+                # was written, or evicted it. The digest catches both; read once more in
+                # case the peer's own manifest has landed meanwhile.
+                if data is None or hashlib.sha256(data).hexdigest() != digest:
+                    break
+                members[member] = data
+            else:
+                return members
+        return None
+
+
+class KernelCacheManager(CacheManager):
+    """Triton cache manager storing in kernelcache's default store.
+
+    Triton calls ``cls(key)``; ``cls(key, dump=True)`` and ``cls(key, override=True)``
+    (TRITON_KERNEL_DUMP, TRITON_KERNEL_OVERRIDE) behave exactly as Triton's own
+    FileCacheManager, to which they are delegated. ``get_file``/``put``/``get_group`` return
+    paths of copies under the cache root; ``get_group`` returns the whole group or None.
+    """
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        check_file_name(key)
+        self._delegate: FileCacheManager | None = None
+        if override or dump:
+            self._delegate = FileCacheManager(key, override=override, dump=dump)
+            return
+        store, self._root = _store_and_root()
+        self._files = _TritonFiles(key, store)
+
+    def _path(self, name: str, data: bytes) -> str | None:
+        try:
+            return materialize(self._root, "triton", self.key, name, data)
+        except OSError as exc:
+            _warn_once(f"materialize-{exc.errno}", f"cannot write a copy under {self._root}: {exc}")
+            return None
+
+    def get_file(self, filename: str) -> str | None:
+        if self._delegate is not None:
+            return self._delegate.get_file(filename)
+        check_file_name(filename)
+        data = self._files.get(filename)
+        return None if data is None else self._path(filename, data)
+
+    def put(self, data: Any, filename: str, binary: bool = True) -> str:
+        if self._delegate is not None:
+            return self._delegate.put(data, filename, binary=binary)
+        check_file_name(filename)
+        payload = _as_bytes(data)
+        self._files.put(filename, payload)  # a dropped write has warned; the path still works
+        path = self._path(filename, payload)
+        if path is None:
+            # The cache root cannot be written: Triton's own directory still can be, and a
+            # cache must not fail a compile that works without it.
+            path = FileCacheManager(self.key).put(data, filename, binary=binary)
+        return path
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        if self._delegate is not None:
+            return self._delegate.get_group(filename)
+        check_file_name(filename)
+        members = self._files.get_group(filename)
+        if members is None:
+            return None
+        paths = {}
+        for name, data in members.items():
+            path = self._path(name, data)
+            if path is None:
+                return None  # all or nothing
+            paths[name] = path
+        return paths
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str | None:
+        """Store the group whose members Triton wrote with ``put`` (name -> path)."""
+        if self._delegate is not None:
+            return self._delegate.put_group(filename, group)
+        check_file_name(filename)
+        members = {}
+        for name, path in group.items():
+            try:
+                with open(path, "rb") as f:
+                    members[check_file_name(name)] = f.read()
+            except OSError as exc:
+                _warn_once(f"group-read-{exc.errno}", f"cannot read group member {path}: {exc}; group not stored")
+                return None
+        self._files.put_group(filename, members)
+        # Triton ignores the result; like its FileCacheManager, return the group file's path.
+        return self._path(_GROUP_PREFIX + filename, json.dumps({"child_paths": group}).encode())
+
+
+class KernelCacheRemoteBackend(RemoteCacheBackend):
+    """Triton remote cache backend (TRITON_REMOTE_CACHE_BACKEND) over kernelcache's store.
+
+    Triton's RemoteCacheManager reads a group as ``get(["__grp__<name>"])`` followed by
+    ``get(<members>)`` on the same backend; the first call reads and checks the whole group
+    here and keeps it, the second is answered from it, so the members handed out always
+    belong to one complete group.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        store, _ = _store_and_root()
+        self._files = _TritonFiles(key, store)
+        self._from_group: dict[str, bytes] = {}  # members of the groups read by this backend
+        self._written: dict[str, bytes] = {}  # files put by this backend (a group's members)
+
+    def get(self, filenames: list[str]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        for name in filenames:
+            if name.startswith(_GROUP_PREFIX):
+                members = self._files.get_group(name[len(_GROUP_PREFIX) :])
+                if members is None:
+                    continue
+                self._from_group.update(members)
+                found[name] = json.dumps({"child_paths": sorted(members)}).encode()
+            elif name in self._from_group:
+                found[name] = self._from_group[name]
+            else:
+                data = self._files.get(name)
+                if data is not None:
+                    found[name] = data
+        return found
+
+    def put(self, filename: str, data: bytes) -> None:
+        payload = _as_bytes(data)
+        if not filename.startswith(_GROUP_PREFIX):
+            self._files.put(filename, payload)
+            self._written[filename] = payload
+            return
+        try:
+            children = json.loads(payload)["child_paths"]
+        except (ValueError, KeyError, TypeError):
+            _warn_once("group-format", f"group file {filename!r} is not Triton's group JSON; not stored")
+            return
+        members = {}
+        for child in children:
+            got = self._written.get(child)
+            if got is None:
+                got = self._files.get(child, internal=True)
+            if got is None:
+                return  # a member nobody stored: no group (readers would have to miss on it)
+            members[child] = got
+        self._files.put_group(filename[len(_GROUP_PREFIX) :], members)

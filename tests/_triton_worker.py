@@ -1,0 +1,83 @@
+"""A separate process using Triton's real cache hooks (run as a script by test_triton.py).
+
+The manager class comes from the environment, as in a Triton user's process:
+TRITON_CACHE_MANAGER (and TRITON_REMOTE_CACHE_BACKEND), KERNELCACHE_DIR. Prints one JSON
+line with what it saw.
+
+    put KEY VERSION NAMES...           put each member "VERSION:NAME", then the group
+    put-partial KEY VERSION N NAMES... put the first N members, print "ready", then hang
+    get KEY NAMES...                    get_group: {"group": {name: content} | null}
+    read-loop KEY SECONDS NAMES...      get_group repeatedly: counts of complete/absent/mixed
+    write-loop KEY SECONDS NAMES...     put groups of alternating versions until SECONDS pass
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+
+from triton.runtime.cache import get_cache_manager
+
+GROUP = "kern.json"  # Triton names a kernel's group after its metadata file
+
+
+def _put(key: str, version: str, names: list[str]) -> dict[str, str]:
+    manager = get_cache_manager(key)
+    paths = {name: manager.put(f"{version}:{name}".encode(), name) for name in names}
+    manager.put_group(GROUP, paths)
+    return paths
+
+
+def _get(key: str, names: list[str]) -> dict[str, str] | None:
+    group = get_cache_manager(key).get_group(GROUP)
+    if group is None:
+        return None
+    out = {}
+    for name, path in group.items():
+        with open(path, "rb") as f:
+            out[name] = f.read().decode()
+    return out
+
+
+def _classify(group: dict[str, str] | None, names: list[str]) -> str:
+    if group is None:
+        return "absent"
+    versions = {content.split(":", 1)[0] for content in group.values()}
+    whole = sorted(group) == sorted(names) and all(group[n].endswith(":" + n) for n in names)
+    return "complete" if whole and len(versions) == 1 else "mixed"
+
+
+def main(argv: list[str]) -> None:
+    warnings.simplefilter("ignore")
+    cmd, key = argv[0], argv[1]
+    if cmd == "put":
+        print(json.dumps({"paths": _put(key, argv[2], argv[3:])}))
+    elif cmd == "put-partial":
+        manager = get_cache_manager(key)
+        count, names = int(argv[3]), argv[4:]
+        for name in names[:count]:
+            manager.put(f"{argv[2]}:{name}".encode(), name)
+        print("ready", flush=True)
+        time.sleep(600)  # killed here, before the rest and the group
+    elif cmd == "get":
+        print(json.dumps({"group": _get(key, argv[2:])}))
+    elif cmd == "read-loop":
+        counts = {"complete": 0, "absent": 0, "mixed": 0}
+        deadline = time.time() + float(argv[2])
+        while time.time() < deadline:
+            counts[_classify(_get(key, argv[3:]), argv[3:])] += 1
+        print(json.dumps(counts))
+    elif cmd == "write-loop":
+        deadline, rounds = time.time() + float(argv[2]), 0
+        while time.time() < deadline:
+            _put(key, f"v{rounds % 2}", argv[3:])
+            rounds += 1
+        print(json.dumps({"rounds": rounds}))
+    else:
+        raise SystemExit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

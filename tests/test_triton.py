@@ -1,0 +1,279 @@
+"""kernelcache.triton with the real Triton package: its own get_cache_manager picks our class
+from the environment, and files and groups travel between real processes through a real
+kernelcache store. (CPU only: Triton's cache layer needs no GPU.)"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("triton")
+
+from triton.runtime import cache as triton_cache  # noqa: E402
+
+from kernelcache.stores.filestream import FileStreamProgramCache  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(__file__), "_triton_worker.py")
+NAMES = ["kern.source", "kern.ttir", "kern.ptx", "kern.cubin", "kern.json"]
+MANAGER = "kernelcache.triton:KernelCacheManager"
+
+
+def _key(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()  # what Triton passes get_cache_manager
+
+
+def _env(root: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, KERNELCACHE_DIR=str(root), TRITON_CACHE_MANAGER=MANAGER)
+    env.update(extra)
+    return env
+
+
+def _run(env: dict[str, str], *args: str) -> dict:
+    out = subprocess.run([sys.executable, WORKER, *args], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _entries_bytes(root: str) -> int:
+    total = 0
+    for d, _, files in os.walk(os.path.join(root, "v1", "entries")):
+        total += sum(os.path.getsize(os.path.join(d, f)) for f in files)
+    return total
+
+
+def test_triton_picks_our_manager_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", MANAGER)
+    from kernelcache.triton import KernelCacheManager
+
+    manager = triton_cache.get_cache_manager(_key("a"))
+    assert type(manager) is KernelCacheManager
+    assert isinstance(manager, triton_cache.CacheManager)
+
+
+def test_files_and_groups_round_trip_between_processes(tmp_path):
+    root = tmp_path / "kc"
+    key = _key("round-trip")
+    wrote = _run(_env(root), "put", key, "v1", *NAMES)["paths"]
+    # Copies live under the cache root, never in the system temp dir.
+    assert all(p.startswith(str(root / "materialized")) for p in wrote.values())
+    # The reader gets the group from the store, not from the writer's copies.
+    for d, _, files in os.walk(root / "materialized", topdown=False):
+        for f in files:
+            os.unlink(os.path.join(d, f))
+    got = _run(_env(root), "get", key, *NAMES)["group"]
+    assert got == {name: f"v1:{name}" for name in NAMES}
+    # Every file and the group manifest are entries that ls lists (and the tools check).
+    ls = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "ls", "--json", "--cache-dir", str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = json.loads(ls.stdout)
+    assert sorted(r["target_type"] for r in rows) == sorted(["source", "ttir", "ptx", "cubin", "json", "group"])
+    assert {r["code_type"] for r in rows} == {"triton"}
+    verify = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "verify", "--json", "--cache-dir", str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(verify.stdout)["checked"] == len(NAMES) + 1
+
+
+def test_single_files_round_trip_and_missing_is_none(tmp_path, monkeypatch):
+    root = tmp_path / "kc"
+    monkeypatch.setenv("KERNELCACHE_DIR", str(root))
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", MANAGER)
+    manager = triton_cache.get_cache_manager(_key("single"))
+    assert manager.get_file("launcher.so") is None
+    path = manager.put(b"\x7fELF binary", "launcher.so", binary=True)
+    text_path = manager.put('{"configs_timings": []}', "kern.autotune.json", binary=False)
+    code = (
+        "from triton.runtime.cache import get_cache_manager\n"
+        f"m = get_cache_manager({_key('single')!r})\n"
+        "print(open(m.get_file('launcher.so'), 'rb').read().hex(), open(m.get_file('kern.autotune.json')).read())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)
+    assert out.stdout.split(" ", 1) == [b"\x7fELF binary".hex(), '{"configs_timings": []}\n']
+    with open(path, "rb") as f:
+        assert f.read() == b"\x7fELF binary"
+    assert os.path.dirname(os.path.dirname(path)) == os.path.dirname(os.path.dirname(text_path))
+
+
+def test_copies_do_not_count_toward_the_size_tracker(tmp_path, monkeypatch):
+    root = tmp_path / "kc"
+    monkeypatch.setenv("KERNELCACHE_DIR", str(root))
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", MANAGER)
+    manager = triton_cache.get_cache_manager(_key("size"))
+    paths = {n: manager.put(os.urandom(4096), n) for n in NAMES}
+    manager.put_group("kern.json", paths)
+    for _ in range(3):
+        assert manager.get_group("kern.json") is not None
+    with FileStreamProgramCache(root) as store:
+        assert store.stats()["size_bytes"] == _entries_bytes(str(root))
+    copies = sum(os.path.getsize(p) for p in paths.values())
+    assert copies == 5 * 4096  # they exist, and are not part of the tracked size
+
+
+def test_writer_killed_mid_group_leaves_no_group(tmp_path):
+    root = tmp_path / "kc"
+    key = _key("killed")
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, "put-partial", key, "v1", "3", *NAMES],
+        env=_env(root),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert _run(_env(root), "get", key, *NAMES)["group"] is None
+
+
+def test_complete_group_then_killed_rewriter_is_never_mixed(tmp_path):
+    # v1 is complete; a v2 writer replaces two members and dies before its group. A reader
+    # must not get v2 members with v1's others (Triton's own FileCacheManager would).
+    root = tmp_path / "kc"
+    key = _key("rewritten")
+    _run(_env(root), "put", key, "v1", *NAMES)
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, "put-partial", key, "v2", "2", *NAMES],
+        env=_env(root),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert _run(_env(root), "get", key, *NAMES)["group"] is None
+    _run(_env(root), "put", key, "v2", *NAMES)  # the next compile puts a whole group again
+    assert _run(_env(root), "get", key, *NAMES)["group"] == {n: f"v2:{n}" for n in NAMES}
+
+
+def test_corrupt_member_makes_the_group_a_miss(tmp_path):
+    root = tmp_path / "kc"
+    key = _key("corrupt")
+    _run(_env(root), "put", key, "v1", *NAMES)
+    victim = None
+    for d, _, files in os.walk(root / "v1" / "entries"):
+        for f in files:
+            path = os.path.join(d, f)
+            if not f.endswith(".meta") and open(path, "rb").read() == b"v1:kern.ptx":
+                victim = path
+    assert victim is not None
+    with open(victim, "r+b") as f:
+        f.write(b"v9")  # same size, other bytes
+    assert _run(_env(root), "get", key, *NAMES)["group"] is None
+
+
+def test_concurrent_readers_never_see_a_partial_or_mixed_group(tmp_path):
+    root = tmp_path / "kc"
+    key = _key("concurrent")
+    _run(_env(root), "put", key, "v0", *NAMES)
+    seconds = "3"
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, cmd, key, seconds, *NAMES], env=_env(root), stdout=subprocess.PIPE)
+        for cmd in ("write-loop", "read-loop", "read-loop")
+    ]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    writer, *readers = results
+    assert writer["rounds"] > 5
+    assert sum(r["mixed"] for r in readers) == 0, readers
+    assert sum(r["complete"] for r in readers) > 0, readers  # the check had groups to look at
+
+
+def test_dump_and_override_delegate_to_tritons_file_manager(tmp_path, monkeypatch):
+    from kernelcache.triton import KernelCacheManager
+
+    root = tmp_path / "kc"
+    monkeypatch.setenv("KERNELCACHE_DIR", str(root))
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", MANAGER)
+    monkeypatch.setenv("TRITON_DUMP_DIR", str(tmp_path / "dump"))
+    monkeypatch.setenv("TRITON_OVERRIDE_DIR", str(tmp_path / "override"))
+    dump = triton_cache.get_dump_manager(_key("src"))
+    assert type(dump) is KernelCacheManager
+    path = dump.put("// ttir", "kern.ttir")
+    assert path.startswith(str(tmp_path / "dump"))
+    assert open(path).read() == "// ttir"
+    override = triton_cache.get_override_manager(_key("src"))
+    assert override.get_file("kern.ttir") is None
+    mine = tmp_path / "override" / os.path.relpath(path, tmp_path / "dump")
+    mine.parent.mkdir(parents=True)
+    mine.write_text("// mine")
+    assert open(override.get_file("kern.ttir")).read() == "// mine"
+    assert not (root / "v1" / "entries").exists() or _entries_bytes(str(root)) == 0
+
+
+def test_remote_backend_round_trip_between_processes(tmp_path):
+    root = tmp_path / "kc"
+    key = _key("remote")
+
+    def env(triton_dir: str) -> dict[str, str]:
+        return _env(
+            root,
+            TRITON_CACHE_MANAGER="triton.runtime.cache:RemoteCacheManager",
+            TRITON_REMOTE_CACHE_BACKEND="kernelcache.triton:KernelCacheRemoteBackend",
+            TRITON_CACHE_DIR=str(tmp_path / triton_dir),
+        )
+
+    _run(env("host-a"), "put", key, "v1", *NAMES)
+    # Host b has an empty Triton directory: the group comes from kernelcache's store.
+    assert _run(env("host-b"), "get", key, *NAMES)["group"] == {n: f"v1:{n}" for n in NAMES}
+    # A group whose writer died after two members is no group for the remote path either.
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, "put-partial", _key("remote-killed"), "v1", "2", *NAMES],
+        env=env("host-c"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert _run(env("host-d"), "get", _key("remote-killed"), *NAMES)["group"] is None
+
+
+def test_clear_and_prune_remove_the_copies(tmp_path, monkeypatch):
+    root = tmp_path / "kc"
+    monkeypatch.setenv("KERNELCACHE_DIR", str(root))
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", MANAGER)
+    manager = triton_cache.get_cache_manager(_key("prune"))
+    old = manager.put(b"old", "old.cubin")
+    new = manager.put(b"new", "new.cubin")
+    long_ago = time.time() - 3600
+    os.utime(old, (long_ago, long_ago))
+    cli = [sys.executable, "-m", "kernelcache"]
+    out = subprocess.run([*cli, "prune", "--older-than", "30d", "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["materialized_removed"] == 1
+    assert not os.path.exists(old) and os.path.exists(new)
+    # A copy pruned is rematerialized from the store on the next get.
+    assert open(manager.get_file("old.cubin"), "rb").read() == b"old"
+    out = subprocess.run([*cli, "clear", "--yes"], capture_output=True, text=True, check=True)
+    assert "materialized copies" in out.stdout
+    assert not os.path.exists(new)
+    assert [f for _, _, files in os.walk(root / "materialized") for f in files] == []
+
+
+def test_file_names_cannot_escape_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", MANAGER)
+    manager = triton_cache.get_cache_manager(_key("escape"))
+    for bad in ("../evil.so", "a/b", "..", ""):
+        with pytest.raises(ValueError, match="plain name"):
+            manager.put(b"x", bad)
