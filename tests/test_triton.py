@@ -41,6 +41,11 @@ def _run(env: dict[str, str], *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _entries_bytes(root: str) -> int:
     total = 0
     for d, _, files in os.walk(os.path.join(root, "v1", "entries")):
@@ -170,7 +175,7 @@ def test_corrupt_member_makes_the_group_a_miss(tmp_path):
     for d, _, files in os.walk(root / "v1" / "entries"):
         for f in files:
             path = os.path.join(d, f)
-            if not f.endswith(".meta") and open(path, "rb").read() == b"v1:kern.ptx":
+            if not f.endswith(".meta") and _read(path) == b"v1:kern.ptx":
                 victim = path
     assert victim is not None
     with open(victim, "r+b") as f:
@@ -210,13 +215,13 @@ def test_dump_and_override_delegate_to_tritons_file_manager(tmp_path, monkeypatc
     assert type(dump) is KernelCacheManager
     path = dump.put("// ttir", "kern.ttir")
     assert path.startswith(str(tmp_path / "dump"))
-    assert open(path).read() == "// ttir"
+    assert _read(path) == b"// ttir"
     override = triton_cache.get_override_manager(_key("src"))
     assert override.get_file("kern.ttir") is None
     mine = tmp_path / "override" / os.path.relpath(path, tmp_path / "dump")
     mine.parent.mkdir(parents=True)
     mine.write_text("// mine")
-    assert open(override.get_file("kern.ttir")).read() == "// mine"
+    assert _read(override.get_file("kern.ttir")) == b"// mine"
     assert not (root / "v1" / "entries").exists() or _entries_bytes(str(root)) == 0
 
 
@@ -264,7 +269,7 @@ def test_clear_and_prune_remove_the_copies(tmp_path, monkeypatch):
     assert json.loads(out.stdout)["materialized_removed"] == 1
     assert not os.path.exists(old) and os.path.exists(new)
     # A copy pruned is rematerialized from the store on the next get.
-    assert open(manager.get_file("old.cubin"), "rb").read() == b"old"
+    assert _read(manager.get_file("old.cubin")) == b"old"
     out = subprocess.run([*cli, "clear", "--yes"], capture_output=True, text=True, check=True)
     assert "materialized copies" in out.stdout
     assert not os.path.exists(new)
