@@ -1,0 +1,75 @@
+"""First launch of a Triton and of a CuPy kernel in a fresh process: cold vs warm, through
+kernelcache and through each tool's own cache, side by side.
+
+    python benchmarks/bench_integrations.py [--repeat 3]
+
+Each figure is the median over --repeat fresh processes of the time from the first call to
+a finished result (compile or cache load included; interpreter and import time excluded).
+Cold: empty caches. Warm: a second process on the caches the cold one filled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "_integration_gpu_child.py")
+
+
+def _child(mode: str, env: dict[str, str]) -> dict:
+    out = subprocess.run([sys.executable, CHILD, mode], env={**os.environ, **env}, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{mode} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _env(mode: str, root: str) -> dict[str, str]:
+    env = {
+        "KERNELCACHE_DIR": os.path.join(root, "kc"),
+        "TRITON_CACHE_DIR": os.path.join(root, "triton"),
+        "CUPY_CACHE_DIR": os.path.join(root, "cupy"),
+    }
+    if mode == "triton":
+        env["TRITON_CACHE_MANAGER"] = "kernelcache.triton:KernelCacheManager"
+    return env
+
+
+def measure(mode: str, repeat: int) -> tuple[float, float, bool]:
+    cold, warm, correct = [], [], True
+    for _ in range(repeat):
+        root = tempfile.mkdtemp(prefix="kc-bench-")
+        try:
+            env = _env(mode, root)
+            first, second = _child(mode, env), _child(mode, env)
+            cold.append(first["first_launch_s"])
+            warm.append(second["first_launch_s"])
+            correct = correct and first["correct"] and second["correct"]
+            if second.get("compiled"):
+                raise SystemExit(f"{mode}: the warm process compiled {second['compiled']} kernel(s)")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return statistics.median(cold), statistics.median(warm), correct
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", choices=["triton", "cupy"], default=None)
+    args = parser.parse_args()
+    print(f"{'mode':<28}{'cold ms':>10}{'warm ms':>10}{'cold/warm':>11}  correct")
+    for tool in ("triton", "cupy"):
+        if args.only not in (None, tool):
+            continue
+        for mode, label in ((tool, f"{tool} via kernelcache"), (f"{tool}-own", f"{tool} own cache")):
+            cold, warm, correct = measure(mode, args.repeat)
+            print(f"{label:<28}{cold * 1e3:>10.1f}{warm * 1e3:>10.1f}{cold / warm:>10.1f}x  {correct}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""kernelcache.cupy on CPU: CuPy's option tuples become the same ProgramOptions (and keys), a
+templated kernel compiled with them is a hit in a fresh process with its symbol mapping, and
+the package works without CuPy or Triton installed. Loading into CuPy needs a GPU: see
+test_integrations_gpu.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ARCH, run_python
+from cuda.core import ProgramOptions
+
+from kernelcache import make_program_cache_key
+from kernelcache.nvrtc_flags import program_options
+
+TEMPLATED = r"""
+template<typename T>
+__global__ void scale(const T* x, T* y, T a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + T(N_OFFSET);
+}
+"""
+
+
+def _key(options: ProgramOptions) -> bytes:
+    return make_program_cache_key(
+        code=TEMPLATED, code_type="c++", options=options, target_type="cubin", name_expressions=("scale<float>",), extra_digest=b"h"
+    )
+
+
+def test_flags_give_the_options_and_the_key_of_the_equivalent_program_options():
+    flags = (
+        "-I/opt/a",
+        "-I",
+        "/opt/b",
+        "-DN_OFFSET=1",
+        "--define-macro=FAST",
+        "-std=c++17",
+        "--use_fast_math",
+        "-ftz=true",
+        f"-arch={ARCH}",
+        "--device-as-default-execution-space",
+        "-maxrregcount=64",
+        "-lineinfo",
+    )
+    expected = ProgramOptions(
+        arch=ARCH,
+        include_path=["/opt/a", "/opt/b"],
+        define_macro=[("N_OFFSET", "1"), "FAST"],
+        std="c++17",
+        use_fast_math=True,
+        ftz=True,
+        device_as_default_execution_space=True,
+        max_register_count=64,
+        lineinfo=True,
+    )
+    got = program_options(flags)
+    for field in ("arch", "include_path", "define_macro", "std", "use_fast_math", "ftz", "max_register_count"):
+        assert getattr(got, field) == getattr(expected, field), field
+    assert _key(got) == _key(expected)
+    # Each flag matters: dropping one changes the key (nothing is silently ignored).
+    assert _key(program_options(flags[:-1])) != _key(got)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--frobnicate",), "not one kernelcache can pass"),
+        (("-rdc=true",), "relocatable device code"),
+        (("-dc",), "relocatable device code"),
+        (("-ftz=maybe",), "expected true/false"),
+        (("-arch",), "needs a value"),
+        ((42,), "must be str"),
+    ],
+)
+def test_flags_that_cannot_be_mapped_raise_naming_the_flag(flags, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        program_options(flags)
+
+
+def test_templated_kernel_with_cupy_style_flags_hits_in_a_fresh_process(tmp_path):
+    # The very compile kernelcache.cupy.RawModule runs (the flags CuPy adds included), minus
+    # the device: NVRTC runs on CPU. The second process must load it with its mapping.
+    code = (
+        "import json, sys\n"
+        "from kernelcache import CompileInfo, compile_program\n"
+        "from kernelcache.nvrtc_flags import program_options\n"
+        "flags = ('-DN_OFFSET=2', '--std=c++17', '-ftz=true', sys.argv[1], '--device-as-default-execution-space')\n"
+        "info = CompileInfo()\n"
+        "obj = compile_program(sys.argv[2], 'c++', 'cubin', options=program_options(flags),\n"
+        "                      name_expressions=('scale<float>', 'scale<double>'), info=info)\n"
+        "m = {k if isinstance(k, str) else k.decode(): v.decode() for k, v in obj.symbol_mapping.items()}\n"
+        "print(json.dumps({'hit': info.hit, 'mapping': m, 'size': len(obj.code)}))\n"
+    )
+    env = {"KERNELCACHE_DIR": str(tmp_path / "kc")}
+    first = json.loads(run_python(code, f"-arch={ARCH}", TEMPLATED, env=env))
+    second = json.loads(run_python(code, f"-arch={ARCH}", TEMPLATED, env=env))
+    assert (first["hit"], second["hit"]) == (False, True)
+    assert second["mapping"] == first["mapping"] == {"scale<float>": "_Z5scaleIfEvPKT_PS0_S0_i", "scale<double>": "_Z5scaleIdEvPKT_PS0_S0_i"}
+    assert second["size"] == first["size"] > 0
+
+
+def test_cupys_own_assembled_options_are_all_mapped():
+    core = pytest.importorskip("cupy._core.core")
+    flags = core.assemble_cupy_compiler_options(("-DN_OFFSET=1",))
+    options = program_options((*flags, "-ftz=true", f"-arch={ARCH}", "--device-as-default-execution-space"))
+    assert options.std is not None and options.include_path
+
+
+_BLOCK = (
+    "import sys\n"
+    "class _Block:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] in ('triton', 'cupy', 'cupy_backends'):\n"
+    "            raise ImportError(f'{name} is blocked in this test')\n"
+    "sys.meta_path.insert(0, _Block())\n"
+)
+
+
+@pytest.mark.parametrize("extra", ["triton", "cupy"])
+def test_package_works_without_the_extra_and_says_which_to_install(extra, tmp_path):
+    code = _BLOCK + (
+        "import kernelcache\n"
+        "from kernelcache import FileStreamProgramCache\n"
+        "from kernelcache.nvrtc_flags import program_options\n"
+        f"FileStreamProgramCache({str(tmp_path / 'kc')!r})['k'] = b'v'\n"
+        "try:\n"
+        f"    import kernelcache.{extra}\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = run_python(code)
+    assert f"pip install 'kernelcache[{extra}]'" in out

@@ -1,0 +1,49 @@
+"""Triton and CuPy kernels on a real GPU, each in two fresh processes sharing one kernelcache
+store: the first compiles, the second compiles nothing and computes the same, right result."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+CHILD = os.path.join(os.path.dirname(__file__), "_integration_gpu_child.py")
+
+
+def _child(mode: str, env: dict[str, str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, CHILD, mode], env={**os.environ, **env}, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_triton_kernel_second_process_compiles_nothing(tmp_path):
+    pytest.importorskip("triton")
+    pytest.importorskip("torch")
+    env = {
+        "KERNELCACHE_DIR": str(tmp_path / "kc"),
+        "TRITON_CACHE_MANAGER": "kernelcache.triton:KernelCacheManager",
+        "TRITON_CACHE_DIR": str(tmp_path / "triton-own"),  # must stay unused
+    }
+    cold = _child("triton", env)
+    warm = _child("triton", env)
+    assert cold["manager"] == warm["manager"] == "kernelcache.triton"
+    assert (cold["compiled"], cold["correct"]) == (1, True)
+    assert cold["stores"] > 0
+    assert (warm["compiled"], warm["cache_hits"], warm["stores"], warm["correct"]) == (0, 1, 0, True)
+    assert not os.path.exists(tmp_path / "triton-own") or not os.listdir(tmp_path / "triton-own")
+
+
+def test_templated_cupy_kernel_miss_then_hit_in_a_fresh_process(tmp_path):
+    pytest.importorskip("cupy")
+    env = {"KERNELCACHE_DIR": str(tmp_path / "kc"), "CUPY_CACHE_DIR": str(tmp_path / "cupy-own")}
+    cold = _child("cupy", env)
+    warm = _child("cupy", env)
+    assert (cold["compiled"], cold["correct"]) == (1, True)
+    assert (warm["compiled"], warm["stores"], warm["correct"]) == (0, 0, True)
