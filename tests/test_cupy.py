@@ -132,3 +132,40 @@ def test_package_works_without_the_extra_and_says_which_to_install(extra, tmp_pa
     )
     out = run_python(code)
     assert f"pip install 'kernelcache[{extra}]'" in out
+
+
+def test_cupy_classes_refuse_what_they_cannot_compile_at_construction():
+    kcupy = pytest.importorskip("kernelcache.cupy")  # CuPy imports without a GPU
+    module = kcupy.RawModule(code=TEMPLATED, options=("-std=c++17",), name_expressions=("scale<float>",))
+    assert (module.code, module.options, module.name_expressions) == (TEMPLATED, ("-std=c++17",), ("scale<float>",))
+    kernel = kcupy.RawKernel(TEMPLATED, "scale", ("-DN_OFFSET=1",))
+    assert (kernel.name, kernel.options) == ("scale", ("-DN_OFFSET=1",))
+    for kwargs, message in (
+        ({"backend": "nvcc"}, "backend='nvcc'"),
+        ({"jitify": True}, "jitify=True"),
+        ({"translate_cucomplex": True}, "translate_cucomplex"),
+        ({"options": ("--bogus",)}, "--bogus"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            kcupy.RawModule(code=TEMPLATED, **kwargs)
+    with pytest.raises(ValueError, match="relocatable"):
+        kcupy.RawKernel(TEMPLATED, "scale", ("-rdc=true",))
+
+
+def test_cupy_backend_hook_round_trips_between_processes(tmp_path):
+    pytest.importorskip("cupy.cuda._compiler_cache")  # CuPy >= 14
+    env = {"KERNELCACHE_DIR": str(tmp_path / "kc")}
+    save = (
+        "import kernelcache.cupy as k\n"
+        "from cupy.cuda import compiler\n"
+        "k.install_backend()\n"
+        "assert isinstance(compiler._kernel_cache_backend, k.KernelCacheBackend)\n"
+        "compiler._kernel_cache_backend.save('abc.cubin', b'\\x7fELF payload', 'src')\n"
+    )
+    load = (
+        "import kernelcache.cupy as k\n"
+        "b = k.KernelCacheBackend()\n"
+        "print(b.load('abc.cubin'), b.load('other.cubin'))\n"
+    )
+    run_python(save, env=env)
+    assert run_python(load, env=env).strip() == "b'\\x7fELF payload' None"

@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised where cupy is absent
         "kernelcache.cupy needs CuPy: install it with `pip install 'kernelcache[cupy]'` (the CUDA 13 wheel)"
     ) from exc
 
-from kernelcache.nvrtc_flags import program_options
+from kernelcache.nvrtc_flags import option_fields, program_options
 
 __all__ = ["KernelCacheBackend", "RawKernel", "RawModule", "install_backend"]
 
@@ -117,7 +117,7 @@ class RawKernel(cupy.RawKernel):
         jitify: bool = False,
     ) -> None:
         _refuse_unsupported(backend, translate_cucomplex, jitify)
-        program_options(tuple(options))  # a bad option raises now, not at the first launch
+        option_fields(tuple(options))  # a bad option raises now, not at the first launch
         super().__init__(
             code,
             name,
@@ -125,8 +125,7 @@ class RawKernel(cupy.RawKernel):
             backend,
             translate_cucomplex=translate_cucomplex,
             enable_cooperative_groups=enable_cooperative_groups,
-            jitify=jitify,
-        )
+        )  # jitify is refused above, and CuPy 14 warns when it is passed at all
         self._compiled = _Compiled(code, tuple(options), None)
         self._functions: dict[int, Any] = {}
 
@@ -161,7 +160,7 @@ class RawModule(cupy.RawModule):
     ) -> None:
         if code is not None:
             _refuse_unsupported(backend, translate_cucomplex, jitify)
-            program_options(tuple(options))
+            option_fields(tuple(options))
         super().__init__(
             code=code,
             path=path,
@@ -170,7 +169,6 @@ class RawModule(cupy.RawModule):
             translate_cucomplex=translate_cucomplex,
             enable_cooperative_groups=enable_cooperative_groups,
             name_expressions=name_expressions,
-            jitify=jitify,
         )
         names = tuple(name_expressions) if name_expressions is not None else None
         self._compiled = _Compiled(code, tuple(options), names) if code is not None else None

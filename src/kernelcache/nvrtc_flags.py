@@ -82,6 +82,12 @@ def program_options(flags: Sequence[str]) -> Any:
     """
     from cuda.core import ProgramOptions
 
+    return ProgramOptions(**option_fields(flags))
+
+
+def option_fields(flags: Sequence[str]) -> dict[str, Any]:
+    """The ProgramOptions fields for ``flags`` (checks them without building ProgramOptions,
+    which asks the driver for a default arch when none is given)."""
     fields: dict[str, Any] = {}
     items = list(flags)
     i = 0
@@ -116,4 +122,4 @@ def program_options(flags: Sequence[str]) -> Any:
             fields.setdefault(field, []).append(parsed)
         else:
             fields[field] = parsed
-    return ProgramOptions(**fields)
+    return fields
