@@ -72,15 +72,15 @@ def _as_bytes(data: Any) -> bytes:
 
 def _store_and_root() -> tuple[ProgramCacheResource, str]:
     """The default store, and the root directory of its file tier (where copies go)."""
+    from kernelcache import config
     from kernelcache.compile import default_cache
-    from kernelcache.stores.filestream import default_cache_dir
 
     store = default_cache()
     for tier in [store, *getattr(store, "tiers", ())]:
         path = getattr(tier, "path", None)
         if isinstance(path, str):
             return store, path
-    return store, default_cache_dir()
+    return store, config.cache_dir()
 
 
 class _TritonFiles:
