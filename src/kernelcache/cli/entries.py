@@ -11,32 +11,7 @@ from typing import Any
 
 from kernelcache.stores.filestream import DEFAULT_TMP_MAX_AGE_S, EntryInfo, FileStreamProgramCache
 
-_SIZE_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 1e3,
-    "KB": 1e3,
-    "KIB": 2**10,
-    "M": 1e6,
-    "MB": 1e6,
-    "MIB": 2**20,
-    "G": 1e9,
-    "GB": 1e9,
-    "GIB": 2**30,
-    "T": 1e12,
-    "TB": 1e12,
-    "TIB": 2**40,
-}
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_size(text: str) -> int:
-    """'2GB' -> 2000000000, '512MiB' -> 536870912; ValueError with the accepted forms."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = m.group(2).upper() if m else None
-    if m is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"bad size {text!r}: use a number with an optional unit, e.g. 500MB, 2GB, 1.5GiB")
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
 def parse_age(text: str) -> float:

@@ -13,16 +13,37 @@ from typing import Any
 
 import click
 
+from kernelcache import config
 from kernelcache.cli import entries as ent
 from kernelcache.materialized import KEEP_RECENT_S, remove_materialized
 from kernelcache.stores.filestream import FileStreamProgramCache
 
-CACHE_DIR_OPTION = click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Cache directory (default: KERNELCACHE_DIR or the user cache dir).",
-)
+
+def _allow_shared(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    # The flag means exactly "KERNELCACHE_ALLOW_SHARED=1" for this command: setting the
+    # variable reaches every store the command opens, in this process and in the worker
+    # processes of `warm` (they inherit the environment).
+    if value:
+        os.environ["KERNELCACHE_ALLOW_SHARED"] = "1"
+
+
+def CACHE_DIR_OPTION(f: Any) -> Any:  # noqa: N802 - used like the other option constants
+    """--cache-dir and --allow-shared: every command that opens a cache takes both."""
+    f = click.option(
+        "--allow-shared",
+        is_flag=True,
+        expose_value=False,
+        callback=_allow_shared,
+        help="Accept a group-shared team cache directory (same as KERNELCACHE_ALLOW_SHARED=1).",
+    )(f)
+    return click.option(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="Cache directory (default: KERNELCACHE_DIR or the user cache dir).",
+    )(f)
+
+
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
@@ -48,7 +69,8 @@ class _Group(click.Group):
 
 def _open(cache_dir: str | None, sweep: bool = True) -> FileStreamProgramCache:
     # verify opens without the start-up sweep of stale temp files, so it can report them.
-    return FileStreamProgramCache(cache_dir, tmp_max_age_s=None if sweep else float("inf"))
+    # The cap is the default cache's (KERNELCACHE_MAX_SIZE), so that stats shows it.
+    return FileStreamProgramCache(cache_dir, config.max_size_bytes(), tmp_max_age_s=None if sweep else float("inf"))
 
 
 def _emit(data: Any, as_json: bool, render: Any) -> None:
@@ -68,6 +90,7 @@ def _console() -> Any:
 @click.version_option(package_name="kernelcache")
 def main() -> None:
     """kernelcache: compile CUDA kernels once, reuse them everywhere."""
+    config.check()  # a bad KERNELCACHE_* variable is one line before anything is opened
 
 
 # -- demo ---------------------------------------------------------------------------------
@@ -127,22 +150,29 @@ def demo(
 
 @main.command()
 @CACHE_DIR_OPTION
-@click.option("--redis", "redis_url", default=None, help="Also report a Redis store at this URL.")
+@click.option(
+    "--redis",
+    "redis_url",
+    default=None,
+    metavar="URL",
+    help="Also report the Redis store at this URL (default: KERNELCACHE_REDIS_URL).",
+)
 @JSON_OPTION
 def stats(cache_dir: str | None, redis_url: str | None, as_json: bool) -> None:
     """Hits, misses, hit rate, compiles, seconds saved, stores, evictions, errors, size."""
     cache = _open(cache_dir)
     per_store: dict[str, dict[str, Any]] = {}
-    s = dict(cache.stats())
-    entries = list(cache.iter_entries())
-    s["entries"] = len([e for e in entries if not ent.is_manifest(e)])
+    s: dict[str, Any] = dict(cache.stats())
+    s["entries"] = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))
+    s["max_size_bytes"] = cache.max_size_bytes  # None: no cap
     s["path"] = cache.path
     per_store["disk"] = s
+    redis_url = redis_url or config.redis_url()
     if redis_url:
         from kernelcache.stores.redis import RedisProgramCache
 
         with RedisProgramCache(redis_url) as rc:
-            r = dict(rc.stats())
+            r: dict[str, Any] = dict(rc.stats())
             r["entries"] = len(rc)
             r["url"] = redis_url
             per_store["redis"] = r
@@ -164,14 +194,19 @@ def stats(cache_dir: str | None, redis_url: str | None, as_json: bool) -> None:
             "evictions",
             "errors",
             "entries",
-            "size_bytes",
-            "max_size_bytes",
+            "size",
+            "max size",
         ]
         for row in rows:
             cells = []
             for store in data.values():
-                v = store.get(row, "")
-                cells.append(f"{v:.1%}" if row == "hit_rate" else f"{v:.3f}" if isinstance(v, float) else str(v))
+                if row == "size":
+                    cells.append(config.format_size(store["size_bytes"]) if "path" in store else "")
+                elif row == "max size":
+                    cells.append(config.format_size(store["max_size_bytes"]) if "path" in store else "")
+                else:
+                    v = store.get(row, "")
+                    cells.append(f"{v:.1%}" if row == "hit_rate" else f"{v:.3f}" if isinstance(v, float) else str(v))
             table.add_row(row, *cells)
         _console().print(table)
         for name, store in data.items():
@@ -310,7 +345,7 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, a
     """Remove entries by size (LRU first) or by age of last use."""
     if max_size is None and older_than is None:
         raise UserError("give --max-size SIZE and/or --older-than AGE (e.g. --max-size 2GB, --older-than 30d)")
-    size_cap = ent.parse_size(max_size) if max_size is not None else None
+    size_cap = config.parse_size(max_size) if max_size is not None else None
     max_age = ent.parse_age(older_than) if older_than is not None else None
     cache = _open(cache_dir)
     result = ent.prune(cache, size_cap, max_age, now=time.time())

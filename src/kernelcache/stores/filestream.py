@@ -79,7 +79,8 @@ class FileStreamProgramCache(RecordStore):
     dir). ``max_size_bytes``: cap on artifact + sidecar bytes (None: no cap); the least
     recently *read* entries go first. ``allow_shared=True`` accepts a root owned by
     another user or writable by group/others (a team cache); otherwise such a root is
-    refused, since anyone who can write it can plant code that your GPU will run.
+    refused, since anyone who can write it can plant code that your GPU will run (default:
+    ``KERNELCACHE_ALLOW_SHARED``).
 
     Writes are atomic (staged in tmp/, fsync'ed, os.replace'd): readers see the old entry,
     the new one, or none, never a part. Reads verify the sidecar's digest; a mismatch is
@@ -92,7 +93,7 @@ class FileStreamProgramCache(RecordStore):
         path: str | os.PathLike[str] | None = None,
         max_size_bytes: int | None = None,
         *,
-        allow_shared: bool = False,
+        allow_shared: bool | None = None,
         tmp_max_age_s: float | None = None,
     ) -> None:
         super().__init__()
@@ -100,7 +101,7 @@ class FileStreamProgramCache(RecordStore):
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         self._root = os.path.abspath(os.fspath(path) if path is not None else config.cache_dir())
-        self._allow_shared = allow_shared
+        self._allow_shared = config.allow_shared() if allow_shared is None else bool(allow_shared)
         self._tmp_max_age_s = DEFAULT_TMP_MAX_AGE_S if tmp_max_age_s is None else tmp_max_age_s
         base = os.path.join(self._root, FORMAT_DIR)
         self._entries = os.path.join(base, "entries")
@@ -116,7 +117,15 @@ class FileStreamProgramCache(RecordStore):
 
     def _make_dirs(self, base: str) -> None:
         # 0700: compiled kernels are code; only their owner should read or plant them.
-        os.makedirs(self._root, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(self._root, mode=0o700, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            # os.makedirs says only "File exists" when the root (or a parent) is a file.
+            where = "KERNELCACHE_DIR" if config.cache_dir_is_from_env(self._root) else "the cache directory"
+            raise NotADirectoryError(
+                f"{where} {self._root!r} is not a directory (it or a parent is a file): "
+                "point it at a directory (created if missing)"
+            ) from None
         self._check_root_is_safe()
         for d in (base, self._entries, self._tmp, self._locks):
             os.makedirs(d, mode=0o700, exist_ok=True)
@@ -134,7 +143,8 @@ class FileStreamProgramCache(RecordStore):
             raise UnsafeCacheDirError(
                 f"kernelcache refuses the cache directory {self._root!r}: it {problem}, so another "
                 "user could plant kernels that your process would run. Use a private directory, "
-                "or pass allow_shared=True if this is a deliberately shared team cache."
+                "or pass allow_shared=True (KERNELCACHE_ALLOW_SHARED=1, kernelcache --allow-shared) if this "
+                "is a deliberately shared team cache."
             )
 
     @property
