@@ -54,7 +54,7 @@ def test_case_insensitive_kinds() -> None:
         ({"code_type": "cuda"}, "unknown code_type"),
         ({"target_type": "elf"}, "unknown target_type"),
         ({"code_type": "ptx", "target_type": "ltoir"}, "cannot compile ptx to ltoir"),
-        ({"target_type": "fatbin"}, "cannot compile c\\+\\+ to fatbin"),
+        ({"target_type": "fatbin"}, "unknown target_type 'fatbin'"),
         ({"code_type": "nvvm", "target_type": "cubin"}, "cannot compile nvvm to cubin"),
     ],
 )

@@ -34,6 +34,7 @@ _EXPORTS = {
     "default_cache": "kernelcache.compile",
     "explain_program_cache_key": "kernelcache.keys",
     "make_program_cache_key": "kernelcache.keys",
+    "probe": "kernelcache.compile",
 }
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "default_cache",
     "explain_program_cache_key",
     "make_program_cache_key",
+    "probe",
 ]  # the same names as _EXPORTS (tests/test_package.py checks)
 
 
@@ -73,7 +75,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
     from kernelcache.batch import CompileManyError, compile_many
-    from kernelcache.compile import CompileInfo, compile_program, default_cache
+    from kernelcache.compile import CompileInfo, compile_program, default_cache, probe
     from kernelcache.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
     from kernelcache.kernels import KernelCache
     from kernelcache.keys import explain_program_cache_key, make_program_cache_key

@@ -191,12 +191,12 @@ class _Lookup:
     def find(self) -> tuple[bytes, tuple[bytes, Meta] | None, dict[str, Any] | None]:
         """(key, record or None, header variant or None); key is b"" when no variant matches."""
         if not self.track:
-            return self.entry_key, read_record(self.cache, self.entry_key, counted=False), None
+            return self.entry_key, read_record(self.cache, self.entry_key, caller_counts=True), None
         variant = manifests.matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.options))
         if variant is None:
             return b"", None, None
         key = manifests.full_key(self.base, variant, self.manifest_key)
-        return key, read_record(self.cache, key, counted=False), variant
+        return key, read_record(self.cache, key, caller_counts=True), variant
 
 
 def probe(

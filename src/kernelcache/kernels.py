@@ -203,12 +203,17 @@ class KernelCache:
         target.add_stats(errors=1)
 
     def evict_device(self, device: Any) -> None:
-        """Unload every module of ``device`` (an int or a cuda.core Device)."""
+        """Drop this cache's references to every kernel of ``device`` (an int or a cuda.core Device).
+
+        cuda.core unloads a module when its last reference goes: a kernel a caller still
+        holds stays loaded until the caller drops it. Builds for the device in flight are
+        discarded, not installed.
+        """
         device_id = device if isinstance(device, int) else device.device_id
         self._shard(device_id).evict_device(device_id)
 
     def clear(self) -> None:
-        """Unload every module on every device."""
+        """Drop this cache's references to every kernel on every device (see evict_device)."""
         with self._shards_lock:
             shards = list(self._shards.values())
         first: BaseException | None = None

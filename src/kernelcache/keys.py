@@ -30,9 +30,8 @@ SUPPORTED_TARGETS: dict[str, frozenset[str]] = {
     "ptx": frozenset({"ptx", "cubin"}),
     "nvvm": frozenset({"ptx", "ltoir"}),
 }
-# Every target name the stores know. fatbin is a valid artifact kind (a store may hold one
-# that a user built), but no code_type above compiles to it: such a key raises ValueError.
-TARGET_TYPES = frozenset({"cubin", "ptx", "ltoir", "fatbin"})
+# Every target some code_type above compiles to (no supported compile produces a fatbin).
+TARGET_TYPES = frozenset().union(*SUPPORTED_TARGETS.values())
 
 HASH = "hash"  # can change the output (or the compile log we replay): its value is hashed
 IGNORE = "ignore"  # cannot change output or log: left out so it causes no needless miss
@@ -193,12 +192,11 @@ def _set_fields(options: Any) -> Any:
     return ((name, getattr(options, name, None)) for name in OPTION_POLICY)
 
 
-def options_fingerprint(options: Any, exact: bool = True) -> tuple[Any, ...] | None:
+def options_fingerprint(options: Any) -> tuple[Any, ...] | None:
     """A hashable snapshot of a ProgramOptions' values, for memo keys; None if not a dataclass.
 
-    ``exact``: field names and value types too (True == 1 == 1.0 in a tuple comparison, but
-    they are different options to the key); the L1 kernel table passes False, trading that
-    distinction for a faster hit.
+    Field names and value types are part of it: True == 1 == 1.0 in a tuple comparison, but
+    they are different options to the key.
     """
     fields = getattr(options, "__dict__", None)
     if fields is None:
@@ -211,24 +209,7 @@ def options_fingerprint(options: Any, exact: bool = True) -> tuple[Any, ...] | N
         # included ('True' vs '1', '[...]' vs '(...)'), and runs in C: 10x faster than
         # converting each value in Python.
         return ("repr", tuple(fields), repr(values))
-    if not exact:
-        return values
     return (tuple(fields), values, tuple(map(type, values)))
-
-
-def _option_components(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
-    """Encoded (field, value) pairs of every set field that can change the output.
-
-    Unset (None) fields are left out: the field names are in the encoding, so leaving
-    them out cannot make two different option sets collide. A field the policy table does
-    not know (a newer cuda.core) is hashed: fail closed.
-
-    """
-    if not isinstance(options, _program_options_type()):
-        raise TypeError(f"options must be a cuda.core.ProgramOptions or None, not {type(options).__name__}")
-    # No memo here: encoding the few set fields costs less than fingerprinting all of them
-    # (compile_program memoises whole key derivations, where that pays).
-    return _encode_options(options, code_type, has_digest, headers_tracked)
 
 
 # (field, value, type) -> encoded bytes, for the HASH fields: what one process passes is a
@@ -237,7 +218,15 @@ _PAIR_MEMO: dict[tuple[str, Any, type], bytes] = {}
 _SCALARS = (str, bool, int, float, bytes)
 
 
-def _encode_options(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
+def _option_components(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
+    """Encoded (field, value) pairs of every set field that can change the output.
+
+    Unset (None) fields are left out: the field names are in the encoding, so leaving
+    them out cannot make two different option sets collide. A field the policy table does
+    not know (a newer cuda.core) is hashed: fail closed.
+    """
+    if not isinstance(options, _program_options_type()):
+        raise TypeError(f"options must be a cuda.core.ProgramOptions or None, not {type(options).__name__}")
     parts = []
     memo = _PAIR_MEMO
     for name, value in _set_fields(options):

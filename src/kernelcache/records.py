@@ -129,13 +129,15 @@ def warn_store(cache: ProgramCacheResource, what: str, exc: BaseException) -> No
     count(cache, errors=1)
 
 
-def read_record(cache: ProgramCacheResource, key: bytes, counted: bool = True) -> tuple[bytes, Meta] | None:
-    """An internal look-up: never a user hit/miss (the caller counts those itself).
+def read_record(cache: ProgramCacheResource, key: bytes, *, caller_counts: bool = False) -> tuple[bytes, Meta] | None:
+    """A look-up that is never a user hit or miss in the store's counters.
 
-    ``counted=False``: not even an internal look-up in the store's counters.
+    By default an internal look-up (``internal_gets``). ``caller_counts=True``: the caller
+    counts this look-up as its own hit or miss, so the store counts nothing (a store that
+    cannot skip counting counts it as internal).
     """
     try:
-        if not counted and isinstance(cache, RecordStore):
+        if caller_counts and isinstance(cache, RecordStore):
             return cache.get_record_uncounted(key)
         return cache.get_record(key, internal=True)
     except Exception as exc:

@@ -99,7 +99,8 @@ def _file_lock(path: str, deadline: float) -> object | None:
     try:
         # Keep the lock file after release: unlinking it lets a late waiter hold a lock on
         # the old, unlinked inode while a newcomer locks a fresh file of the same name, and
-        # then both would compile. One empty file per key is the price (clear() drops them).
+        # then both would compile. One empty file per key is the price:
+        # nothing removes them today (clear() empties entries/ only; locks/ stays).
         lock = filelock.FileLock(path, preserve_lock_file=True)
     except TypeError:  # filelock older than the preserve_lock_file option
         lock = filelock.FileLock(path)

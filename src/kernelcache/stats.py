@@ -146,8 +146,10 @@ class FileStats:
 
     def _ensure_initialised(self) -> None:
         # Two processes may create the file at once; the lock makes exactly one of them
-        # write the header. A file with another magic (another layout) is restarted:
-        # counters are diagnostics, not data.
+        # write the header. A file with another magic (another layout) is restarted from
+        # zero: no entry is lost, and size_bytes, the one counter that drives eviction, is
+        # rebuilt at once: reconciled_at restarts at zero too, so the next store opened with
+        # a size cap rescans the directory (stores/sizecap.py).
         import fcntl
 
         assert self._fd is not None

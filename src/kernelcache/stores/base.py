@@ -4,7 +4,10 @@ A store maps a key (bytes; str is UTF-8 encoded) to the compiled artifact's byte
 verbatim. Built-in stores also keep a small metadata record per entry (content digest,
 compile log, symbol mapping...); ``get_record``/``set_record`` expose it to kernelcache's
 own layers. The mapping-style methods move the user-visible counters (hits, misses,
-stores); ``internal=True`` look-ups (header manifests) count apart.
+stores). Two other ways to read, each with one meaning: ``get_record(internal=True)`` is an
+internal look-up (a header manifest, a tier promotion), counted apart as ``internal_gets``;
+``RecordStore.get_record_uncounted`` touches no counter, for a caller that counts the hit or
+miss itself (compile_program).
 """
 
 from __future__ import annotations
@@ -135,7 +138,11 @@ class ProgramCacheResource(abc.ABC):
     # Records: payload + metadata. Stores that keep no metadata of their own (a user's
     # subclass, say) get it through a second entry under a derived key.
     def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
-        """Return ``(payload, meta)`` or None. ``internal`` look-ups do not count as hits/misses."""
+        """Return ``(payload, meta)`` or None.
+
+        ``internal=True``: an internal look-up, counted as ``internal_gets`` (by stores that
+        count), never as a user hit or miss.
+        """
         k = as_key_bytes(key)
         payload = self.get(k)
         if payload is None:
@@ -220,7 +227,7 @@ class RecordStore(ProgramCacheResource):
         return self._counted_read(as_key_bytes(key), internal, want_meta=True)
 
     def get_record_uncounted(self, key: bytes) -> tuple[bytes, Meta] | None:
-        """get_record without touching any counter: for a layer that counts the call itself."""
+        """get_record touching no counter at all: for a caller that counts the hit or miss itself."""
         return self._read(key, True)
 
     def _counted_read(self, key: bytes, internal: bool, want_meta: bool) -> tuple[bytes, Meta] | None:
