@@ -305,7 +305,8 @@ def _flight(
     flight_key = look.manifest_key or look.entry_key
     deadline = time.monotonic() + (budget if wait else 0.0)
     key, record, variant = b"", None, None
-    with single_flight(flight_key, _lock_path(cache, flight_key), budget, wait=wait) as outcome:
+    lock_path = _lock_path(cache, flight_key)
+    with single_flight(flight_key, lock_path, budget, wait=wait) as outcome:
         if outcome == "busy":
             return None
         if outcome == "acquired":
@@ -313,7 +314,12 @@ def _flight(
             info.waited = record is not None
         remote_lock = getattr(cache, "remote_lock", None)
         if record is None and remote_lock is not None:
-            with remote_lock(flight_key.hex(), deadline, lambda: look.find()[1] is not None) as remote:
+            # The Redis lock is taken inside the file lock and released before it: so a
+            # Redis lock held under the file lock we hold now was left by a dead holder
+            # of this host, and the Redis tier takes it over at once (stores/redislock).
+            held = lock_path if outcome == "acquired" else None
+            ready = lambda: look.find()[1] is not None  # noqa: E731
+            with remote_lock(flight_key.hex(), deadline, ready, local_lock=held) as remote:
                 if remote == "timeout" and not wait:
                     return None  # another host is compiling it: come back to it later
                 if remote in ("acquired", "ready"):

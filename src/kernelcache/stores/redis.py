@@ -1,53 +1,73 @@
 """RedisProgramCache: a shared tier on a real Redis server (single server or Redis Cluster).
 
-One Redis string per entry, ``<namespace>:e:<key hex>``, holding a record that carries the
-artifact, its digest and its metadata together, so a reader can never pair one writer's
-bytes with another's metadata::
+One Redis string per entry, ``<namespace>:e:<entry name>`` (the one naming rule of
+``stores.naming``), holding a record that carries the artifact and its metadata together,
+checked as one (format and trust rules: ``stores.redisrecord``).
 
-    b"KCR1" | u32 meta length | meta JSON (size, sha256, created, meta) | payload | [HMAC-SHA256]
+Who may touch what: a reader never deletes what it cannot verify (signed with another
+secret, signed while it has none, a format it does not know); it removes only what it can
+prove damaged (its own format and secret, a checksum that does not match), and a
+``read_only`` store writes and deletes nothing at all, counters included. A writer never
+overwrites an entry it cannot verify either; a host whose secret is not the fleet's says so,
+once.
 
-With ``secret=`` every record is signed (HMAC over namespace, key and record); an unsigned or
-mis-signed record is a miss with a warning, so a writer without the secret cannot make other
-users run its code. A failing server (down, refusing, slow, out of memory) costs at most one
-socket timeout per call: the call is a miss or a dropped write, counted, warned about once;
-after repeated failures the store stops trying for a back-off period.
+Faults: a server that cannot be reached (refused, timed out, cluster down) costs one socket
+timeout: the call is a miss or a dropped write, warned about once, and the store skips
+Redis for ``retry_after_s`` (doubling while it stays down). A server that answers with an
+error (out of memory under ``noeviction``, a read-only replica) is not down: that one write
+is dropped with one warning, and reads go on.
 
-Single flight across machines: ``remote_lock`` takes ``<namespace>:lock:<key hex>`` with
-SET NX and an expiry, refreshed while its holder compiles; a holder that dies releases it by
-expiry.
+Single flight across hosts: ``remote_lock`` (``stores.redislock``). Fleet counters:
+``stores.redisfleet``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import hmac
-import json
-import struct
+import re
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from kernelcache.stores import redisfleet, redislock
+from kernelcache.stores import redisrecord as rec
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.naming import entry_name
 
-_MAGIC = b"KCR1"
-_LEN = struct.Struct("<I")
-_MAC_SIZE = 32
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
-# Consecutive failures before the store stops calling Redis, and for how long (doubling up
-# to the cap while the server stays unreachable).
-_FAILURES_BEFORE_BACKOFF = 3
 _BACKOFF_S = 5.0
 _BACKOFF_CAP_S = 300.0
-_LOCK_TTL_MS = 30_000
-_RELEASE_LUA = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
-_REFRESH_LUA = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
-)
+_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+
+# Set the record unless the key holds one this writer must not replace: only an absent
+# key, a record of the previous format, one written under this writer's own prefix (same
+# format and secret) or, for a signed writer, an unsigned record. Anything else is
+# answered with its first bytes, so the writer can say why it kept it.
+_SET_LUA = """
+local cur = redis.call('getrange', KEYS[1], 0, 12)
+if cur == '' or cur == ARGV[2] or string.sub(cur, 1, 4) == 'KCR1'
+   or (ARGV[3] == '1' and string.sub(cur, 1, 5) == 'KCR2' .. string.char(0)) then
+  if ARGV[4] == '' then redis.call('set', KEYS[1], ARGV[1])
+  else redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[4]) end
+  return 1
+end
+return cur
+"""
+# Delete only the value we judged damaged: a writer may have replaced it with a good record
+# between our GET and this call, and that record must survive.
+_DELETE_IF_UNCHANGED_LUA = """
+local cur = redis.call('get', KEYS[1])
+if cur and redis.sha1hex(cur) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal inside a Redis glob pattern (SCAN MATCH)."""
+    return re.sub(r"([\\*?\[\]])", r"\\\1", text)
 
 
 def _make_client(url: str, socket_timeout: float) -> Any:
@@ -57,9 +77,31 @@ def _make_client(url: str, socket_timeout: float) -> Any:
     if url.startswith(("redis+cluster://", "rediss+cluster://")):
         from redis.cluster import RedisCluster
 
-        plain = url.replace("+cluster", "", 1)
-        return RedisCluster.from_url(plain, **kw)
+        # Connects at once (it reads the slot map): done on first use, inside _call, so a
+        # down cluster degrades like a down server instead of raising here.
+        return RedisCluster.from_url(url.replace("+cluster", "", 1), **kw)
     return redis.Redis.from_url(url, **kw)
+
+
+def _check_url(url: str) -> None:
+    from redis.connection import parse_url
+
+    if not url.startswith(_SCHEMES):
+        raise ValueError(f"Redis URL {url!r} must start with one of {', '.join(_SCHEMES)}")
+    parse_url(url.replace("+cluster", "", 1))  # a malformed URL raises ValueError now
+
+
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    import redis.exceptions as e
+
+    return (
+        e.ConnectionError,
+        e.TimeoutError,
+        e.RedisClusterException,
+        e.ClusterDownError,
+        e.MasterDownError,
+        OSError,
+    )
 
 
 class RedisProgramCache(RecordStore):
@@ -69,9 +111,10 @@ class RedisProgramCache(RecordStore):
     Redis Cluster, or a ready redis-py client (Redis or RedisCluster). ``namespace`` prefixes
     every key; ``len()`` and ``clear()`` touch this namespace only. ``ttl`` (seconds) expires
     entries; entries over ``max_entry_bytes`` are skipped with a warning. ``secret`` (bytes or
-    str) signs and verifies entries. ``read_only=True`` never writes. ``socket_timeout`` bounds
-    every call; after 3 failures in a row the store skips Redis for ``retry_after_s`` (doubling
-    while it stays down, up to 5 minutes). ``lock_ttl_s``: expiry of single-flight locks.
+    str) signs and verifies entries. ``read_only=True`` never writes or deletes anything.
+    ``socket_timeout`` bounds every call; a server that cannot be reached is skipped for
+    ``retry_after_s`` (doubling while it stays down, up to 5 minutes). ``lock_ttl_s``: expiry
+    of single-flight locks, refreshed while their holder compiles.
     """
 
     def __init__(
@@ -85,7 +128,7 @@ class RedisProgramCache(RecordStore):
         read_only: bool = False,
         socket_timeout: float = 1.0,
         retry_after_s: float = _BACKOFF_S,
-        lock_ttl_s: float = _LOCK_TTL_MS / 1000,
+        lock_ttl_s: float = redislock.DEFAULT_TTL_S,
     ) -> None:
         super().__init__()
         if not isinstance(namespace, str) or not namespace:
@@ -100,18 +143,22 @@ class RedisProgramCache(RecordStore):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{label} must be a positive number of seconds, got {value!r}")
         self._retry_after = float(retry_after_s)
-        self._lock_ttl_ms = int(lock_ttl_s * 1000)
+        self._lock_ttl_ms = max(1, int(lock_ttl_s * 1000))
         self._max_entry = check_max_size(max_entry_bytes)
         if isinstance(secret, str):
             secret = secret.encode()
         if secret is not None and (not isinstance(secret, bytes) or not secret):
             raise ValueError("secret must be non-empty bytes or str, or None")
         self._secret = secret
+        self._prefix = rec.writer_prefix(secret)
         self._ns = namespace
         self._ttl_ms = int(ttl * 1000) if ttl is not None else None
         self._read_only = bool(read_only)
+        self._socket_timeout = float(socket_timeout)
+        self._client_lock = threading.Lock()
+        self._client: Any = None
         if isinstance(url, str):
-            self._client = _make_client(url, socket_timeout)
+            _check_url(url)
             self._owns_client = True
             self.url = url
         elif hasattr(url, "get") and hasattr(url, "set"):
@@ -121,90 +168,83 @@ class RedisProgramCache(RecordStore):
         else:
             raise TypeError(f"url must be a redis URL str or a redis-py client, not {type(url).__name__}")
         self._health_lock = threading.Lock()
-        self._failures = 0
         self._down_until = 0.0
+        self._probing = False
         self._backoff = self._retry_after
+        self._skipped = 0
+        self.last_error = ""
+        self._stats = redisfleet.FleetStats(None if self._read_only else self._send_tally)
 
     @property
     def read_only(self) -> bool:
         return self._read_only
 
-    # -- keys and records ------------------------------------------------------------------
-
     def _entry_key(self, key: bytes) -> str:
         return f"{self._ns}:e:{entry_name(key)}"
 
-    def _mac(self, redis_key: str, body: bytes) -> bytes:
-        assert self._secret is not None
-        return hmac.new(self._secret, redis_key.encode() + b"\0" + body, hashlib.sha256).digest()
-
-    def _encode(self, redis_key: str, payload: bytes, meta: Meta) -> bytes:
-        head = json.dumps(
-            {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "created": time.time(), "meta": meta},
-            separators=(",", ":"),
-        ).encode()
-        body = _MAGIC + _LEN.pack(len(head)) + head + payload
-        return body + self._mac(redis_key, body) if self._secret is not None else body
-
-    def _decode(self, redis_key: str, raw: bytes) -> tuple[bytes, Meta] | None:
-        body = raw
-        if self._secret is not None:
-            body, mac = raw[:-_MAC_SIZE], raw[-_MAC_SIZE:]
-            if len(raw) < _MAC_SIZE or not hmac.compare_digest(mac, self._mac(redis_key, body)):
-                self.warn_once(
-                    "unsigned",
-                    f"Redis entry {redis_key} is unsigned or signed with another secret; ignored (a miss)",
-                )
-                return None
-        try:
-            if body[:4] != _MAGIC:
-                raise ValueError("bad magic")
-            (n,) = _LEN.unpack_from(body, 4)
-            head = json.loads(body[8 : 8 + n])
-            payload = body[8 + n :]
-            if head["size"] != len(payload) or head["sha256"] != hashlib.sha256(payload).hexdigest():
-                raise ValueError("digest mismatch")
-        except (ValueError, KeyError, struct.error, TypeError):
-            self.warn_once("corrupt", f"Redis entry {redis_key} is corrupt; ignored (a miss) and removed")
-            self._call("delete", lambda c: c.delete(redis_key))
-            return None
-        meta = head.get("meta")
-        return payload, meta if isinstance(meta, dict) else {}
-
     # -- calling Redis safely ----------------------------------------------------------------
 
+    def _connect(self) -> Any:
+        with self._client_lock:
+            if self._client is None:
+                self._client = _make_client(self.url, self._socket_timeout)
+            return self._client
+
     def _call(self, what: str, fn: Any) -> Any:
-        """Run fn(client); on any Redis/socket failure return None (warned, counted, backed off)."""
+        """Run fn(client); on a Redis failure return None (warned once, counted)."""
         import redis
 
         with self._health_lock:
-            if self._down_until and time.monotonic() < self._down_until:
-                self._stats.add(errors=1)
-                return None
+            if self._down_until:
+                if time.monotonic() < self._down_until or self._probing:
+                    self._skipped += 1  # not an error: no call was made
+                    return None
+                # Race: when the back-off ends, many threads may call at once; one of them
+                # probes the server and the others keep skipping until it knows, so an
+                # outage costs one socket timeout per back-off period, not one per thread.
+                self._probing = True
         try:
-            result = fn(self._client)
-        except (redis.exceptions.RedisError, OSError) as exc:
-            self._failed(what, exc)
+            result = fn(self._client if self._client is not None else self._connect())
+        except _unreachable_errors() as exc:
+            self._unreachable(what, exc)
             return None
-        with self._health_lock:
-            self._failures = 0
-            self._down_until = 0.0
-            self._backoff = self._retry_after
+        except redis.exceptions.RedisError as exc:
+            # The server answered: this call failed, the server is not down (no back-off).
+            self._healthy()
+            self._note_error(exc)
+            kind = type(exc).__name__
+            self.warn_once(
+                f"answered-{what}-{kind}",
+                f"Redis at {self.url} refused to {what} ({kind}: {str(exc)[:120]}); "
+                + ("the write is dropped, reads go on" if what == "write" else "treated as a miss"),
+            )
+            return None
+        self._healthy()
         return result
 
-    def _failed(self, what: str, exc: BaseException) -> None:
+    def _healthy(self) -> None:
         with self._health_lock:
-            self._failures += 1
-            if self._failures >= _FAILURES_BEFORE_BACKOFF:
-                # Stop paying a socket timeout on every call while the server is unreachable.
-                self._down_until = time.monotonic() + self._backoff
-                self._backoff = min(self._backoff * 2, _BACKOFF_CAP_S)
+            self._down_until = 0.0
+            self._probing = False
+            self._backoff = self._retry_after
+
+    def _note_error(self, exc: BaseException) -> None:
+        self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+    def _unreachable(self, what: str, exc: BaseException) -> None:
+        with self._health_lock:
+            # One failure is enough: a stopped server would otherwise cost a socket timeout
+            # on every call of a compile (look-up, lock, store).
+            self._down_until = time.monotonic() + self._backoff
+            pause = self._backoff
+            self._backoff = min(self._backoff * 2, _BACKOFF_CAP_S)
+            self._probing = False
+        self._note_error(exc)
         kind = type(exc).__name__
         self.warn_once(
             f"{what}-{kind}",
             f"Redis at {self.url} failed to {what} ({kind}: {str(exc)[:120]}); treated as a miss / dropped "
-            f"write (compiles still work); after {_FAILURES_BEFORE_BACKOFF} failures in a row it is skipped for "
-            "a while",
+            f"write (compiles still work); Redis is skipped for {pause:g} s, then tried again",
         )
 
     # -- the store -------------------------------------------------------------------------
@@ -214,7 +254,33 @@ class RedisProgramCache(RecordStore):
         raw = self._call("read", lambda c: c.get(rk))
         if raw is None:
             return None
-        return self._decode(rk, raw)
+        verdict, record = rec.decode(rk, raw, self._secret)
+        if verdict is rec.Verdict.OK:
+            return record
+        if verdict is rec.Verdict.DAMAGED:
+            if self._read_only:
+                self.warn_once("corrupt", f"Redis entry {rk} is {verdict.value}; a miss (read_only: left in place)")
+            else:
+                self.warn_once("corrupt", f"Redis entry {rk} is {verdict.value}; a miss, removed")
+                digest = hashlib.sha1(raw).hexdigest()
+                self._call("delete", lambda c: c.eval(_DELETE_IF_UNCHANGED_LUA, 1, rk, digest))
+        elif verdict is not rec.Verdict.OLD:  # the previous format is a plain miss
+            self._warn_unverifiable(rk, verdict)
+        return None
+
+    def _warn_unverifiable(self, rk: str, verdict: rec.Verdict) -> None:
+        if verdict is rec.Verdict.FOREIGN:
+            self.warn_once(
+                "foreign-secret",
+                f"Redis entry {rk} is signed with another secret: THIS HOST'S SECRET DOES NOT MATCH THE "
+                "FLEET'S. Such entries are misses here and are never overwritten or deleted by this host; "
+                "give it the team's secret (secret= / KERNELCACHE_REDIS_SECRET)",
+            )
+        else:
+            self.warn_once(
+                f"unverifiable-{verdict.name}",
+                f"Redis entry {rk} is {verdict.value}; a miss, left in place (never overwritten or deleted)",
+            )
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         if self._read_only:
@@ -225,9 +291,15 @@ class RedisProgramCache(RecordStore):
             )
             return False
         rk = self._entry_key(key)
-        record = self._encode(rk, payload, meta)
-        ok = self._call("write", lambda c: c.set(rk, record, px=self._ttl_ms))
-        return bool(ok)
+        record = rec.encode(rk, payload, meta, self._secret)
+        px = str(self._ttl_ms) if self._ttl_ms is not None else ""
+        signed = "1" if self._secret is not None else "0"
+        answer = self._call("write", lambda c: c.eval(_SET_LUA, 1, rk, record, self._prefix, signed, px))
+        if answer == 1:
+            return True
+        if isinstance(answer, bytes):  # kept: the key holds a record we cannot verify
+            self._warn_unverifiable(rk, rec.owner_of(answer, self._secret))
+        return False
 
     def _remove(self, key: bytes) -> bool:
         self._check_writable("delete entries")
@@ -238,11 +310,12 @@ class RedisProgramCache(RecordStore):
         if self._read_only:
             raise PermissionError(f"this RedisProgramCache is read_only=True: it does not {what}")
 
-    def _scan(self) -> Iterator[Any]:
-        return self._client.scan_iter(match=f"{self._ns}:e:*", count=1000)
+    def _scan(self, client: Any) -> Iterator[Any]:
+        # The namespace is matched literally: "ml*" must not match "ml-team".
+        return client.scan_iter(match=f"{_glob_escape(self._ns)}:e:*", count=1000)
 
     def __len__(self) -> int:
-        found = self._call("count", lambda c: sum(1 for _ in self._scan()))
+        found = self._call("count", lambda c: sum(1 for _ in self._scan(c)))
         return int(found or 0)
 
     def clear(self) -> None:
@@ -250,71 +323,60 @@ class RedisProgramCache(RecordStore):
         self._check_writable("clear")
 
         def unlink_all(c: Any) -> int:
-            batch: list[Any] = []
-            removed = 0
-            for k in self._scan():
-                batch.append(k)
-                if len(batch) >= 500:
-                    removed += sum(c.unlink(x) for x in batch)  # one key per call: cluster-safe
-                    batch.clear()
-            removed += sum(c.unlink(x) for x in batch)
-            return removed
+            # One key per call: keys of a cluster live on different nodes.
+            return sum(c.unlink(k) for k in list(self._scan(c)))
 
         self._call("clear", unlink_all)
 
-    # -- single flight across machines ---------------------------------------------------------
+    # -- single flight across hosts ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def remote_lock(self, name: str, deadline: float, ready: Any) -> Iterator[str]:
+    def remote_lock(self, name: str, deadline: float, ready: Any, local_lock: str | None = None) -> Iterator[str]:
         """Hold the cluster-wide lock ``name`` (yields "acquired"), or learn that a peer
         finished (``ready()`` became true: "ready"), or give up at ``deadline`` ("timeout").
 
-        Redis unreachable: yields "unavailable" at once (the caller compiles on its own).
+        ``local_lock``: the path of the file lock the caller holds for the same key; a
+        holder on this host that held it and died is taken over at once. Redis unreachable
+        (or a read_only store, which must not make others wait): "unavailable" at once.
         """
         if self._read_only:
-            yield "unavailable"  # a consumer never publishes, so it must not make others wait
+            yield "unavailable"
             return
         lock_key = f"{self._ns}:lock:{name}"
-        token = uuid.uuid4().hex
-        while True:
-            # bool(): redis-py answers None both for "NX: already set" and (via _call) for a
-            # failure; False now means "held by a peer", None "Redis unreachable".
-            got = self._call("lock", lambda c: bool(c.set(lock_key, token, nx=True, px=self._lock_ttl_ms)))
-            if got:
-                break
-            if got is None:
-                yield "unavailable"
-                return
-            if ready():
-                yield "ready"
-                return
-            if time.monotonic() >= deadline:
-                yield "timeout"
-                return
-            time.sleep(0.05)
-        stop = threading.Event()
-        refresher = threading.Thread(target=self._refresh, args=(lock_key, token, stop), daemon=True)
-        refresher.start()
-        try:
-            yield "acquired"
-        finally:
-            stop.set()
-            refresher.join(timeout=5)
-            self._call("unlock", lambda c: c.eval(_RELEASE_LUA, 1, lock_key, token))
+        with redislock.hold(self._call, lock_key, self._lock_ttl_ms, deadline, ready, local_lock) as outcome:
+            yield outcome
 
-    def _refresh(self, lock_key: str, token: str, stop: threading.Event) -> None:
-        # Extend the lock while its holder compiles; if this process dies, the refreshes
-        # stop and the lock expires within _LOCK_TTL_MS, letting a waiter take over.
-        while not stop.wait(self._lock_ttl_ms / 3000):
-            self._call("refresh lock", lambda c: c.eval(_REFRESH_LUA, 1, lock_key, token, self._lock_ttl_ms))
+    # -- counters ----------------------------------------------------------------------------
+
+    def _send_tally(self, tally: dict[str, int]) -> bool:
+        key = redisfleet.stats_key(self._ns)
+
+        def send(c: Any) -> bool:
+            pipe = c.pipeline(transaction=False)
+            for name, value in tally.items():
+                pipe.hincrby(key, name, value)
+            pipe.execute()
+            return True
+
+        return bool(self._call("count", send))
+
+    def fleet_stats(self) -> dict[str, float | int] | None:
+        """Counters of every host sharing this namespace (hits, misses, stores, compiles,
+        seconds saved), this process's included; None when Redis cannot be reached."""
+        self._stats.flush()
+        raw = self._call("read counters", lambda c: c.hgetall(redisfleet.stats_key(self._ns)))
+        return None if raw is None else redisfleet.view(raw)
 
     def stats(self) -> dict[str, float | int]:
         out = super().stats()
         out["read_only"] = int(self._read_only)
-        out["backing_off"] = int(bool(self._down_until and time.monotonic() < self._down_until))
+        with self._health_lock:
+            out["backing_off"] = int(bool(self._down_until and time.monotonic() < self._down_until))
+            out["skipped_while_down"] = self._skipped
         return out
 
     def close(self) -> None:
-        if self._owns_client:
+        self._stats.close()
+        if self._owns_client and self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()

@@ -3,17 +3,34 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kernelcache.stores.base import Meta, ProgramCacheResource, RecordStore
+from kernelcache.stores.base import (
+    Meta,
+    ProgramCacheResource,
+    RecordStore,
+    ValueLike,
+    as_key_bytes,
+    as_value_bytes,
+)
+
+# Counters a layer above reports through add_stats, and which tiers they belong to.
+_TO_SERVING_TIER = ("hits", "bytes_read", "compile_us_saved")
+_TO_EVERY_TIER = ("misses", "compiles")
 
 
 class TieredProgramCache(RecordStore):
     """Reads walk ``tiers`` in order; a hit in a lower tier is copied into every tier above it.
 
-    Writes go to every tier (a read-only Redis tier skips them). ``stats()`` counts what the
-    user sees (one hit or miss per look-up); ``tier_stats()`` gives each tier's own counters.
+    Writes go to every tier (a read-only Redis tier skips them). Counting follows what the
+    user did: ``stats()`` has one hit or miss per look-up and one store per write; in each
+    tier (``tier_stats()``) a look-up is a miss in the tiers it passed and a hit in the tier
+    that answered, a write is one store, and compile_program's compiles and seconds saved
+    land in the tiers where the user looks (every tier's compiles; the savings of a hit in
+    the tier that served it). Internal look-ups and writes (header manifests, promotions)
+    are never user hits, misses or stores, here or in a tier.
     Single flight uses the first file tier's locks (processes of this host) and the first
     Redis tier's lock (every host sharing the server).
     """
@@ -27,23 +44,75 @@ class TieredProgramCache(RecordStore):
             if not isinstance(t, ProgramCacheResource):
                 raise TypeError(f"every tier must be a ProgramCacheResource, not {type(t).__name__}")
         self.tiers = tiers
+        # Which tier answered this thread's last uncounted look-up: compile_program looks
+        # up uncounted, then reports the hit through add_stats from the same thread.
+        self._served = threading.local()
 
-    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+    # -- reads -------------------------------------------------------------------------------
+
+    def _walk(self, key: bytes, mode: str) -> tuple[bytes, Meta] | None:
         for i, tier in enumerate(self.tiers):
-            # Each tier counts its own hits and misses (tier_stats shows where look-ups end);
-            # this store's own counters are what the caller sees.
-            record = tier.get_record(key)
+            if mode == "user":
+                record = tier.get_record(key)
+            elif mode == "uncounted" and isinstance(tier, RecordStore):
+                record = tier.get_record_uncounted(key)
+            else:
+                record = tier.get_record(key, internal=True)
             if record is not None:
                 for upper in self.tiers[:i]:  # promote: the next look-up stops higher up
                     upper.set_record(key, record[0], record[1], internal=True)
+                if mode == "uncounted":
+                    self._served.index = i
                 return record
+        if mode == "uncounted":
+            self._served.index = None
         return None
 
-    def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
+    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+        return self._walk(key, "user")
+
+    def _counted_read(self, key: bytes, internal: bool, want_meta: bool) -> tuple[bytes, Meta] | None:
+        record = self._walk(key, "internal" if internal else "user")
+        if internal:
+            self._stats.add_deferred(internal_gets=1)
+        elif record is None:
+            self._stats.add_deferred(misses=1)
+        else:
+            self._stats.add_deferred(hits=1, bytes_read=len(record[0]))
+        return record
+
+    def get_record_uncounted(self, key: bytes) -> tuple[bytes, Meta] | None:
+        return self._walk(key, "uncounted")
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def set_record(
+        self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False
+    ) -> bool:
+        k, data = as_key_bytes(key), as_value_bytes(payload)
         written = False
         for tier in self.tiers:
-            written = tier.set_record(key, payload, meta) or written
+            written = tier.set_record(k, data, dict(meta or {}), internal=internal) or written
+        if written and not internal:
+            self._stats.add_deferred(stores=1, bytes_written=len(data))
         return written
+
+    def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
+        return self.set_record(key, payload, meta)
+
+    def add_stats(self, **deltas: int) -> None:
+        """Count a layer's events here and in the tiers they happened in (see the class doc)."""
+        self._stats.add_deferred(**deltas)
+        served = getattr(self._served, "index", None)
+        for i, tier in enumerate(self.tiers):
+            mine = {k: v for k, v in deltas.items() if k in _TO_EVERY_TIER}
+            if served is not None and "hits" in deltas:
+                if i < served:
+                    mine["misses"] = mine.get("misses", 0) + deltas["hits"]
+                elif i == served:
+                    mine.update({k: v for k, v in deltas.items() if k in _TO_SERVING_TIER})
+            if mine:
+                tier.add_stats(**mine)
 
     def _remove(self, key: bytes) -> bool:
         removed = False
@@ -72,10 +141,10 @@ class TieredProgramCache(RecordStore):
         return None
 
     @contextlib.contextmanager
-    def remote_lock(self, name: str, deadline: float, ready: Any) -> Iterator[str]:
+    def remote_lock(self, name: str, deadline: float, ready: Any, local_lock: str | None = None) -> Iterator[str]:
         for tier in self.tiers:
             if hasattr(tier, "remote_lock"):
-                with tier.remote_lock(name, deadline, ready) as outcome:
+                with tier.remote_lock(name, deadline, ready, local_lock=local_lock) as outcome:
                     yield outcome
                 return
         yield "unavailable"

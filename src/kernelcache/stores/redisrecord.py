@@ -1,0 +1,117 @@
+"""The Redis record format: one Redis string per entry, artifact and metadata checked as one.
+
+::
+
+    b"KCR2" | flags (1 byte) | key id (8 bytes) | u32 head length | head JSON | payload | tag (32 bytes)
+
+The head JSON holds the metadata (``{"size", "created", "meta"}``). The tag covers the
+Redis key name and every byte before it, so the metadata that chooses the kernel (symbol
+mapping, log, toolchain) is verified on every hit, not only the payload:
+
+* unsigned (flags 0, key id zeros): tag = SHA-256(key name, NUL, record);
+* signed (flags 1): tag = HMAC-SHA256(secret, key name, NUL, record), and the key id is a
+  fingerprint of the secret (an HMAC of a constant: it reveals nothing about the secret).
+
+The key id is what lets a reader tell "signed with another secret" (not ours to judge:
+a miss, never deleted, never overwritten) from "damaged" (our own secret, a tag that does
+not match: provably broken, removed by a writer). Records of the first format
+(``KCR1``: only the payload was checked) are a plain miss, replaced by the next write.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+import struct
+import time
+from typing import Any
+
+MAGIC = b"KCR2"
+OLD_MAGICS = (b"KCR1",)
+_SIGNED = 1
+_HEAD = struct.Struct("<4sB8sI")  # magic, flags, key id, head length
+PREFIX_SIZE = 13  # magic + flags + key id: who wrote a record, readable without parsing it
+_TAG_SIZE = 32
+UNSIGNED_KEY_ID = bytes(8)
+
+
+class Verdict(enum.Enum):
+    """What a reader may conclude about a record it cannot use."""
+
+    OK = "ok"
+    OLD = "written in the previous record format"
+    UNKNOWN = "in a record format this version does not know"
+    FOREIGN = "signed with another secret"
+    NO_SECRET = "signed, and this store has no secret to verify it"
+    UNSIGNED = "unsigned, and this store accepts only signed entries"
+    DAMAGED = "damaged (its checksum does not match)"
+
+
+def key_id(secret: bytes | None) -> bytes:
+    """The 8-byte fingerprint of ``secret`` stored in each signed record (zeros: unsigned)."""
+    if secret is None:
+        return UNSIGNED_KEY_ID
+    return hmac.new(secret, b"kernelcache redis key id", hashlib.sha256).digest()[:8]
+
+
+def writer_prefix(secret: bytes | None) -> bytes:
+    """The first PREFIX_SIZE bytes of every record written with ``secret``."""
+    return MAGIC + bytes([_SIGNED if secret is not None else 0]) + key_id(secret)
+
+
+def _tag(secret: bytes | None, redis_key: str, body: bytes) -> bytes:
+    if secret is None:
+        return hashlib.sha256(redis_key.encode() + b"\0" + body).digest()
+    return hmac.new(secret, redis_key.encode() + b"\0" + body, hashlib.sha256).digest()
+
+
+def encode(redis_key: str, payload: bytes, meta: dict[str, Any], secret: bytes | None) -> bytes:
+    """The record for ``payload`` and ``meta`` under ``redis_key``."""
+    head = json.dumps({"size": len(payload), "created": time.time(), "meta": meta}, separators=(",", ":")).encode()
+    body = _HEAD.pack(MAGIC, _SIGNED if secret is not None else 0, key_id(secret), len(head)) + head + payload
+    return body + _tag(secret, redis_key, body)
+
+
+def decode(redis_key: str, raw: bytes, secret: bytes | None) -> tuple[Verdict, tuple[bytes, dict[str, Any]] | None]:
+    """(OK, (payload, meta)) for a record that passes its check, else (why not, None)."""
+    magic = raw[:4]
+    if magic != MAGIC:
+        return (Verdict.OLD if magic in OLD_MAGICS else Verdict.UNKNOWN), None
+    if len(raw) < _HEAD.size + _TAG_SIZE:
+        return Verdict.DAMAGED, None
+    _, flags, kid, head_len = _HEAD.unpack_from(raw)
+    if flags not in (0, _SIGNED):
+        return Verdict.UNKNOWN, None
+    if flags == _SIGNED:
+        if secret is None:
+            return Verdict.NO_SECRET, None
+        if kid != key_id(secret):
+            return Verdict.FOREIGN, None
+    elif secret is not None:
+        return Verdict.UNSIGNED, None
+    body, tag = raw[:-_TAG_SIZE], raw[-_TAG_SIZE:]
+    if not hmac.compare_digest(tag, _tag(secret, redis_key, body)):
+        return Verdict.DAMAGED, None
+    try:
+        head = json.loads(body[_HEAD.size : _HEAD.size + head_len])
+        payload = body[_HEAD.size + head_len :]
+        if head["size"] != len(payload):
+            raise ValueError("size mismatch")
+        meta = head.get("meta")
+    except (ValueError, KeyError, TypeError):
+        return Verdict.DAMAGED, None  # checked, yet malformed: written broken by our own format
+    return Verdict.OK, (payload, meta if isinstance(meta, dict) else {})
+
+
+def owner_of(prefix: bytes, secret: bytes | None) -> Verdict:
+    """Why a record that starts with ``prefix`` (PREFIX_SIZE bytes) cannot be verified by ``secret``."""
+    verdict, _ = decode("", prefix.ljust(_HEAD.size + _TAG_SIZE, b"\0"), secret)
+    return Verdict.UNKNOWN if verdict in (Verdict.OK, Verdict.DAMAGED) else verdict
+
+
+def payload_offset(raw: bytes) -> int:
+    """Where the payload starts in a record (for tools and tests that inspect one)."""
+    (head_len,) = struct.unpack_from("<I", raw, 13)
+    return _HEAD.size + head_len
