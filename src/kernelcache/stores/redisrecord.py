@@ -109,9 +109,3 @@ def owner_of(prefix: bytes, secret: bytes | None) -> Verdict:
     """Why a record that starts with ``prefix`` (PREFIX_SIZE bytes) cannot be verified by ``secret``."""
     verdict, _ = decode("", prefix.ljust(_HEAD.size + _TAG_SIZE, b"\0"), secret)
     return Verdict.UNKNOWN if verdict in (Verdict.OK, Verdict.DAMAGED) else verdict
-
-
-def payload_offset(raw: bytes) -> int:
-    """Where the payload starts in a record (for tools and tests that inspect one)."""
-    (head_len,) = struct.unpack_from("<I", raw, 13)
-    return _HEAD.size + head_len
