@@ -113,10 +113,27 @@ def host_compiles(root: str, url: str, namespace: str, kernels: int, start_at: f
     return int(cache.stats()["compiles"])
 
 
-def hold_redis_lock_forever(url: str, namespace: str, name: str) -> None:
+def compile_through_tiers(root: str, url: str, namespace: str, code: str, arch: str, lock_ttl_s: float) -> bool:
+    """One compile_program through [disk, Redis] tiers, as a host's process does; hit?"""
+    from cuda.core import ProgramOptions
+
+    from kernelcache import CompileInfo, RedisProgramCache, TieredProgramCache, compile_program
+
+    warnings.simplefilter("ignore")
+    cache = TieredProgramCache(
+        [FileStreamProgramCache(root), RedisProgramCache(url, namespace=namespace, lock_ttl_s=lock_ttl_s)]
+    )
+    info = CompileInfo()
+    compile_program(
+        code, options=ProgramOptions(arch=arch, use_bundled_headers=True, std="c++17"), cache=cache, info=info
+    )
+    return info.hit
+
+
+def hold_redis_lock_forever(url: str, namespace: str, name: str, ttl_s: float = 1.0) -> None:
     from kernelcache import RedisProgramCache
 
-    rc = RedisProgramCache(url, namespace=namespace, lock_ttl_s=1)
+    rc = RedisProgramCache(url, namespace=namespace, lock_ttl_s=ttl_s)
     with rc.remote_lock(name, time.monotonic() + 60, lambda: False) as outcome:
         assert outcome == "acquired"
         time.sleep(600)

@@ -155,11 +155,15 @@ def demo(
     "redis_url",
     default=None,
     metavar="URL",
-    help="Also report the Redis store at this URL (default: KERNELCACHE_REDIS_URL).",
+    help="Also report the fleet's counters kept in Redis at this URL (default: KERNELCACHE_REDIS_URL).",
 )
+@click.option("--redis-namespace", default="kernelcache", show_default=True, help="The Redis store's namespace.")
 @JSON_OPTION
-def stats(cache_dir: str | None, redis_url: str | None, as_json: bool) -> None:
-    """Hits, misses, hit rate, compiles, seconds saved, stores, evictions, errors, size."""
+def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, as_json: bool) -> None:
+    """Hits, misses, hit rate, compiles, seconds saved, stores, evictions, errors, size.
+
+    With --redis: also the counters of every host sharing that Redis namespace (the fleet).
+    """
     cache = _open(cache_dir)
     per_store: dict[str, dict[str, Any]] = {}
     s: dict[str, Any] = dict(cache.stats())
@@ -169,13 +173,7 @@ def stats(cache_dir: str | None, redis_url: str | None, as_json: bool) -> None:
     per_store["disk"] = s
     redis_url = redis_url or config.redis_url()
     if redis_url:
-        from kernelcache.stores.redis import RedisProgramCache
-
-        with RedisProgramCache(redis_url) as rc:
-            r: dict[str, Any] = dict(rc.stats())
-            r["entries"] = len(rc)
-            r["url"] = redis_url
-            per_store["redis"] = r
+        per_store["redis"] = _redis_fleet(redis_url, redis_namespace)
 
     def render(data: dict[str, dict[str, Any]]) -> None:
         from rich.table import Table
@@ -210,9 +208,28 @@ def stats(cache_dir: str | None, redis_url: str | None, as_json: bool) -> None:
             table.add_row(row, *cells)
         _console().print(table)
         for name, store in data.items():
-            click.echo(f"{name}: {store.get('path') or store.get('url')}")
+            where = store.get("path") or f"{store.get('url')} namespace {store.get('namespace')} (every host's counts)"
+            click.echo(f"{name}: {where}")
 
     _emit(per_store, as_json, render)
+
+
+def _redis_fleet(url: str, namespace: str) -> dict[str, Any]:
+    """The fleet counters in Redis; a Redis that cannot be reached is one clear error."""
+    import warnings
+
+    from kernelcache.stores.redis import RedisProgramCache
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the store's warning would repeat the error below
+        with RedisProgramCache(url, namespace=namespace, read_only=True) as rc:
+            fleet = rc.fleet_stats()
+            if fleet is None:
+                raise UserError(f"cannot reach Redis at {url} ({rc.last_error})")
+            out: dict[str, Any] = dict(fleet)
+            out["entries"] = len(rc)  # Redis keys: artifacts and header manifests
+    out["url"], out["namespace"] = url, namespace
+    return out
 
 
 # -- ls / show / export ---------------------------------------------------------------------
