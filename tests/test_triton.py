@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("triton")
 
+from redis_servers import RedisServer, need_redis  # noqa: E402
 from triton.runtime import cache as triton_cache  # noqa: E402
 
 from kernelcache.stores.filestream import FileStreamProgramCache  # noqa: E402
@@ -283,3 +284,33 @@ def test_file_names_cannot_escape_the_cache(tmp_path, monkeypatch):
     for bad in ("../evil.so", "a/b", "..", ""):
         with pytest.raises(ValueError, match="plain name"):
             manager.put(b"x", bad)
+
+
+@pytest.mark.parametrize("hook", ["manager", "remote-backend"])
+def test_redis_round_trip_between_hosts_with_empty_local_directories(tmp_path, hook):
+    # Two "hosts": separate KERNELCACHE_DIR (and Triton directories), one Redis. The default
+    # store is memory -> disk -> Redis because KERNELCACHE_REDIS_URL is set.
+    need_redis()
+    server = RedisServer(str(tmp_path))
+    try:
+        key = _key(f"fleet-{hook}")
+
+        def host(name: str) -> dict[str, str]:
+            env = _env(
+                tmp_path / name / "kc", KERNELCACHE_REDIS_URL=server.url, TRITON_CACHE_DIR=str(tmp_path / name / "t")
+            )
+            if hook == "remote-backend":
+                env["TRITON_CACHE_MANAGER"] = "triton.runtime.cache:RemoteCacheManager"
+                env["TRITON_REMOTE_CACHE_BACKEND"] = "kernelcache.triton:KernelCacheRemoteBackend"
+            return env
+
+        _run(host("a"), "put", key, "v1", *NAMES)
+        assert not (tmp_path / "b").exists()
+        assert _run(host("b"), "get", key, *NAMES)["group"] == {n: f"v1:{n}" for n in NAMES}
+        # It came over Redis: host b's disk tier now holds the entries it read (promoted).
+        assert _entries_bytes(str(tmp_path / "b" / "kc")) > 0
+        server.stop()
+        server.start()  # an empty Redis (no persistence): the group is now only on the hosts' disks
+        assert _run(host("c"), "get", key, *NAMES)["group"] is None
+    finally:
+        server.stop()
