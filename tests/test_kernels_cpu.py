@@ -18,3 +18,16 @@ def test_empty_cache_len_and_clear() -> None:
     kc.clear()
     with kc:
         pass
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"code": "x"}, r"request #0 needs \['name'\]"),
+        ({"code": "x", "name": "k", "logs": None}, r"request #0 has unknown field\(s\) \['logs'\]"),
+    ],
+)
+def test_get_kernels_checks_requests_before_touching_a_device(bad, match) -> None:
+    with pytest.raises(TypeError, match=match):
+        KernelCache().get_kernels([bad])
+    assert KernelCache().get_kernels([]) == []

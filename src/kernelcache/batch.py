@@ -27,7 +27,7 @@ import collections
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
@@ -187,12 +187,10 @@ def run_batch(
     *,
     fields: frozenset[str] = REQUEST_FIELDS,
     what: str = "compile_many",
-    defaults: Callable[[dict[str, Any]], Any] | None = None,
 ) -> _Batch:
     """The batch run to its end: ``.results``, ``.errors`` and ``.infos`` by request index.
 
-    Bad arguments raise at once, before anything compiles. ``defaults(request)`` gives the
-    options of a request that has none (default: compile_program's defaults).
+    Bad arguments raise at once, before anything compiles.
     """
     normalized = normalize_requests(requests, fields, what)
     workers = worker_count(max_workers)
@@ -203,7 +201,7 @@ def run_batch(
     for i, request in enumerate(normalized):
         request.pop("name", None)
         start = time.perf_counter()
-        look = _lookup(i, store, request, what, defaults)
+        look = _lookup(i, store, request, what)
         if look is None:
             jobs.append(_Job(i, None, request))
             continue
@@ -246,12 +244,11 @@ def _lookup(
     store: ProgramCacheResource | None,
     request: dict[str, Any],
     what: str,
-    defaults: Callable[[dict[str, Any]], Any] | None,
 ) -> _Lookup | None:
     """The request's key material (None when the cache is disabled); its options filled in."""
     try:
         if request.get("options") is None:
-            request["options"] = defaults(request) if defaults is not None else _default_options()
+            request["options"] = _default_options()
         if store is None:
             return None
         return _Lookup(
