@@ -233,3 +233,27 @@ def test_a_key_whose_peer_died_is_compiled_here(tmp_path) -> None:
     assert peer.exitcode == -signal.SIGKILL
     assert bytes(out[0].code)[:4] == b"\x7fELF"
     assert cache.stats()["compiles"] == 1  # ours: the peer died before storing anything
+
+
+def test_warm_compiles_through_compile_many_and_an_all_hit_manifest_starts_no_thread(tmp_path) -> None:
+    import json
+
+    from kernelcache.cli import warm
+
+    manifest = tmp_path / "m.json"
+    kernels = [{"name": f"k{i}", "code": bw.variant(i)} for i in range(3)]
+    kernels.append({"name": "broken", "code": BROKEN})
+    kernels.append({"name": "badopt", "code": bw.variant(9), "options": {"no_such_option": 1}})
+    manifest.write_text(json.dumps({"defaults": {"arch": ARCH}, "kernel": kernels}))
+    items = warm.load_manifest(str(manifest))
+    cache_dir = str(tmp_path / "cache")
+    first = warm.run(items, cache_dir, 8, progress=False)
+    assert [r["name"] for r in first] == ["k0", "k1", "k2", "broken", "badopt"]
+    assert [r.get("error", "")[:12] for r in first] == ["", "", "", "NVRTCError: ", "ValueError: "]
+    assert [r["hit"] for r in first] == [False] * 5
+    assert FileStreamProgramCache(cache_dir).stats()["compiles"] == 3
+    with ThreadsStarted() as started:
+        again = warm.run(items[:3], cache_dir, 8, progress=False)
+    assert started.names == set()  # all hits: no worker at all, whatever -j says
+    assert [r["hit"] for r in again] == [True] * 3
+    assert [r["key"] for r in again] == [r["key"] for r in first[:3]]

@@ -27,7 +27,7 @@ import collections
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
@@ -120,15 +120,28 @@ class _Job:
 class _Batch:
     """The shared state of one batch: the queues, the results, the errors."""
 
-    def __init__(self, jobs: list[_Job], size: int, budget: float) -> None:
+    def __init__(self, jobs: list[_Job], size: int, budget: float, on_done: Callable[[int], object] | None) -> None:
         self.fresh = collections.deque(jobs)
         self.put_aside: collections.deque[_Job] = collections.deque()
-        self.results: list[Any] = [None] * size
+        self.results: list[Any] = [None] * size  # distinct indexes: no two threads write one slot
         self.errors: dict[int, BaseException] = {}
         self.infos: list[CompileInfo | None] = [None] * size
         self.budget = budget
         self.stop = False
+        self._on_done = on_done
         self._lock = threading.Lock()
+
+    def finish(
+        self, index: int, result: Any = None, info: CompileInfo | None = None, error: BaseException | None = None
+    ) -> None:
+        """Record one request's outcome (each index is finished once, by one thread)."""
+        if error is not None:
+            with self._lock:
+                self.errors[index] = error
+        else:
+            self.results[index], self.infos[index] = result, info
+        if self._on_done is not None:
+            self._on_done(index)
 
     def _next(self) -> tuple[_Job, bool] | None:
         with self._lock:
@@ -154,8 +167,7 @@ class _Batch:
             try:
                 obj = self._try(job)
             except Exception as exc:  # this request's failure: the others go on
-                with self._lock:
-                    self.errors[job.index] = exc
+                self.finish(job.index, error=exc)
                 continue
             if obj is None:  # a peer holds the key: put it aside, try again later
                 now = time.monotonic()
@@ -164,8 +176,7 @@ class _Batch:
                 with self._lock:
                     self.put_aside.append(job)
                 continue
-            self.results[job.index] = obj  # distinct indexes: no two threads write one slot
-            self.infos[job.index] = job.info
+            self.finish(job.index, obj, job.info)
 
     def _try(self, job: _Job) -> ObjectCode | None:
         request = job.request
@@ -187,21 +198,31 @@ def run_batch(
     *,
     fields: frozenset[str] = REQUEST_FIELDS,
     what: str = "compile_many",
+    strict: bool = True,
+    on_done: Callable[[int], object] | None = None,
 ) -> _Batch:
     """The batch run to its end: ``.results``, ``.errors`` and ``.infos`` by request index.
 
-    Bad arguments raise at once, before anything compiles.
+    Bad arguments raise at once, before anything compiles; with ``strict=False`` a request
+    whose arguments are wrong is that request's error instead. ``on_done(index)`` is called
+    (from any thread) as each request finishes.
     """
     normalized = normalize_requests(requests, fields, what)
     workers = worker_count(max_workers)
     disabled = config.disabled()
     store = None if disabled else _resolve_cache(cache)
-    batch = _Batch([], len(normalized), config.wait_timeout_s())
+    batch = _Batch([], len(normalized), config.wait_timeout_s(), on_done)
     jobs = []
     for i, request in enumerate(normalized):
         request.pop("name", None)
         start = time.perf_counter()
-        look = _lookup(i, store, request, what)
+        try:
+            look = _lookup(i, store, request, what)
+        except Exception as exc:
+            if strict:
+                raise
+            batch.finish(i, error=exc)
+            continue
         if look is None:
             jobs.append(_Job(i, None, request))
             continue
@@ -212,10 +233,9 @@ def run_batch(
             jobs.append(_Job(i, look, request))
             continue
         try:
-            batch.results[i] = _hit(look, key, record, variant, None, info, start, False)
-            batch.infos[i] = info
+            batch.finish(i, _hit(look, key, record, variant, None, info, start, False), info)
         except Exception as exc:
-            batch.errors[i] = exc
+            batch.finish(i, error=exc)
     if not jobs:
         return batch  # all hits: no thread started
     batch.fresh.extend(jobs)

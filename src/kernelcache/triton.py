@@ -34,9 +34,7 @@ try:
     import triton
     from triton.runtime.cache import CacheManager, FileCacheManager, RemoteCacheBackend
 except ImportError as exc:  # pragma: no cover - exercised where triton is absent
-    raise ImportError(
-        "kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`"
-    ) from exc
+    raise ImportError("kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`") from exc
 
 from kernelcache.materialized import check_file_name, materialize
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource

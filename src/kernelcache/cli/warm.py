@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,51 +117,65 @@ def program_options(item: WarmItem) -> Any:
         raise ValueError(f"kernel {item.name!r}: bad options {item.options}: {exc}") from exc
 
 
-def warm_one(item: WarmItem, cache_dir: str | None) -> dict[str, Any]:
-    """Compile one item through the cache (runs in a worker process)."""
-    from kernelcache.compile import CompileInfo, compile_program
+def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool) -> list[dict[str, Any]]:
+    """Warm every item through compile_many on ``jobs`` threads; results in manifest order.
+
+    The hits are looked up first, in this thread: a manifest that is all hits starts no
+    thread at all, so ``-j 8`` costs what ``-j 1`` does there. A failing item is reported
+    as its own error; the others are compiled and stored all the same.
+    """
+    from kernelcache.batch import run_batch
     from kernelcache.stores.filestream import FileStreamProgramCache
 
-    result: dict[str, Any] = {"name": item.name, "arch": item.arch, "target_type": item.target_type}
-    try:
-        info = CompileInfo()
-        compile_program(
-            item.code,
-            item.code_type,
-            item.target_type,
-            options=program_options(item),
-            cache=FileStreamProgramCache(cache_dir),
-            name_expressions=item.name_expressions,
-            info=info,
+    results: list[dict[str, Any]] = [
+        {"name": item.name, "arch": item.arch, "target_type": item.target_type} for item in items
+    ]
+    requests: list[dict[str, Any]] = []
+    for item, result in zip(items, results):
+        try:
+            options = program_options(item)
+        except ValueError as exc:
+            options, result["error"] = None, _first_line(exc)
+        requests.append(
+            {
+                "code": item.code,
+                "code_type": item.code_type,
+                "target_type": item.target_type,
+                "options": options,
+                "name_expressions": item.name_expressions,
+            }
         )
-        result.update(hit=info.hit, key=info.key_hex, seconds=info.seconds)
-    except Exception as exc:
-        result.update(
-            hit=False, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        )
-    return result
-
-
-def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool) -> list[dict[str, Any]]:
-    """Warm every item with ``jobs`` worker processes; results in manifest order."""
-    import multiprocessing as mp
-
-    results: list[dict[str, Any] | None] = [None] * len(items)
+    todo = [i for i, r in enumerate(results) if "error" not in r]
     bar = None
     if progress:
         from rich.progress import Progress
 
         bar = Progress(transient=True)
         bar.start()
-        task = bar.add_task("warming", total=len(items))
+        task = bar.add_task("warming", total=len(todo))
     try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(items)), mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(warm_one, item, cache_dir): i for i, item in enumerate(items)}
-            for fut in as_completed(futures):
-                results[futures[fut]] = fut.result()
-                if bar is not None:
-                    bar.advance(task)
+        batch = run_batch(
+            [requests[i] for i in todo],
+            FileStreamProgramCache(cache_dir),
+            jobs,
+            what="warm",
+            strict=False,
+            on_done=(lambda _i: bar.advance(task)) if bar is not None else None,
+        )
     finally:
         if bar is not None:
             bar.stop()
-    return [r for r in results if r is not None]
+    for j, i in enumerate(todo):
+        info = batch.infos[j]
+        if j in batch.errors:
+            results[i].update(hit=False, error=_first_line(batch.errors[j]))
+        elif info is not None:
+            results[i].update(hit=info.hit, key=info.key_hex, seconds=info.seconds)
+    for r in results:
+        r.setdefault("hit", False)
+    return results
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
