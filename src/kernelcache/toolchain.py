@@ -18,6 +18,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 # distribution name -> file-name prefix of the shared library it ships
 _WHEELS = {
@@ -40,7 +41,9 @@ def _wheel_identity(dist_name: str, lib_prefix: str) -> str | None:
     except metadata.PackageNotFoundError:
         return None
     lib = ""
-    for f in dist.files or ():
+    record = dist.read_text("RECORD")  # the rows dist.files makes, without its 1 ms of objects
+    paths = [row.split(",", 1)[0] for row in record.splitlines()] if record else (dist.files or ())
+    for f in paths:
         base = os.path.basename(str(f))
         if base.startswith(lib_prefix) and "builtins" not in base:
             try:
@@ -49,7 +52,23 @@ def _wheel_identity(dist_name: str, lib_prefix: str) -> str | None:
                 size = -1
             lib = f"{base};{size}"
             break
-    return f"{dist_name}=={dist.version};{lib}"
+    return f"{dist_name}=={_version(dist)};{lib}"
+
+
+def _version(dist: Any) -> str:
+    """The distribution's version, as ``dist.version`` gives it, for a tenth of the cost.
+
+    ``dist.version`` runs the e-mail parser over the whole METADATA file (3 ms for
+    cuda-bindings', whose long description is in it): most of a fresh process's first hit.
+    The version is a header line, and headers end at the first blank line.
+    """
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    for line in text.splitlines():
+        if not line:
+            break
+        if line.startswith("Version:"):
+            return line[len("Version:") :].strip()
+    return str(dist.version)  # no such line: whatever the full parser makes of it
 
 
 def _loaded_nvrtc_version() -> str:
@@ -106,7 +125,7 @@ def cuda_core_identity() -> str:
     parts = []
     for dist in ("cuda-core", "cuda-bindings"):
         try:
-            parts.append(f"{dist}=={metadata.version(dist)}")
+            parts.append(f"{dist}=={_version(metadata.distribution(dist))}")
         except Exception as exc:
             parts.append(f"{dist}:{_failed(exc)}")
     return ";".join(parts)
