@@ -38,3 +38,26 @@ def compile_one_held(root: str, code: str, arch: str, started: object) -> None:
         options=ProgramOptions(arch=arch, use_bundled_headers=True, std="c++17"),
         cache=FileStreamProgramCache(root),
     )
+
+
+def host_compile_many(root: str, url: str, namespace: str, count: int, start_at: float, arch: str) -> int:
+    """One "host": its own memory and disk tiers, a shared Redis; compile_many; its compiles."""
+    from cuda.core import ProgramOptions
+
+    from kernelcache import (
+        FileStreamProgramCache,
+        InMemoryProgramCache,
+        RedisProgramCache,
+        TieredProgramCache,
+        compile_many,
+    )
+
+    warnings.simplefilter("ignore")
+    cache = TieredProgramCache(
+        [InMemoryProgramCache(), FileStreamProgramCache(root), RedisProgramCache(url, namespace=namespace)]
+    )
+    requests = [{"code": variant(i), "options": ProgramOptions(arch=arch)} for i in range(count)]
+    while time.time() < start_at:
+        time.sleep(0.001)
+    compile_many(requests, cache=cache, max_workers=2)
+    return int(cache.stats()["compiles"])

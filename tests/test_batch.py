@@ -176,6 +176,27 @@ def test_processes_sharing_a_dir_compile_each_key_exactly_once(tmp_path) -> None
     assert (s["compiles"], s["misses"], s["hits"]) == (kernels, kernels, procs * kernels - kernels)
 
 
+def test_hosts_sharing_redis_compile_each_key_exactly_once(tmp_path) -> None:
+    # Each "host" has its own memory and disk tiers; they meet only in Redis. A key another
+    # host holds is put aside (the Redis lock's "timeout" on a non-blocking try) and found
+    # published later.
+    from redis_servers import RedisServer, need_redis
+
+    need_redis()
+    server = RedisServer(str(tmp_path / "redis"))
+    try:
+        kernels, ns = 6, f"many{time.time_ns()}"
+        start_at = time.time() + 4.0
+        with mp.get_context("spawn").Pool(2) as pool:
+            compiles = pool.starmap(
+                bw.host_compile_many,
+                [(str(tmp_path / host), server.url, ns, kernels, start_at, ARCH) for host in ("host1", "host2")],
+            )
+    finally:
+        server.stop()
+    assert sum(compiles) == kernels, f"compiles per host: {compiles}"
+
+
 def _held_lock(lock_dir: str) -> bool:
     import fcntl
 
