@@ -10,6 +10,7 @@ artifact is records.py, header manifests are manifests.py.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -22,6 +23,7 @@ from kernelcache import config, manifests
 from kernelcache import headers as hdr
 from kernelcache.compilers import reset_nvrtc_trace_state, run_compiler
 from kernelcache.keys import digest_components, key_components, options_fingerprint
+from kernelcache.log import key_prefix, logger
 from kernelcache.memo import remember
 from kernelcache.records import artifact_meta, count, object_from_record, read_record, warn_store, write_record
 from kernelcache.singleflight import single_flight
@@ -352,6 +354,15 @@ def _hit(
         info.headers = hdr.tracked_paths(variant, hdr.search_dirs(look.options))
     obj = object_from_record(payload, look.target_type, look.options.name or "", meta)
     info.seconds = time.perf_counter() - start
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "hit %s lookup %.3f ms total %.3f ms (saves a %.3f s compile)%s",
+            key_prefix(key),
+            info.lookup_seconds * 1e3,
+            info.seconds * 1e3,
+            saved,
+            " after waiting for a peer" if info.waited else "",
+        )
     return obj
 
 
@@ -412,6 +423,18 @@ def _miss(
             manifests.store_manifest(cache, look.manifest_key, variant)
         info.store_seconds = time.perf_counter() - stored_at
         info.seconds = time.perf_counter() - start
+        if logger.isEnabledFor(logging.INFO):
+            prefix = key_prefix(key)
+            logger.debug("miss %s lookup %.3f ms", prefix, info.lookup_seconds * 1e3)
+            logger.info(
+                "compiled %s (%s -> %s, %s) in %.3f s, stored in %.3f ms",
+                prefix,
+                code_type,
+                target_type,
+                getattr(options, "arch", None) or "default arch",
+                seconds,
+                info.store_seconds * 1e3,
+            )
         return obj
     finally:
         if trace_dir:

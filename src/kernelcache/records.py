@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernelcache.log import logger
 from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore
 
 if TYPE_CHECKING:
@@ -121,11 +122,9 @@ def warn_store(cache: ProgramCacheResource, what: str, exc: BaseException) -> No
     cause = f"{type(cache).__name__}:{what}:{type(exc).__name__}"
     if cause not in _warned:
         _warned.add(cause)
-        warnings.warn(
-            f"kernelcache: the cache {type(cache).__name__} failed to {what} ({exc!r}); compiling without it",
-            KernelCacheWarning,
-            stacklevel=4,
-        )
+        message = f"the cache {type(cache).__name__} failed to {what} ({exc!r}); compiling without it"
+        logger.warning("%s", message)
+        warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=4)
     count(cache, errors=1)
 
 

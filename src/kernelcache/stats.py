@@ -37,6 +37,9 @@ COUNTERS: tuple[str, ...] = (
     "internal_gets",  # look-ups made by kernelcache itself (header manifests): not user hits
 )
 _INDEX = {name: i for i, name in enumerate(COUNTERS)}
+# Not counters but the size tracker: zeroing the statistics keeps them (the entries are still there).
+TRACKER = ("size_bytes", "reconciled_at")
+ZEROABLE = tuple(name for name in COUNTERS if name not in TRACKER)
 _SLOT = struct.Struct("<q")
 _MAGIC = b"KCSTATS1"
 _HEADER = len(_MAGIC)
@@ -83,6 +86,12 @@ class MemoryStats:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._values)
+
+    def zero(self) -> None:
+        """Set every counter to 0, except the size tracker."""
+        with self._lock:
+            for name in ZEROABLE:
+                self._values[name] = 0
 
     def add_deferred(self, **deltas: int) -> None:
         """The hot-path increment: no name check, no copy (names come from our own code)."""
@@ -219,6 +228,17 @@ class FileStats:
             due = time.monotonic() - self._last_flush > _FLUSH_EVERY_S
         if due:
             self.flush()
+
+    def zero(self) -> None:
+        """Set every counter to 0 for every process sharing the file, except the size tracker.
+
+        This process's pending counts are dropped (they happened before the zero). Another
+        process's pending counts (at most its last half second of reads) land afterwards:
+        they are counted after the zero, never lost into it.
+        """
+        with self._thread_lock:
+            self._pending = {}
+        self._update(dict.fromkeys(ZEROABLE, 0), absolute=True)
 
     def flush(self) -> None:
         """Write pending deferred counts to the file."""

@@ -158,11 +158,13 @@ def demo(
     help="Also report the fleet's counters kept in Redis at this URL (default: KERNELCACHE_REDIS_URL).",
 )
 @click.option("--redis-namespace", default="kernelcache", show_default=True, help="The Redis store's namespace.")
+@click.option("--zero", is_flag=True, help="Show the counters, then reset them to 0 (size and entries stay).")
 @JSON_OPTION
-def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, as_json: bool) -> None:
+def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, zero: bool, as_json: bool) -> None:
     """Hits, misses, hit rate, compiles, seconds saved, stores, evictions, errors, size.
 
     With --redis: also the counters of every host sharing that Redis namespace (the fleet).
+    With --zero: the counters shown are reset to 0 (the fleet's too, with --redis).
     """
     cache = _open(cache_dir)
     per_store: dict[str, dict[str, Any]] = {}
@@ -174,6 +176,13 @@ def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, as
     redis_url = redis_url or config.redis_url()
     if redis_url:
         per_store["redis"] = _redis_fleet(redis_url, redis_namespace)
+        if zero:
+            from kernelcache.stores.redis import RedisProgramCache
+
+            with RedisProgramCache(redis_url, namespace=redis_namespace) as rc:
+                rc.zero_stats()
+    if zero:
+        cache.zero_stats()
 
     def render(data: dict[str, dict[str, Any]]) -> None:
         from rich.table import Table
@@ -210,8 +219,10 @@ def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, as
         for name, store in data.items():
             where = store.get("path") or f"{store.get('url')} namespace {store.get('namespace')} (every host's counts)"
             click.echo(f"{name}: {where}")
+        if zero:
+            click.echo("counters zeroed (the figures above are from before; size and entries are kept)")
 
-    _emit(per_store, as_json, render)
+    _emit({**per_store, "zeroed": True} if zero and as_json else per_store, as_json, render)
 
 
 def _redis_fleet(url: str, namespace: str) -> dict[str, Any]:
@@ -374,15 +385,27 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, a
 @main.command()
 @CACHE_DIR_OPTION
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def clear(cache_dir: str | None, yes: bool) -> None:
-    """Remove every entry of the cache."""
+@JSON_OPTION
+def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
+    """Remove every entry of the cache (the counters are kept: `stats --zero` resets them)."""
     cache = _open(cache_dir)
     if not yes and not click.confirm(f"Remove every entry in {cache.path}?", default=False):
         raise UserError("not confirmed; nothing removed (use --yes to skip the question)")
     count = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))  # artifacts, as ls lists them
     cache.clear()
     copies = remove_materialized(cache.path)[0]  # the copies handed to Triton go with them
-    click.echo(f"removed {count} entries from {cache.path}" + (f" and {copies} materialized copies" if copies else ""))
+    result = {"removed": count, "path": cache.path, "counters_reset": False}
+    if copies:
+        result["materialized_copies_removed"] = copies
+
+    def render(r: dict[str, Any]) -> None:
+        extra = f" and {copies} materialized copies" if copies else ""
+        click.echo(
+            f"removed {r['removed']} entries{extra} from {r['path']}; "
+            "counters kept (`kernelcache stats --zero` resets them)"
+        )
+
+    _emit(result, as_json, render)
 
 
 # -- warm / explain ---------------------------------------------------------------------------

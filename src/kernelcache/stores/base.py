@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
+from kernelcache.log import logger
 from kernelcache.stats import MemoryStats, public_view
 
 if TYPE_CHECKING:
@@ -177,6 +178,9 @@ class ProgramCacheResource(abc.ABC):
     def add_stats(self, **deltas: int) -> None:  # noqa: B027 - optional hook
         """Count events seen by a layer above (compile_program's compiles and savings)."""
 
+    def zero_stats(self) -> None:  # noqa: B027 - optional hook
+        """Reset the counters to 0 (``kernelcache stats --zero``); sizes and entries are kept."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the default has none."""
 
@@ -221,6 +225,7 @@ class RecordStore(ProgramCacheResource):
             if cause in self._warned:
                 return
             self._warned.add(cause)
+        logger.warning("%s: %s", type(self).__name__, message)
         warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=3)
 
     def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
@@ -271,6 +276,9 @@ class RecordStore(ProgramCacheResource):
 
     def add_stats(self, **deltas: int) -> None:
         self._stats.add_deferred(**deltas)
+
+    def zero_stats(self) -> None:
+        self._stats.zero()
 
     def stats(self) -> dict[str, float | int]:
         return public_view(self._stats.snapshot())

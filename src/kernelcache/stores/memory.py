@@ -117,6 +117,12 @@ class InMemoryProgramCache(RecordStore):
             self._entries.clear()
             self._size = 0
 
+    def zero_stats(self) -> None:
+        with self._lock:
+            self._apply_pending_hits()  # their LRU bumps stay; their counts go with the rest
+            self._misses = 0
+        super().zero_stats()
+
     def stats(self) -> dict[str, float | int]:
         with self._lock:
             self._apply_pending_hits()

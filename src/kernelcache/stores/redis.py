@@ -367,6 +367,13 @@ class RedisProgramCache(RecordStore):
         raw = self._call("read counters", lambda c: c.hgetall(redisfleet.stats_key(self._ns)))
         return None if raw is None else redisfleet.view(raw)
 
+    def zero_stats(self) -> None:
+        """Zero this process's counters and, unless read_only, the fleet's counters in Redis."""
+        super().zero_stats()
+        if not self._read_only:
+            self._stats.drop_tally()
+            self._call("zero counters", lambda c: c.delete(redisfleet.stats_key(self._ns)))
+
     def stats(self) -> dict[str, float | int]:
         out = super().stats()
         out["read_only"] = int(self._read_only)

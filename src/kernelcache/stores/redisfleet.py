@@ -97,6 +97,11 @@ class FleetStats(MemoryStats):
         finally:
             self._flushing.release()
 
+    def drop_tally(self) -> None:
+        """Forget the counts not yet sent (the fleet counters are being zeroed)."""
+        with self._tally_lock:
+            self._tally = {}
+
     def close(self) -> None:
         self.flush()
         _LIVE.discard(self)

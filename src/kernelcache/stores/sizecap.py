@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 
+from kernelcache.log import logger
 from kernelcache.stats import FileStats
 from kernelcache.stores.fileops import StatKey, path_in, scan_shards, stat_key, unlink_if_same
 from kernelcache.stores.sidecar import META_SUFFIX
@@ -125,6 +126,13 @@ class SizeCap:
                 self._stats.add(size_bytes=-freed)
         if evicted:
             self._stats.add(evictions=evicted)
+            logger.info(
+                "evicted %d least recently used entries from %s: %d bytes left, cap %d",
+                evicted,
+                os.path.dirname(os.path.dirname(self._entries)),
+                size,
+                self.max_size,
+            )
 
     def reconcile(self) -> int:
         """Rescan entries/: reset the size tracker and refill the eviction candidates."""

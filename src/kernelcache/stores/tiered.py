@@ -152,6 +152,12 @@ class TieredProgramCache(RecordStore):
     def tier_stats(self) -> list[dict[str, float | int]]:
         return [t.stats() for t in self.tiers]
 
+    def zero_stats(self) -> None:
+        """Zero this store's counters and every tier's."""
+        super().zero_stats()
+        for tier in self.tiers:
+            tier.zero_stats()
+
     def close(self) -> None:
         for tier in self.tiers:
             tier.close()
