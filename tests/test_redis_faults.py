@@ -74,6 +74,36 @@ def test_stopped_server_costs_one_timeout_per_compile(tmp_path) -> None:
         s.stop()
 
 
+def test_after_the_back_off_one_thread_probes_the_stopped_server(tmp_path) -> None:
+    """Race: when the back-off ends, every thread calls at once; one probes, the rest skip."""
+    import threading
+
+    need_redis()
+    s = RedisServer(str(tmp_path))
+    try:
+        s.pause()
+        rc = RedisProgramCache(s.url, socket_timeout=0.5, retry_after_s=0.3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert rc.get("k") is None
+            assert rc.stats()["errors"] == 1
+            time.sleep(0.4)  # the back-off is over: the next calls may try the server again
+            go = threading.Barrier(8)
+
+            def call() -> None:
+                go.wait()
+                rc.get("k")
+
+            threads = [threading.Thread(target=call) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert rc.stats()["errors"] == 2  # one more socket timeout, not eight
+    finally:
+        s.stop()
+
+
 def test_down_cluster_degrades_like_a_down_server(tmp_path) -> None:
     url = f"redis+cluster://127.0.0.1:{free_port()}"
     rc = RedisProgramCache(url, socket_timeout=0.3)  # no exception: nothing is contacted yet
