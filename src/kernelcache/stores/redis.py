@@ -292,9 +292,13 @@ class RedisProgramCache(RecordStore):
             return False
         rk = self._entry_key(key)
         record = rec.encode(rk, payload, meta, self._secret)
-        px = str(self._ttl_ms) if self._ttl_ms is not None else ""
-        signed = "1" if self._secret is not None else "0"
-        answer = self._call("write", lambda c: c.eval(_SET_LUA, 1, rk, record, self._prefix, signed, px))
+        # The common case, a new key, is one plain SET NX; a key that exists goes through the
+        # script, which decides atomically whether its record may be replaced.
+        answer = self._call("write", lambda c: 1 if c.set(rk, record, nx=True, px=self._ttl_ms) else 0)
+        if answer == 0:
+            px = str(self._ttl_ms) if self._ttl_ms is not None else ""
+            signed = "1" if self._secret is not None else "0"
+            answer = self._call("write", lambda c: c.eval(_SET_LUA, 1, rk, record, self._prefix, signed, px))
         if answer == 1:
             return True
         if isinstance(answer, bytes):  # kept: the key holds a record we cannot verify

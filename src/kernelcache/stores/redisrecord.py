@@ -61,10 +61,11 @@ def writer_prefix(secret: bytes | None) -> bytes:
     return MAGIC + bytes([_SIGNED if secret is not None else 0]) + key_id(secret)
 
 
-def _tag(secret: bytes | None, redis_key: str, body: bytes) -> bytes:
-    if secret is None:
-        return hashlib.sha256(redis_key.encode() + b"\0" + body).digest()
-    return hmac.new(secret, redis_key.encode() + b"\0" + body, hashlib.sha256).digest()
+def _tag(secret: bytes | None, redis_key: str, body: bytes | memoryview) -> bytes:
+    h: Any = hashlib.sha256() if secret is None else hmac.new(secret, digestmod=hashlib.sha256)
+    h.update(redis_key.encode() + b"\0")
+    h.update(body)  # a memoryview of the record: no copy of a large artifact
+    return h.digest()
 
 
 def encode(redis_key: str, payload: bytes, meta: dict[str, Any], secret: bytes | None) -> bytes:
@@ -91,12 +92,12 @@ def decode(redis_key: str, raw: bytes, secret: bytes | None) -> tuple[Verdict, t
             return Verdict.FOREIGN, None
     elif secret is not None:
         return Verdict.UNSIGNED, None
-    body, tag = raw[:-_TAG_SIZE], raw[-_TAG_SIZE:]
-    if not hmac.compare_digest(tag, _tag(secret, redis_key, body)):
+    view = memoryview(raw)
+    if not hmac.compare_digest(raw[-_TAG_SIZE:], _tag(secret, redis_key, view[:-_TAG_SIZE])):
         return Verdict.DAMAGED, None
     try:
-        head = json.loads(body[_HEAD.size : _HEAD.size + head_len])
-        payload = body[_HEAD.size + head_len :]
+        head = json.loads(raw[_HEAD.size : _HEAD.size + head_len])
+        payload = raw[_HEAD.size + head_len : -_TAG_SIZE]
         if head["size"] != len(payload):
             raise ValueError("size mismatch")
         meta = head.get("meta")
