@@ -20,7 +20,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-import uuid
+
+from kernelcache.stores.fileops import stage
 
 MATERIALIZED_DIR = "materialized"
 # A copy handed out less than this long ago is kept by prune: the process that got its path
@@ -69,17 +70,7 @@ def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -
     tmp_dir = os.path.join(base, "tmp")
     os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    tmp = os.path.join(tmp_dir, f"{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
+    tmp = stage(tmp_dir, data, durable=False)  # O_EXCL: never follows a planted link
     # Two processes materializing the same bytes both replace: either result is the same
     # content, and a reader holding the path sees one whole file or the other.
     os.replace(tmp, path)
