@@ -9,6 +9,8 @@ line with what it saw.
     get KEY NAMES...                    get_group: {"group": {name: content} | null}
     read-loop KEY SECONDS NAMES...      get_group repeatedly: counts of complete/absent/mixed
     write-loop KEY SECONDS NAMES...     put groups of alternating versions until SECONDS pass
+    compile KEY                         triton.compile a real @triton.jit kernel for sm_90 (no GPU
+                                        needed): {"compiled": n, "hits": n, "cubin_sha256": ...}
 """
 
 from __future__ import annotations
@@ -49,10 +51,42 @@ def _classify(group: dict[str, str] | None, names: list[str]) -> str:
     return "complete" if whole and len(versions) == 1 else "mixed"
 
 
+def _compile() -> dict:
+    import hashlib
+
+    import triton
+    import triton.language as tl
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    events: list[bool] = []
+    knobs.compilation.listener = lambda **kw: events.append(bool(kw["cache_hit"]))
+
+    @triton.jit
+    def axpy(x_ptr, y_ptr, out_ptr, a, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, a * tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "a": "fp32", "n": "i32", "BLOCK": "constexpr"}
+    src = ASTSource(fn=axpy, signature=signature, constexprs={"BLOCK": 256})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    return {
+        "compiled": events.count(False),
+        "hits": events.count(True),
+        "cubin_sha256": hashlib.sha256(kernel.asm["cubin"]).hexdigest(),
+        "files": sorted(kernel.metadata_group),
+        "paths": sorted(kernel.metadata_group.values()),
+    }
+
+
 def main(argv: list[str]) -> None:
     warnings.simplefilter("ignore")
-    cmd, key = argv[0], argv[1]
-    if cmd == "put":
+    cmd, key = argv[0], argv[1] if len(argv) > 1 else ""
+    if cmd == "compile":
+        print(json.dumps(_compile()))
+    elif cmd == "put":
         print(json.dumps({"paths": _put(key, argv[2], argv[3:])}))
     elif cmd == "put-partial":
         manager = get_cache_manager(key)

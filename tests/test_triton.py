@@ -63,6 +63,20 @@ def test_triton_picks_our_manager_from_the_environment(tmp_path, monkeypatch):
     assert isinstance(manager, triton_cache.CacheManager)
 
 
+def test_real_triton_compile_in_a_fresh_process_is_a_hit(tmp_path):
+    # triton.compile for sm_90 runs on CPU (Triton's own ptxas): the second process must
+    # take the whole group from kernelcache and compile nothing; Triton's directory stays unused.
+    env = _env(tmp_path / "kc", TRITON_CACHE_DIR=str(tmp_path / "triton-own"))
+    cold = _run(env, "compile")
+    warm = _run(env, "compile")
+    assert (cold["compiled"], cold["hits"]) == (1, 0)
+    assert (warm["compiled"], warm["hits"]) == (0, 1)
+    assert warm["cubin_sha256"] == cold["cubin_sha256"]
+    assert warm["files"] == cold["files"] and {f.rsplit(".", 1)[1] for f in warm["files"]} >= {"cubin", "json", "ptx"}
+    assert all(p.startswith(str(tmp_path / "kc" / "materialized")) for p in warm["paths"])
+    assert not (tmp_path / "triton-own").exists()
+
+
 def test_files_and_groups_round_trip_between_processes(tmp_path):
     root = tmp_path / "kc"
     key = _key("round-trip")
