@@ -1,7 +1,8 @@
 """First launch of a Triton and of a CuPy kernel in a fresh process: cold vs warm, through
 kernelcache and through each tool's own cache, side by side.
 
-    python benchmarks/bench_integrations.py [--repeat 3]
+    python benchmarks/bench_integrations.py [--repeat 3] [--only triton|cupy]
+    python benchmarks/bench_integrations.py --cpu      # no GPU: triton.compile for sm_90 only
 
 Each figure is the median over --repeat fresh processes of the time from the first call to
 a finished result (compile or cache load included; interpreter and import time excluded).
@@ -35,7 +36,7 @@ def _env(mode: str, root: str) -> dict[str, str]:
         "TRITON_CACHE_DIR": os.path.join(root, "triton"),
         "CUPY_CACHE_DIR": os.path.join(root, "cupy"),
     }
-    if mode == "triton":
+    if mode in ("triton", "triton-cpu"):
         env["TRITON_CACHE_MANAGER"] = "kernelcache.triton:KernelCacheManager"
     return env
 
@@ -61,9 +62,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=["triton", "cupy"], default=None)
+    parser.add_argument("--cpu", action="store_true", help="no GPU: time triton.compile (sm_90) only")
     args = parser.parse_args()
     print(f"{'mode':<28}{'cold ms':>10}{'warm ms':>10}{'cold/warm':>11}  correct")
-    for tool in ("triton", "cupy"):
+    for tool in ("triton-cpu",) if args.cpu else ("triton", "cupy"):
         if args.only not in (None, tool):
             continue
         for mode, label in ((tool, f"{tool} via kernelcache"), (f"{tool}-own", f"{tool} own cache")):

@@ -2,6 +2,8 @@
 
     python tests/_integration_gpu_child.py MODE      MODE: triton | cupy (through kernelcache)
                                                             triton-own | cupy-own (their own caches)
+                                                            triton-cpu | triton-cpu-own: no GPU, only
+                                                            triton.compile for sm_90 (cache path only)
 
 The caches come from the environment (KERNELCACHE_DIR, TRITON_CACHE_MANAGER, TRITON_CACHE_DIR,
 CUPY_CACHE_DIR). Prints one JSON line: first_launch_s (first call to a finished result,
@@ -76,6 +78,31 @@ def run_triton(through_kernelcache: bool) -> dict:
     return result
 
 
+def run_triton_cpu() -> dict:
+    """triton.compile for sm_90 without a GPU: what the cache layer costs on a hit."""
+    import triton
+    import triton.language as tl
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.cache import triton_key
+
+    events: list[bool] = []
+    knobs.compilation.listener = lambda **kw: events.append(bool(kw["cache_hit"]))
+
+    @triton.jit
+    def axpy(x_ptr, y_ptr, out_ptr, a, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, a * tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "a": "fp32", "n": "i32", "BLOCK": "constexpr"}
+    triton_key()  # hashes Triton's own files once per process (about a second): not the cache's cost
+    start = time.perf_counter()
+    triton.compile(ASTSource(fn=axpy, signature=signature, constexprs={"BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
+    return {"first_launch_s": time.perf_counter() - start, "correct": True, "compiled": events.count(False)}
+
+
 def run_cupy(through_kernelcache: bool) -> dict:
     import cupy as cp
 
@@ -108,6 +135,8 @@ def main(mode: str) -> None:
         "triton-own": lambda: run_triton(False),
         "cupy": lambda: run_cupy(True),
         "cupy-own": lambda: run_cupy(False),
+        "triton-cpu": run_triton_cpu,
+        "triton-cpu-own": run_triton_cpu,
     }
     print(json.dumps(runs[mode]()))
 

@@ -101,11 +101,17 @@ def test_templated_kernel_with_cupy_style_flags_hits_in_a_fresh_process(tmp_path
     assert second["size"] == first["size"] > 0
 
 
-def test_cupys_own_assembled_options_are_all_mapped():
+def test_cupys_own_assembled_options_are_all_mapped_and_compile(tmp_path):
     core = pytest.importorskip("cupy._core.core")
+    from kernelcache import FileStreamProgramCache, compile_program
+
     flags = core.assemble_cupy_compiler_options(("-DN_OFFSET=1",))
     options = program_options((*flags, "-ftz=true", f"-arch={ARCH}", "--device-as-default-execution-space"))
     assert options.std is not None and options.include_path
+    obj = compile_program(
+        TEMPLATED, "c++", "cubin", options=options, name_expressions=("scale<float>",), cache=FileStreamProgramCache(tmp_path)
+    )
+    assert obj.symbol_mapping["scale<float>"] == b"_Z5scaleIfEvPKT_PS0_S0_i"
 
 
 _BLOCK = (
