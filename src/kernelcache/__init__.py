@@ -31,7 +31,7 @@ _EXPORTS = {
     "UnsafeCacheDirError": "kernelcache.stores.filestream",
     "compile_many": "kernelcache.batch",
     "compile_program": "kernelcache.compile",
-    "default_cache": "kernelcache.compile",
+    "default_cache": "kernelcache.default_store",
     "explain_program_cache_key": "kernelcache.keys",
     "make_program_cache_key": "kernelcache.keys",
     "probe": "kernelcache.compile",
@@ -75,7 +75,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
     from kernelcache.batch import CompileManyError, compile_many
-    from kernelcache.compile import CompileInfo, compile_program, default_cache, probe
+    from kernelcache.compile import CompileInfo, compile_program, probe
+    from kernelcache.default_store import default_cache
     from kernelcache.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
     from kernelcache.kernels import KernelCache
     from kernelcache.keys import explain_program_cache_key, make_program_cache_key

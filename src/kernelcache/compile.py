@@ -4,7 +4,7 @@ On a hit no compiler runs: the stored bytes come back as an ObjectCode of the ri
 with the NVRTC symbol mapping (name expressions) and the compile log of the original miss.
 For C++ the key also covers every header the compile read (see manifests.py, headers.py).
 This module is the flow alone: the compilers run in compilers.py, what is stored beside an
-artifact is records.py, header manifests are manifests.py.
+artifact is records.py, header manifests are manifests.py, the default store default_store.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,19 +21,19 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import config, manifests
 from kernelcache import headers as hdr
 from kernelcache.compilers import reset_nvrtc_trace_state, run_compiler
+from kernelcache.default_store import default_cache
 from kernelcache.keys import digest_components, key_components, options_fingerprint
 from kernelcache.log import key_prefix, logger
 from kernelcache.memo import remember
 from kernelcache.records import artifact_meta, count, object_from_record, read_record, warn_store, write_record
 from kernelcache.singleflight import single_flight
 from kernelcache.stores.base import Meta, ProgramCacheResource, as_value_bytes
-from kernelcache.stores.filestream import FileStreamProgramCache
 from kernelcache.toolchain import toolchain_for
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
 
-__all__ = ["CompileInfo", "compile_program", "default_cache", "probe"]
+__all__ = ["CompileInfo", "compile_program", "probe"]
 
 
 @dataclasses.dataclass
@@ -54,65 +53,6 @@ class CompileInfo:
     @property
     def key_hex(self) -> str:
         return self.key.hex()
-
-
-# -- the default cache ------------------------------------------------------------------
-
-_default_lock = threading.Lock()
-_default_caches: dict[tuple[object, ...], ProgramCacheResource] = {}
-# The memory tier in front of disk when the default cache is tiered (KERNELCACHE_REDIS_URL).
-_DEFAULT_MEMORY_TIER_BYTES = 256 * 2**20
-
-
-def default_cache() -> ProgramCacheResource:
-    """The process-wide cache that ``compile_program`` uses when given none.
-
-    A FileStreamProgramCache at ``KERNELCACHE_DIR`` (or the platformdirs user cache dir),
-    capped at ``KERNELCACHE_MAX_SIZE`` (default 10 GB). With ``KERNELCACHE_REDIS_URL`` set it
-    is a TieredProgramCache: memory -> that disk cache -> Redis (``KERNELCACHE_REDIS_SECRET``
-    signs entries, ``KERNELCACHE_REDIS_READ_ONLY=1`` never writes). One instance per
-    configuration; a bad variable raises config.ConfigError before anything is created.
-    """
-    # Per call: the raw values only (a few microseconds); they are parsed and checked once
-    # per distinct configuration, when its cache is made.
-    raw = config.default_cache_raw()
-    cache = _default_caches.get(raw)
-    if cache is not None:
-        return cache
-    config.check()
-    settings = (
-        config.cache_dir(),
-        config.max_size_bytes(),
-        config.allow_shared(),
-        config.redis_url(),
-        config.redis_secret(),
-        config.redis_read_only(),
-    )
-    with _default_lock:
-        cache = _default_caches.get(raw)
-        if cache is None:
-            cache = _default_caches[raw] = _make_default_cache(*settings)
-        return cache
-
-
-def _make_default_cache(
-    root: str, max_size: int | None, allow_shared: bool, url: str | None, secret: str | None, read_only: bool
-) -> ProgramCacheResource:
-    disk = FileStreamProgramCache(root, max_size, allow_shared=allow_shared)
-    if url is None:
-        return disk
-    try:
-        from kernelcache.stores.redis import RedisProgramCache
-    except ImportError as exc:
-        raise config.ConfigError(
-            f"KERNELCACHE_REDIS_URL is set but the redis client is missing ({exc}): pip install 'kernelcache[redis]'"
-        ) from None
-    from kernelcache.stores.memory import InMemoryProgramCache
-    from kernelcache.stores.tiered import TieredProgramCache
-
-    memory_cap = _DEFAULT_MEMORY_TIER_BYTES if max_size is None else min(max_size, _DEFAULT_MEMORY_TIER_BYTES)
-    remote = RedisProgramCache(url, secret=secret, read_only=read_only)
-    return TieredProgramCache([InMemoryProgramCache(memory_cap), disk, remote])
 
 
 def _lock_path(cache: ProgramCacheResource, key: bytes) -> str | None:

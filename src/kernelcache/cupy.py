@@ -214,7 +214,7 @@ class KernelCacheBackend(_CupyBackend):  # type: ignore[misc, valid-type]
     _DOMAIN = b"kernelcache.cupy.backend/1\x00"
 
     def __init__(self) -> None:
-        from kernelcache.compile import default_cache
+        from kernelcache.default_store import default_cache
 
         self._store = default_cache()
 

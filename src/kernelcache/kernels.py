@@ -298,7 +298,7 @@ class KernelCache:
     def _heal(store: ProgramCacheResource | None, key: bytes, exc: BaseException) -> None:
         import warnings
 
-        from kernelcache.compile import default_cache
+        from kernelcache.default_store import default_cache
 
         target = store if store is not None else default_cache()
         warnings.warn(

@@ -71,7 +71,7 @@ def _as_bytes(data: Any) -> bytes:
 def _store_and_root() -> tuple[ProgramCacheResource, str]:
     """The default store, and the root directory of its file tier (where copies go)."""
     from kernelcache import config
-    from kernelcache.compile import default_cache
+    from kernelcache.default_store import default_cache
 
     store = default_cache()
     for tier in [store, *getattr(store, "tiers", ())]:

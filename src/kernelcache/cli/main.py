@@ -166,81 +166,14 @@ def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, ze
     With --redis: also the counters of every host sharing that Redis namespace (the fleet).
     With --zero: the counters shown are reset to 0 (the fleet's too, with --redis).
     """
-    cache = _open(cache_dir)
-    per_store: dict[str, dict[str, Any]] = {}
-    s: dict[str, Any] = dict(cache.stats())
-    s["entries"] = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))
-    s["max_size_bytes"] = cache.max_size_bytes  # None: no cap
-    s["path"] = cache.path
-    per_store["disk"] = s
-    redis_url = redis_url or config.redis_url()
-    if redis_url:
-        per_store["redis"] = _redis_fleet(redis_url, redis_namespace)
-        if zero:
-            from kernelcache.stores.redis import RedisProgramCache
+    from kernelcache.cli import stats as stats_mod
 
-            with RedisProgramCache(redis_url, namespace=redis_namespace) as rc:
-                rc.zero_stats()
-    if zero:
-        cache.zero_stats()
-
-    def render(data: dict[str, dict[str, Any]]) -> None:
-        from rich.table import Table
-
-        table = Table(title="kernelcache stats")
-        table.add_column("counter")
-        for name in data:
-            table.add_column(name, justify="right")
-        rows = [
-            "hits",
-            "misses",
-            "hit_rate",
-            "compiles",
-            "compile_seconds_saved",
-            "stores",
-            "evictions",
-            "errors",
-            "entries",
-            "size",
-            "max size",
-        ]
-        for row in rows:
-            cells = []
-            for store in data.values():
-                if row == "size":
-                    cells.append(config.format_size(store["size_bytes"]) if "path" in store else "")
-                elif row == "max size":
-                    cells.append(config.format_size(store["max_size_bytes"]) if "path" in store else "")
-                else:
-                    v = store.get(row, "")
-                    cells.append(f"{v:.1%}" if row == "hit_rate" else f"{v:.3f}" if isinstance(v, float) else str(v))
-            table.add_row(row, *cells)
-        _console().print(table)
-        for name, store in data.items():
-            where = store.get("path") or f"{store.get('url')} namespace {store.get('namespace')} (every host's counts)"
-            click.echo(f"{name}: {where}")
-        if zero:
-            click.echo("counters zeroed (the figures above are from before; size and entries are kept)")
-
-    _emit({**per_store, "zeroed": True} if zero and as_json else per_store, as_json, render)
-
-
-def _redis_fleet(url: str, namespace: str) -> dict[str, Any]:
-    """The fleet counters in Redis; a Redis that cannot be reached is one clear error."""
-    import warnings
-
-    from kernelcache.stores.redis import RedisProgramCache
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the store's warning would repeat the error below
-        with RedisProgramCache(url, namespace=namespace, read_only=True) as rc:
-            fleet = rc.fleet_stats()
-            if fleet is None:
-                raise UserError(f"cannot reach Redis at {url} ({rc.last_error})")
-            out: dict[str, Any] = dict(fleet)
-            out["entries"] = len(rc)  # Redis keys: artifacts and header manifests
-    out["url"], out["namespace"] = url, namespace
-    return out
+    per_store = stats_mod.collect(_open(cache_dir), redis_url or config.redis_url(), redis_namespace, zero)
+    _emit(
+        {**per_store, "zeroed": True} if zero and as_json else per_store,
+        as_json,
+        lambda data: stats_mod.render(data, zero, _console()),
+    )
 
 
 # -- ls / show / export ---------------------------------------------------------------------

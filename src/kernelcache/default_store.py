@@ -1,0 +1,69 @@
+"""The store compile_program uses when given none: built from the environment (config.py).
+
+One instance per configuration: the raw variables are read on every call (a few
+microseconds), parsed and checked once per distinct configuration, when its store is made.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from kernelcache import config
+from kernelcache.stores.base import ProgramCacheResource
+from kernelcache.stores.filestream import FileStreamProgramCache
+
+_default_lock = threading.Lock()
+_default_caches: dict[tuple[object, ...], ProgramCacheResource] = {}
+# The memory tier in front of disk when the default cache is tiered (KERNELCACHE_REDIS_URL).
+_DEFAULT_MEMORY_TIER_BYTES = 256 * 2**20
+
+
+def default_cache() -> ProgramCacheResource:
+    """The process-wide cache that ``compile_program`` uses when given none.
+
+    A FileStreamProgramCache at ``KERNELCACHE_DIR`` (or the platformdirs user cache dir),
+    capped at ``KERNELCACHE_MAX_SIZE`` (default 10 GB). With ``KERNELCACHE_REDIS_URL`` set it
+    is a TieredProgramCache: memory -> that disk cache -> Redis (``KERNELCACHE_REDIS_SECRET``
+    signs entries, ``KERNELCACHE_REDIS_READ_ONLY=1`` never writes). One instance per
+    configuration; a bad variable raises config.ConfigError before anything is created.
+    """
+    # Per call: the raw values only (a few microseconds); they are parsed and checked once
+    # per distinct configuration, when its cache is made.
+    raw = config.default_cache_raw()
+    cache = _default_caches.get(raw)
+    if cache is not None:
+        return cache
+    config.check()
+    settings = (
+        config.cache_dir(),
+        config.max_size_bytes(),
+        config.allow_shared(),
+        config.redis_url(),
+        config.redis_secret(),
+        config.redis_read_only(),
+    )
+    with _default_lock:
+        cache = _default_caches.get(raw)
+        if cache is None:
+            cache = _default_caches[raw] = _make_default_cache(*settings)
+        return cache
+
+
+def _make_default_cache(
+    root: str, max_size: int | None, allow_shared: bool, url: str | None, secret: str | None, read_only: bool
+) -> ProgramCacheResource:
+    disk = FileStreamProgramCache(root, max_size, allow_shared=allow_shared)
+    if url is None:
+        return disk
+    try:
+        from kernelcache.stores.redis import RedisProgramCache
+    except ImportError as exc:
+        raise config.ConfigError(
+            f"KERNELCACHE_REDIS_URL is set but the redis client is missing ({exc}): pip install 'kernelcache[redis]'"
+        ) from None
+    from kernelcache.stores.memory import InMemoryProgramCache
+    from kernelcache.stores.tiered import TieredProgramCache
+
+    memory_cap = _DEFAULT_MEMORY_TIER_BYTES if max_size is None else min(max_size, _DEFAULT_MEMORY_TIER_BYTES)
+    remote = RedisProgramCache(url, secret=secret, read_only=read_only)
+    return TieredProgramCache([InMemoryProgramCache(memory_cap), disk, remote])
