@@ -237,13 +237,17 @@ class RecordStore(ProgramCacheResource):
 
     def _counted_read(self, key: bytes, internal: bool, want_meta: bool) -> tuple[bytes, Meta] | None:
         record = self._read(key, want_meta)
+        self._count_read(record, internal)
+        return record
+
+    def _count_read(self, record: tuple[bytes, Meta] | None, internal: bool) -> None:
+        """One look-up's counters: internal_gets, or a user hit (with its bytes) or miss."""
         if internal:
             self._stats.add_deferred(internal_gets=1)
         elif record is None:
             self._stats.add_deferred(misses=1)
         else:
             self._stats.add_deferred(hits=1, bytes_read=len(record[0]))
-        return record
 
     def set_record(
         self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False

@@ -73,12 +73,7 @@ class TieredProgramCache(RecordStore):
 
     def _counted_read(self, key: bytes, internal: bool, want_meta: bool) -> tuple[bytes, Meta] | None:
         record = self._walk(key, "internal" if internal else "user")
-        if internal:
-            self._stats.add_deferred(internal_gets=1)
-        elif record is None:
-            self._stats.add_deferred(misses=1)
-        else:
-            self._stats.add_deferred(hits=1, bytes_read=len(record[0]))
+        self._count_read(record, internal)
         return record
 
     def get_record_uncounted(self, key: bytes) -> tuple[bytes, Meta] | None:
