@@ -281,3 +281,76 @@ def test_cli_stats_unreachable_redis_is_one_line_and_fails(tmp_path) -> None:
     assert "Warning" not in out.stderr
     bad = _cli("stats", "--cache-dir", str(tmp_path), "--redis", "http://127.0.0.1:1")
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_tiered_counts_stay_exact_with_threads(tmp_path, server, ns) -> None:
+    """Race: threads of one process share a tiered store; a hit is counted in the tier of
+    that thread's own look-up, whatever the other threads look up meanwhile (here: probes
+    that miss every tier, through Redis)."""
+    import threading
+
+    from cuda.core import ProgramOptions
+
+    from kernelcache import probe
+
+    def src(k: int) -> str:
+        return f'extern "C" __global__ void k{k}(float* a) {{ a[threadIdx.x] = {k}.0f; }}\n'
+
+    b = host(tmp_path, "b", server.url, ns)
+    for k in range(4):
+        compile_program(src(k), options=ProgramOptions(arch=ARCH), cache=b)
+    b.zero_stats()
+    go = threading.Barrier(8)
+    rounds = 1000
+
+    def hits(k: int) -> None:
+        go.wait()
+        for _ in range(rounds):
+            compile_program(src(k), options=ProgramOptions(arch=ARCH), cache=b)  # a memory hit
+
+    def misses(k: int) -> None:
+        go.wait()
+        for _ in range(rounds):
+            # PTX is keyed without a header manifest: every probe reads each tier, and misses.
+            probe(f"// absent {k}\n", code_type="ptx", options=ProgramOptions(arch=ARCH), cache=b)
+
+    threads = [threading.Thread(target=hits, args=(k,)) for k in range(4)]
+    threads += [threading.Thread(target=misses, args=(k,)) for k in range(4)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often: between a look-up and its count
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    mem, disk, red = b.tier_stats()
+    assert counts(mem) == (4 * rounds, 0, 0, 0) and counts(disk) == counts(red) == (0, 0, 0, 0)  # probes count nothing
+    assert mem["compile_seconds_saved"] > 0 and counts(b.stats()) == (4 * rounds, 0, 0, 0)
+
+
+def test_fleet_counters_exact_under_threads(server, ns) -> None:
+    """Race: threads add to the tally while another thread sends it: nothing lost, nothing twice."""
+    import threading
+
+    rc = RedisProgramCache(server.url, namespace=ns)
+    rc["k"] = b"v"
+    done: list[int] = []
+    stop_at = time.monotonic() + 2.5  # several flushes happen while the threads count
+
+    def reader() -> None:
+        n = 0
+        while time.monotonic() < stop_at:
+            rc.get("k")
+            n += 1
+        done.append(n)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rc.close()
+    fleet = RedisProgramCache(server.url, namespace=ns, read_only=True).fleet_stats()
+    assert fleet is not None and fleet["hits"] == sum(done) and fleet["stores"] == 1
