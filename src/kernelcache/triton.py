@@ -236,6 +236,15 @@ class KernelCacheManager(CacheManager):
         # Triton ignores the result; like its FileCacheManager, return the group file's path.
         return self._path(_GROUP_PREFIX + filename, json.dumps({"child_paths": group}).encode())
 
+    def close(self) -> None:
+        """Nothing to release: the store is the process-wide default cache."""
+
+    def __enter__(self) -> KernelCacheManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 class KernelCacheRemoteBackend(RemoteCacheBackend):
     """Triton remote cache backend (TRITON_REMOTE_CACHE_BACKEND) over kernelcache's store.
@@ -290,3 +299,12 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
                 return  # a member nobody stored: no group (readers would have to miss on it)
             members[child] = got
         self._files.put_group(filename[len(_GROUP_PREFIX) :], members)
+
+    def close(self) -> None:
+        """Nothing to release: the store is the process-wide default cache."""
+
+    def __enter__(self) -> KernelCacheRemoteBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
