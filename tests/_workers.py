@@ -137,3 +137,25 @@ def hold_redis_lock_forever(url: str, namespace: str, name: str, ttl_s: float = 
     with rc.remote_lock(name, time.monotonic() + 60, lambda: False) as outcome:
         assert outcome == "acquired"
         time.sleep(600)
+
+
+def set_in_lockstep(root: str, writer: int, rounds: int, barrier: object) -> None:
+    """Write key r<i> at the same moment as the other writer (a barrier per round)."""
+    warnings.simplefilter("ignore")
+    cache = FileStreamProgramCache(root)
+    value = b"A" * 3000 if writer == 0 else b"B" * 5000
+    for r in range(rounds):
+        barrier.wait()  # type: ignore[attr-defined]
+        cache[f"r{r}"] = value + b"%d" % r
+    cache.close()
+
+
+def write_forever_counting(root: str, size: int, started: object) -> None:
+    """Write big entries until killed; ``started`` (a shared int) counts writes begun."""
+    cache = FileStreamProgramCache(root)
+    i = 0
+    while True:
+        with started.get_lock():  # type: ignore[attr-defined]
+            started.value += 1  # type: ignore[attr-defined]
+        cache[f"big-{i % 5}"] = payload_for(i, size)
+        i += 1
