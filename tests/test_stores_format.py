@@ -38,6 +38,11 @@ def _files(root: str, suffix: str) -> list[str]:
     return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(suffix))
 
 
+def _bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _compile_axpy(root: str) -> tuple[CompileInfo, dict]:
     info = CompileInfo()
     obj = compile_program(
@@ -47,7 +52,7 @@ def _compile_axpy(root: str) -> tuple[CompileInfo, dict]:
 
 
 def _axpy_sidecar(root: str) -> str:
-    (sidecar,) = [p for p in _files(os.path.join(root, FORMAT_DIR), ".meta") if b"axpy<float>" in open(p, "rb").read()]
+    (sidecar,) = [p for p in _files(os.path.join(root, FORMAT_DIR), ".meta") if b"axpy<float>" in _bytes(p)]
     return sidecar
 
 
@@ -130,7 +135,7 @@ def test_a_bit_flip_in_the_symbol_mapping_is_a_miss(tmp_path) -> None:
     first, truth = _compile_axpy(root)
     assert not first.hit
     sidecar = _axpy_sidecar(root)
-    raw = open(sidecar, "rb").read()
+    raw = _bytes(sidecar)
     # axpy<float> is _Z4axpyIfEvT_PS0_, axpy<double> _Z4axpyIdEvT_PS0_: 'f' and 'd' differ
     # in one bit. Flip it in the float entry of the mapping: a real one-bit corruption.
     mangled_float = truth["axpy<float>"]
@@ -160,7 +165,7 @@ def test_a_truncated_sidecar_is_a_miss_with_one_warning(tmp_path) -> None:
     root = str(tmp_path)
     _, truth = _compile_axpy(root)
     sidecar = _axpy_sidecar(root)
-    raw = open(sidecar, "rb").read()
+    raw = _bytes(sidecar)
     with open(sidecar, "wb") as f:
         f.write(raw[: raw.index(b"\n") + 20])  # header intact, JSON cut short
     with warnings.catch_warnings(record=True) as caught:
@@ -176,7 +181,7 @@ def test_verify_reports_a_tampered_sidecar_and_fix_removes_it(tmp_path) -> None:
     root = str(tmp_path)
     _compile_axpy(root)
     sidecar = _axpy_sidecar(root)
-    raw = open(sidecar, "rb").read()
+    raw = _bytes(sidecar)
     at = raw.index(b'"log"')
     with open(sidecar, "r+b") as f:
         f.seek(at + 1)
