@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import config, manifests
 from kernelcache import headers as hdr
 from kernelcache.compilers import reset_nvrtc_trace_state, run_compiler
-from kernelcache.default_store import default_cache
+from kernelcache.default_store import default_cache, default_cache_or_none
 from kernelcache.keys import digest_components, key_components, options_fingerprint
 from kernelcache.log import key_prefix, logger
 from kernelcache.memo import remember
 from kernelcache.records import artifact_meta, count, object_from_record, read_record, warn_store, write_record
 from kernelcache.singleflight import single_flight
 from kernelcache.stores.base import Meta, ProgramCacheResource, as_value_bytes
+from kernelcache.stores.naming import entry_name
 from kernelcache.toolchain import toolchain_for
 
 if TYPE_CHECKING:
@@ -53,6 +54,11 @@ class CompileInfo:
     @property
     def key_hex(self) -> str:
         return self.key.hex()
+
+    @property
+    def entry_name(self) -> str:
+        """The entry's name in a store (what ``kernelcache ls`` prints a prefix of)."""
+        return entry_name(self.key) if self.key else ""
 
 
 def _lock_path(cache: ProgramCacheResource, key: bytes) -> str | None:
@@ -200,13 +206,14 @@ def compile_program(
         from kernelcache.keys import _default_options
 
         options = _default_options()
-    if config.disabled():
+    store = None if config.disabled() else _resolve_cache(cache)
+    if store is None:
         obj, log_text, seconds = run_compiler(code, code_type, target_type, options, name_expressions, None)
         _emit_log(logs, log_text)
         info.hit, info.cached, info.compile_seconds = False, False, seconds
         info.seconds = time.perf_counter() - start
         return obj
-    cache = _resolve_cache(cache)
+    cache = store
     look = _Lookup(cache, code, code_type, target_type, options, name_expressions, extra_digest)
     key, record, variant = look.find()
     info.lookup_seconds = time.perf_counter() - start
@@ -218,10 +225,14 @@ def compile_program(
     return obj
 
 
-def _resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource:
-    """The store a call uses: ``cache``, or the default one; TypeError for anything else."""
+def _resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource | None:
+    """The store a call uses: ``cache``, or the default one; TypeError for anything else.
+
+    None when the default store cannot be opened (see default_store.default_cache_or_none):
+    such a call compiles uncached.
+    """
     if cache is None:
-        return default_cache()
+        return default_cache_or_none()
     if not isinstance(cache, ProgramCacheResource):
         raise TypeError(f"cache must be a ProgramCacheResource or None, not {type(cache).__name__}")
     return cache

@@ -7,15 +7,17 @@ microseconds), parsed and checked once per distinct configuration, when its stor
 from __future__ import annotations
 
 import threading
+import warnings
 
 from kernelcache import config
-from kernelcache.stores.base import ProgramCacheResource
+from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
 from kernelcache.stores.filestream import FileStreamProgramCache
 
 _default_lock = threading.Lock()
 _default_caches: dict[tuple[object, ...], ProgramCacheResource] = {}
 # The memory tier in front of disk when the default cache is tiered (KERNELCACHE_REDIS_URL).
 _DEFAULT_MEMORY_TIER_BYTES = 256 * 2**20
+_unusable_roots: set[str] = set()  # default roots already warned about (default_cache_or_none)
 
 
 def default_cache() -> ProgramCacheResource:
@@ -47,6 +49,30 @@ def default_cache() -> ProgramCacheResource:
         if cache is None:
             cache = _default_caches[raw] = _make_default_cache(*settings)
         return cache
+
+
+def default_cache_or_none() -> ProgramCacheResource | None:
+    """default_cache(), or None (with one warning per directory) when it cannot be opened.
+
+    A read-only HOME, a full disk or a directory that another user owns must not make a
+    compile fail that would succeed without a cache: such a process compiles uncached.
+    A bad environment value (config.ConfigError) still raises: that is for the user to fix.
+    """
+    try:
+        return default_cache()
+    except OSError as exc:
+        root = config.cache_dir()
+        with _default_lock:
+            first = root not in _unusable_roots
+            _unusable_roots.add(root)
+        if first:
+            warnings.warn(
+                f"kernelcache: the default cache directory {root} cannot be used ({exc}); compiling "
+                "uncached (set KERNELCACHE_DIR to a writable directory, or pass cache=)",
+                KernelCacheWarning,
+                stacklevel=4,
+            )
+        return None
 
 
 def _make_default_cache(

@@ -13,7 +13,9 @@ Both expose ``add(**deltas) -> dict``, ``set(name, value)`` and ``snapshot() -> 
 from __future__ import annotations
 
 import atexit
+import errno
 import os
+import stat as stat_mod
 import struct
 import threading
 import time
@@ -142,12 +144,27 @@ class FileStats:
         self._pending: dict[str, int] = {}
         self._last_flush = time.monotonic()
         self._fd: int | None = None
-        try:
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-            self._ensure_initialised()
-        except OSError:
-            self._close_fd()
+        # close() releases the file; a later use opens it again (a store used after close()
+        # keeps its shared counters and its size tracker). Only an I/O failure, not close(),
+        # moves this process to the in-memory fallback for good.
+        self._closed = False
+        self._open()
         _LIVE.add(self)
+
+    def _open(self) -> None:
+        # O_NOFOLLOW: a symlink planted at stats/ must not make us write into the file it
+        # points to. Such a link is not ours: replace it (the link, never its target) once.
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        for attempt in range(2):
+            try:
+                self._fd = os.open(self._path, flags, 0o600)
+                self._ensure_initialised()
+                return
+            except OSError as exc:
+                self._close_fd()
+                if attempt == 0 and exc.errno == errno.ELOOP and _unlink_symlink(self._path):
+                    continue
+                return
 
     @property
     def persistent(self) -> bool:
@@ -162,6 +179,8 @@ class FileStats:
         import fcntl
 
         assert self._fd is not None
+        if not stat_mod.S_ISREG(os.fstat(self._fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", self._path)
         fcntl.lockf(self._fd, fcntl.LOCK_EX)
         try:
             head = os.pread(self._fd, _FILE_SIZE, 0)
@@ -180,6 +199,8 @@ class FileStats:
         import fcntl
 
         with self._thread_lock:
+            if self._closed:
+                self._reopen()
             if self._pending and not absolute:
                 merged = dict(deltas)
                 for name, value in self._pending.items():
@@ -248,6 +269,8 @@ class FileStats:
     def snapshot(self) -> dict[str, int]:
         self.flush()
         with self._thread_lock:
+            if self._closed:
+                self._reopen()
             fd = self._fd
             if fd is not None:
                 try:
@@ -264,14 +287,34 @@ class FileStats:
                 pass
         self._fd = None
 
+    def _reopen(self) -> None:
+        """Under the thread lock: open the file again after close()."""
+        self._closed = False
+        self._open()
+
     def close(self) -> None:
+        """Write pending counts and release the file; a later use opens it again."""
         self.flush()
         with self._thread_lock:
+            if self._fd is not None:
+                self._closed = True
             self._close_fd()
 
     def __del__(self) -> None:
         # A store dropped without close() still writes its pending counts and frees its fd.
         try:
-            self.close()
+            self.flush()
+            self._close_fd()
         except Exception:
             pass
+
+
+def _unlink_symlink(path: str) -> bool:
+    """Remove path if it is a symlink (never what it points to); True if one was removed."""
+    try:
+        if stat_mod.S_ISLNK(os.lstat(path).st_mode):
+            os.unlink(path)
+            return True
+    except OSError:
+        pass
+    return False

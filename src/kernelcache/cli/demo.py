@@ -129,7 +129,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     info = CompileInfo()
     obj = compile_program(source, "c++", "cubin", options=options, cache=cache, info=info)
     report["cache_status"] = "HIT" if info.hit else "MISS"
-    report["key_prefix"] = info.key_hex[:16]
+    report["key_prefix"] = info.entry_name[:16]
     report["artifact_bytes"] = len(bytes(obj.code))
     report["lookup_ms"] = info.lookup_seconds * 1e3
     report["compile_ms"] = None if info.hit else info.compile_seconds * 1e3

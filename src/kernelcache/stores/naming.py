@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import hashlib
 
+# Every key is hashed with this prefix, whatever its length or form. Layout v1 named a
+# 32-byte key by its own hex and any other key by its SHA-256, so a key K and the key
+# sha256(K) shared one entry. A digest of (domain, key) gives every key one name, and no
+# key can be chosen to land on another key's name (that would be a SHA-256 collision).
+_DOMAIN = b"kernelcache/entry-name/v2\0"
+
 
 def entry_name(key: bytes) -> str:
-    """The name of key's entry: 64 hex digits.
+    """The name of key's entry: 64 hex digits, ``sha256(domain + key)``.
 
-    A 32-byte key (what make_program_cache_key returns) is named by its own hex, so the key
-    prefix that tools print is the file name; any other key is named by its SHA-256, a fixed
-    length whatever the key's (file names stop at 255 bytes).
+    The tools (``ls``, ``show``, ``export``, ``verify``, ``explain``) print a prefix of this
+    name and accept it; it is the entry's file name in a FileStreamProgramCache.
     """
-    return key.hex() if len(key) == 32 else hashlib.sha256(key).hexdigest()
+    return hashlib.sha256(_DOMAIN + key).hexdigest()
