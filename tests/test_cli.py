@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from kernelcache import FileStreamProgramCache
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "warm.toml")
 
@@ -86,7 +88,8 @@ def test_stats_ls_show_export(warm_cache, tmp_path) -> None:
     cubin = next(r for r in rows if r["target_type"] == "cubin" and r["kernels"] == ["saxpy"])
     shown = json.loads(kc("show", cubin["key"][:12], "--json", cache=warm_cache).stdout)
     assert shown["meta"]["toolchain"]["compiler"].startswith(("nvidia-cuda-nvrtc==", "system-nvrtc=="))
-    assert "show" and "options:" in kc("show", cubin["key"][:12], cache=warm_cache).stdout
+    shown_text = kc("show", cubin["key"][:12], cache=warm_cache).stdout
+    assert f"key: {cubin['key']}" in shown_text and "options:" in shown_text and "  std = 'c++17'" in shown_text
     out = tmp_path / "saxpy.cubin"
     kc("export", cubin["key"][:12], "-o", str(out), cache=warm_cache)
     assert out.read_bytes()[:4] == b"\x7fELF" and len(out.read_bytes()) == cubin["size"]
@@ -94,12 +97,15 @@ def test_stats_ls_show_export(warm_cache, tmp_path) -> None:
 
 def test_bad_input_is_one_line_and_non_zero(warm_cache, tmp_path) -> None:
     assert "no entry with key prefix" in one_error_line(kc("show", "ffffffffffff", cache=warm_cache, check=False))
-    assert "ambiguous" in one_error_line(kc("show", "", cache=warm_cache, check=False)) or True
-    rows = json.loads(kc("ls", "--json", cache=warm_cache).stdout)
-    firsts = [r["key"][0] for r in rows]
-    dup = next((c for c in set(firsts) if firsts.count(c) > 1), None)
-    if dup is not None:
-        assert "ambiguous" in one_error_line(kc("show", dup, cache=warm_cache, check=False))
+    assert "bad key prefix" in one_error_line(kc("show", "", cache=warm_cache, check=False))
+    # 17 entries: two of them share a first hex digit (pigeonhole), so that prefix is ambiguous.
+    crowded = str(tmp_path / "crowded")
+    with FileStreamProgramCache(crowded) as store:
+        for i in range(17):
+            store[f"entry-{i}"] = b"x"
+    firsts = [r["key"][0] for r in json.loads(kc("ls", "--json", cache=crowded).stdout)]
+    dup = next(c for c in set(firsts) if firsts.count(c) > 1)
+    assert "is ambiguous" in one_error_line(kc("show", dup, cache=crowded, check=False))
     assert "bad key prefix" in one_error_line(kc("show", "xyz!", cache=warm_cache, check=False))
     assert "bad size" in one_error_line(kc("prune", "--max-size", "2 lightyears", cache=warm_cache, check=False))
     assert "bad age" in one_error_line(kc("prune", "--older-than", "soon", cache=warm_cache, check=False))
