@@ -216,7 +216,11 @@ class RecordStore(ProgramCacheResource):
 
     @abc.abstractmethod
     def _remove(self, key: bytes) -> bool:
-        """Remove key; return whether it was present."""
+        """Remove key; return whether it was present.
+
+        A removal that fails for another reason than absence (permissions, an immutable
+        file, I/O) raises OSError: "could not remove" must never read as "was not there".
+        """
 
     def warn_once(self, cause: str, message: str) -> None:
         """Warn about ``cause`` the first time it happens in this store, and count an error."""
@@ -272,11 +276,16 @@ class RecordStore(ProgramCacheResource):
         self.set_record(key, value)
 
     def __delitem__(self, key: bytes | str) -> None:
+        """Remove ``key``: KeyError when absent, OSError when present but not removable."""
         if not self._remove(as_key_bytes(key)):
             raise KeyError(key)
 
     def discard(self, key: bytes | str) -> None:
-        self._remove(as_key_bytes(key))
+        """Remove ``key`` if present; a failed removal is a warning, never an exception."""
+        try:
+            self._remove(as_key_bytes(key))
+        except OSError as exc:
+            self.warn_once(f"remove-{exc.errno}", f"could not remove a cache entry: {exc}; it stays in the cache")
 
     def add_stats(self, **deltas: int) -> None:
         self._stats.add_deferred(**deltas)
