@@ -12,6 +12,7 @@ import time
 import pytest
 
 from kernelcache import FileStreamProgramCache
+from kernelcache.stores.filestream import FORMAT_DIR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "warm.toml")
@@ -124,7 +125,7 @@ def test_verify_finds_and_fixes_corruption(tmp_path) -> None:
     assert json.loads(kc("verify", "--json", cache=cache).stdout)["remaining"] == 0
     entries = [
         os.path.join(d, f)
-        for d, _, fs in os.walk(os.path.join(cache, "v1", "entries"))
+        for d, _, fs in os.walk(os.path.join(cache, FORMAT_DIR, "entries"))
         for f in fs
         if not f.endswith(".meta")
     ]
@@ -134,7 +135,7 @@ def test_verify_finds_and_fixes_corruption(tmp_path) -> None:
         f.write(b"\x00\xff\x00")
     orphan = entries[1] + ".meta"
     os.unlink(entries[1])  # its sidecar is now an orphan
-    stale = os.path.join(cache, "v1", "tmp", "dead.tmp")
+    stale = os.path.join(cache, FORMAT_DIR, "tmp", "dead.tmp")
     with open(stale, "wb") as f:
         f.write(b"x")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))

@@ -18,6 +18,7 @@ from kernelcache import (
     UnsafeCacheDirError,
 )
 from kernelcache.stores.filestream import FORMAT_DIR
+from kernelcache.stores.sidecar import SIDECAR_FORMAT
 
 
 @pytest.fixture(params=["memory", "file"])
@@ -250,7 +251,7 @@ def test_unknown_sidecar_format_is_skipped_not_deleted(tmp_path) -> None:
     with open(entry + ".meta", "rb") as f:
         raw = f.read()
     with open(entry + ".meta", "wb") as f:
-        f.write(raw.replace(b"kernelcache-sidecar 1 ", b"kernelcache-sidecar 99 ", 1))
+        f.write(raw.replace(b"kernelcache-sidecar %d " % SIDECAR_FORMAT, b"kernelcache-sidecar 99 ", 1))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cache.get("k") is None

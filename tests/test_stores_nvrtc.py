@@ -11,6 +11,7 @@ from conftest import ARCH
 from cuda.core import ObjectCode, Program, ProgramOptions
 
 from kernelcache import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
+from kernelcache.stores.filestream import FORMAT_DIR
 
 SRC = r"""
 extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
@@ -41,7 +42,7 @@ def test_file_entry_is_a_valid_elf_for_nvidia_tools(tmp_path, cubin: ObjectCode)
     store = FileStreamProgramCache(tmp_path)
     store[b"k"] = cubin
     (entry,) = [
-        os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "v1" / "entries") for f in fs if not f.endswith(".meta")
+        os.path.join(d, f) for d, _, fs in os.walk(tmp_path / FORMAT_DIR / "entries") for f in fs if not f.endswith(".meta")
     ]
     with open(entry, "rb") as f:
         assert f.read() == bytes(cubin.code)

@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 from redis_servers import RedisServer, need_redis  # noqa: E402
 from triton.runtime import cache as triton_cache  # noqa: E402
 
-from kernelcache.stores.filestream import FileStreamProgramCache  # noqa: E402
+from kernelcache.stores.filestream import FORMAT_DIR, FileStreamProgramCache  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "_triton_worker.py")
 NAMES = ["kern.source", "kern.ttir", "kern.ptx", "kern.cubin", "kern.json"]
@@ -49,7 +49,7 @@ def _read(path: str) -> bytes:
 
 def _entries_bytes(root: str) -> int:
     total = 0
-    for d, _, files in os.walk(os.path.join(root, "v1", "entries")):
+    for d, _, files in os.walk(os.path.join(root, FORMAT_DIR, "entries")):
         total += sum(os.path.getsize(os.path.join(d, f)) for f in files)
     return total
 
@@ -187,7 +187,7 @@ def test_corrupt_member_makes_the_group_a_miss(tmp_path):
     key = _key("corrupt")
     _run(_env(root), "put", key, "v1", *NAMES)
     victim = None
-    for d, _, files in os.walk(root / "v1" / "entries"):
+    for d, _, files in os.walk(root / FORMAT_DIR / "entries"):
         for f in files:
             path = os.path.join(d, f)
             if not f.endswith(".meta") and _read(path) == b"v1:kern.ptx":
@@ -238,7 +238,7 @@ def test_dump_and_override_delegate_to_tritons_file_manager(tmp_path, monkeypatc
     mine.parent.mkdir(parents=True)
     mine.write_text("// mine")
     assert _read(override.get_file("kern.ttir")) == b"// mine"
-    assert not (root / "v1" / "entries").exists() or _entries_bytes(str(root)) == 0
+    assert not (root / FORMAT_DIR / "entries").exists() or _entries_bytes(str(root)) == 0
 
 
 def test_remote_backend_round_trip_between_processes(tmp_path):

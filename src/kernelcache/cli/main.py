@@ -197,7 +197,9 @@ def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, as_json: bool) -
         from rich.table import Table
 
         table = Table(title=f"kernelcache entries ({len(data)})")
-        for col in ("key", "code", "target", "size", "created", "last used", "compile s", "kernels"):
+        # The key column is never shortened by the table: `show` and `export` accept what it prints.
+        table.add_column("key", no_wrap=True, min_width=16)
+        for col in ("code", "target", "size", "created", "last used", "compile s", "kernels"):
             table.add_column(col)
         for r in data:
             table.add_row(
@@ -312,6 +314,7 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, a
     result = ent.prune(cache, size_cap, max_age, now=time.time())
     # Copies handed to Triton (kernelcache.materialized) are not entries: idle ones go too.
     result["materialized_removed"] = remove_materialized(cache.path, KEEP_RECENT_S)[0]
+    result["old_layouts_removed"] = cache.remove_old_layouts()  # never read: only space
     _emit(result, as_json, lambda r: click.echo(f"removed {r['removed']} entries, freed {r['freed_bytes']} bytes"))
 
 
@@ -327,12 +330,16 @@ def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
     count = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))  # artifacts, as ls lists them
     cache.clear()
     copies = remove_materialized(cache.path)[0]  # the copies handed to Triton go with them
+    old = cache.remove_old_layouts()  # entries of earlier versions' layouts (never read)
     result = {"removed": count, "path": cache.path, "counters_reset": False}
     if copies:
         result["materialized_copies_removed"] = copies
+    if old:
+        result["old_layouts_removed"] = old
 
     def render(r: dict[str, Any]) -> None:
         extra = f" and {copies} materialized copies" if copies else ""
+        extra += " and the tree of an earlier layout" if old else ""
         click.echo(
             f"removed {r['removed']} entries{extra} from {r['path']}; "
             "counters kept (`kernelcache stats --zero` resets them)"

@@ -5,15 +5,31 @@ Each is safe against other processes working in the same directory; why is said 
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
+import stat as stat_mod
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+# Files in the tree are opened without following a symlink (an entry linked to /dev/zero or
+# to another user's file is not ours) and without blocking (open() of a FIFO with no writer
+# waits forever; with O_NONBLOCK it returns, and the regular-file check below refuses it).
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_READ_SAFE = O_RDONLY | O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
 TMP_SUFFIX = ".tmp"
+# One read() returns at most about 2 GiB on Linux (0x7ffff000 bytes), whatever is asked:
+# bigger files are read in a loop of reads of at most this many bytes.
+READ_CHUNK = 1 << 30
 
 StatKey = tuple[int, int, int]
+
+
+class NotRegularFileError(OSError):
+    """A path in the tree is a FIFO, device, directory or symlink where a file was expected."""
 
 
 def stat_key(st: os.stat_result) -> StatKey:
@@ -21,40 +37,127 @@ def stat_key(st: os.stat_result) -> StatKey:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def read_fd(fd: int, expected: int) -> bytes:
-    """Read a whole regular file: usually one read() of ``expected`` + 1 bytes.
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of the regular file at path, opened read-only without following a symlink.
 
-    On a regular file a short read means end of file, so one call suffices unless the file
-    is longer than expected (then read on: never return a part as if it were all).
+    FileNotFoundError if absent; NotRegularFileError for a symlink or anything but a regular
+    file (which could hang or never end a read); other OSErrors as they come.
     """
-    data = os.read(fd, expected + 1)
-    if len(data) <= expected:
-        return data
-    chunks = [data]
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        fd = os.open(path, O_READ_SAFE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFileError(errno.ELOOP, "is a symlink, not a regular file", path) from None
+        raise
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat_mod.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFileError(errno.EINVAL, f"is not a regular file ({stat_mod.filemode(st.st_mode)})", path)
+    return fd, st
+
+
+def read_fd(fd: int, size: int, chunk: int = READ_CHUNK) -> bytes:
+    """Read ``size`` bytes of a regular file (fewer at its end), at most ``chunk`` per read().
+
+    The caller knows the size from fstat; the content is checked against its sidecar after,
+    so a file changed in place shows as a mismatch, never as a part taken for the whole.
+    """
+    first = os.read(fd, min(size, chunk))
+    if len(first) == size or not first:
+        return first
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = len(first)
+    view[:got] = first
+    while got < size:
+        n = os.readv(fd, [view[got : got + chunk]])
+        if n == 0:
+            break
+        got += n
+    return bytes(view[:got])
 
 
 def unlink_if_same(path: str, key: Any) -> int:
     """Unlink path if it is still the file version ``key`` (None: any); return the bytes freed.
 
-    The stat-then-unlink pair leaves a window of microseconds in which another process
-    can os.replace a fresh file onto ``path``; we would then delete that fresh entry.
-    The cost is one recompile, never a wrong result, so we accept it rather than take a
-    lock on every write.
+    0 if absent or replaced meanwhile; an unlink that fails for another reason (permission,
+    an immutable directory, I/O) raises OSError: "could not remove" is never "was absent".
+    The stat-then-unlink pair leaves a window of microseconds in which another process can
+    os.replace a fresh file onto ``path``; callers that must not lose such a file hold the
+    pair lock (see pair_lock), which every writer of an entry takes to publish it.
     """
     try:
-        st = os.stat(path)
-    except OSError:
+        st = os.lstat(path)
+    except FileNotFoundError:
         return 0
     if key is not None and stat_key(st) != key:
         return 0
     try:
         os.unlink(path)
-    except OSError:
+    except FileNotFoundError:
         return 0
     return st.st_size
+
+
+@contextlib.contextmanager
+def pair_lock(directory: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``directory`` (created 0700 if missing).
+
+    An entry and its sidecar are two files, replaced by two renames. Two writers of one key
+    without a lock can interleave them (A's sidecar, B's sidecar, B's entry, A's entry) and
+    leave an entry whose sidecar describes the other value: a stable mismatch that the next
+    reader takes for damage and removes, so the key ends up absent though both writes
+    succeeded. Writers, removers and the evictor therefore hold this lock (on the entry's
+    shard directory, so no lock file per key) for those few system calls; readers never
+    take it. Where flock is not supported (some network filesystems) we go on unlocked.
+    """
+    flags = O_RDONLY | O_NOFOLLOW | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(directory, flags)
+    except FileNotFoundError:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        fd = os.open(directory, flags)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # no flock here: the pre-lock behaviour (a rare race costs one recompile)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def try_lock_file(path: str) -> int | None:
+    """An fd holding an exclusive flock on the lock file at path, or None if another holds it.
+
+    The file is opened with O_NOFOLLOW: a symlink planted there must not make us create or
+    truncate the file it points to. Such a link is not ours: it is replaced (the link, never
+    its target) and the lock taken on a real file. Close the fd to release.
+    """
+    flags = os.O_RDWR | os.O_CREAT | O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        os.unlink(path)
+        fd = os.open(path, flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def stage(tmp_dir: str, data: bytes, durable: bool = True) -> str:
@@ -100,7 +203,7 @@ def size_of(*paths: str) -> int:
     total = 0
     for p in paths:
         try:
-            total += os.stat(p).st_size
+            total += os.lstat(p).st_size
         except OSError:
             pass
     return total

@@ -3,11 +3,16 @@
 Layout (a reader ignores format directories it does not know; the project's map of it is
 ../shared/ARCHITECTURE.md, outside this repository)::
 
-    <root>/v1/entries/<2 hex>/<64 hex>        the artifact, verbatim (cuobjdump reads it)
-    <root>/v1/entries/<2 hex>/<64 hex>.meta   sidecar: header line + JSON metadata (sidecar.py)
-    <root>/v1/tmp/                            staging for atomic writes
-    <root>/v1/locks/                          single-flight and eviction locks
-    <root>/v1/stats                           counters shared by all processes (stats.FileStats)
+    <root>/v2/entries/<2 hex>/<name>          the artifact, verbatim (cuobjdump reads it)
+    <root>/v2/entries/<2 hex>/<name>.meta     sidecar: header line + JSON metadata (sidecar.py)
+    <root>/v2/tmp/                            staging for atomic writes
+    <root>/v2/locks/                          single-flight and eviction locks
+    <root>/v2/stats                           counters shared by all processes (stats.FileStats)
+
+``<name>`` is naming.entry_name(key): one domain-separated digest for every key. Layout v1
+(a 32-byte key named by its own hex, any other by its SHA-256, so K and sha256(K) shared an
+entry; a sidecar whose metadata was not checked) is never read: its entries are a miss, and
+``kernelcache clear`` / ``prune`` remove its tree (remove_old_layouts).
 
 Every decision that concerns other processes is explained where it is made. The sidecar
 format is sidecar.py, size tracking and eviction sizecap.py, the file operations fileops.py.
@@ -28,9 +33,12 @@ from kernelcache.memo import remember
 from kernelcache.stats import FileStats
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.fileops import (
-    O_RDONLY,
+    READ_CHUNK,
     TMP_SUFFIX,
+    NotRegularFileError,
     StatKey,
+    open_regular,
+    pair_lock,
     path_in,
     publish,
     read_fd,
@@ -41,10 +49,12 @@ from kernelcache.stores.fileops import (
     unlink_if_same,
 )
 from kernelcache.stores.naming import entry_name
-from kernelcache.stores.sidecar import META_SUFFIX, READ_SIZE, load_meta, make_sidecar, parse_sidecar, sidecar_info
+from kernelcache.stores.sidecar import MAX_SIZE, META_SUFFIX, make_sidecar, parse_sidecar, sidecar_info
 from kernelcache.stores.sizecap import SizeCap
 
-FORMAT_DIR = "v1"
+FORMAT_DIR = "v2"
+# Layouts of earlier versions: never read (a miss, never an error); removed by the tools.
+OLD_FORMAT_DIRS = ("v1",)
 # Crashed writers leave files in tmp/. A live writer finishes in well under a second, so a
 # temp file older than this is an orphan. Generous, because a slow network filesystem
 # under load must not have its in-flight writes swept.
@@ -86,7 +96,11 @@ class FileStreamProgramCache(RecordStore):
     the new one, or none, never a part. Reads verify the sidecar's digest; a mismatch is
     a miss, the bad entry is removed, and one warning is issued. I/O errors never raise
     out of get/set: they become a miss or a dropped write, a warning, and an error count.
+    The check covers the metadata too (symbol mapping, log...): it decides what runs.
     """
+
+    # At most this many bytes per read() call (a single read stops at about 2 GiB).
+    read_chunk_bytes: int = READ_CHUNK
 
     def __init__(
         self,
@@ -168,12 +182,43 @@ class FileStreamProgramCache(RecordStore):
         return os.path.join(self._entries, name[:2], name)
 
     def remove_entry(self, name: str, *, evicted: bool = False) -> int:
-        """Remove the entry file ``name`` and its sidecar; return the bytes freed (tools use it)."""
+        """Remove the entry file ``name`` and its sidecar; return the bytes freed (0: absent).
+
+        OSError when a file is there but cannot be removed (permissions, an immutable
+        directory): that is not "absent", and the entry may still be served.
+        """
         path = self.entry_path(name)
-        freed = unlink_if_same(path, None) + unlink_if_same(path + META_SUFFIX, None)
-        self._sizecap.freed(freed, evicted=evicted)
         self._verified.pop(path, None)
+        freed = 0
+        try:
+            with pair_lock(os.path.dirname(path)):
+                freed += unlink_if_same(path, None)
+                freed += unlink_if_same(path + META_SUFFIX, None)
+        finally:
+            self._sizecap.freed(freed, evicted=evicted)
         return freed
+
+    def remove_old_layouts(self) -> int:
+        """Remove the trees of earlier layouts (``<root>/v1``); return how many were removed.
+
+        Their entries are never read by this version, so they only take space. A path that
+        is not a real directory (a symlink planted there) is unlinked, never followed.
+        """
+        import shutil
+
+        removed = 0
+        for old in OLD_FORMAT_DIRS:
+            path = os.path.join(self._root, old)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat_mod.S_ISDIR(st.st_mode):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed += 1
+        return removed
 
     @property
     def tmp_dir(self) -> str:
@@ -204,9 +249,10 @@ class FileStreamProgramCache(RecordStore):
             if got_sidecar is False:
                 return None
             sidecar, sidecar_key = got_sidecar
-            header, meta_json = parse_sidecar(sidecar)
-            if header is not None and header[0] == len(payload) and header[1] == zlib.crc32(payload):
-                meta = load_meta(meta_json)
+            # The sidecar's own check covers its header AND its metadata: a flipped bit in the
+            # symbol mapping or a cut-off log is as much a mismatch as a damaged artifact.
+            header, meta = parse_sidecar(sidecar)
+            if meta is not None and header == (len(payload), zlib.crc32(payload)):
                 self._remember_verified(path, (st_key, sidecar_key, header[1], meta))
                 return payload, meta
             if header is not None and header[0] < 0:
@@ -218,7 +264,7 @@ class FileStreamProgramCache(RecordStore):
             # do we call it corrupt and remove it.
             identity = (st_key, sidecar)
             if identity == previous:
-                self._remove_corrupt(path, st_key)
+                self._remove_corrupt(path, st_key, sidecar_key)
                 return None
             previous = identity
             time.sleep(0.001 * attempt)
@@ -230,15 +276,14 @@ class FileStreamProgramCache(RecordStore):
     def _read_entry(self, path: str) -> tuple[bytes, tuple[int, int, int]] | None:
         """(payload, file identity) of the entry at path, with its atime bumped; None if absent."""
         try:
-            fd = os.open(path, O_RDONLY)
+            fd, st = open_regular(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            self.warn_once(f"read-{exc.errno}", f"cannot read cache entry {path}: {exc}; treated as a miss")
+            self._unreadable(path, exc)
             return None
         try:
-            st = os.fstat(fd)
-            payload = read_fd(fd, st.st_size)
+            payload = read_fd(fd, st.st_size, self.read_chunk_bytes)
             # Reads alone do not reliably move atime (relatime, noatime mounts), and LRU
             # eviction sorts by atime: set it explicitly, on the open fd, so that a file a
             # writer has meanwhile os.replace'd onto this path is not touched. mtime is kept:
@@ -248,7 +293,7 @@ class FileStreamProgramCache(RecordStore):
             except OSError:
                 pass  # read-only media: LRU degrades to FIFO, the cache still works
         except OSError as exc:
-            self.warn_once(f"read-{exc.errno}", f"cannot read cache entry {path}: {exc}; treated as a miss")
+            self._unreadable(path, exc)
             return None
         finally:
             os.close(fd)
@@ -256,29 +301,59 @@ class FileStreamProgramCache(RecordStore):
 
     def _read_sidecar(self, path: str) -> tuple[bytes | None, Any] | Literal[False]:
         """(raw sidecar, its identity); (None, None) if missing (the entry is then
-        unusable); False on an I/O error (already warned)."""
+        unusable); False when it cannot be read or is not a regular file (already warned)."""
         try:
-            fd = os.open(path + META_SUFFIX, O_RDONLY)
+            fd, st = open_regular(path + META_SUFFIX)
         except FileNotFoundError:
             # The sidecar goes in before the entry and out after it, so an entry without a
             # sidecar is damage (or a remover mid-way; the retry in _read tells them apart).
             return None, None
         except OSError as exc:
-            self.warn_once(f"read-{exc.errno}", f"cannot read sidecar of {path}: {exc}; treated as a miss")
+            self._unreadable(path + META_SUFFIX, exc)
             return False
         try:
-            return read_fd(fd, READ_SIZE), stat_key(os.fstat(fd))
+            if st.st_size > MAX_SIZE:
+                raise NotRegularFileError(0, f"is {st.st_size} bytes, more than any sidecar", path + META_SUFFIX)
+            return read_fd(fd, st.st_size), stat_key(st)
         except OSError as exc:
-            self.warn_once(f"read-{exc.errno}", f"cannot read sidecar of {path}: {exc}; treated as a miss")
+            self._unreadable(path + META_SUFFIX, exc)
             return False
         finally:
             os.close(fd)
 
-    def _remove_corrupt(self, path: str, entry_key: tuple[int, int, int]) -> None:
-        removed = unlink_if_same(path, entry_key)
-        if removed:
-            removed += unlink_if_same(path + META_SUFFIX, None)
+    def _unreadable(self, path: str, exc: OSError) -> None:
+        # Not proof of damage in our own format (a FIFO, a symlink, a permission problem):
+        # a miss, and the file is left where it is.
+        if isinstance(exc, NotRegularFileError):
+            self.warn_once(
+                "not-regular",
+                f"{path} {exc.strerror}; not read (treated as a miss) and left in place: "
+                "something other than kernelcache put it in the cache directory",
+            )
+        else:
+            self.warn_once(f"read-{exc.errno}", f"cannot read {path}: {exc}; treated as a miss")
+
+    def _remove_corrupt(self, path: str, entry_key: StatKey, sidecar_key: StatKey | None) -> None:
+        # Under the pair lock, and only if both files are still the versions we judged: a
+        # writer that published a fresh pair meanwhile keeps it.
+        removed = 0
+        try:
+            with pair_lock(os.path.dirname(path)):
+                if sidecar_key is not None:
+                    try:
+                        if stat_key(os.lstat(path + META_SUFFIX)) != sidecar_key:
+                            return
+                    except FileNotFoundError:
+                        pass
+                removed = unlink_if_same(path, entry_key)
+                if removed:
+                    removed += unlink_if_same(path + META_SUFFIX, sidecar_key)
+        except OSError as exc:
+            self.warn_once(f"remove-{exc.errno}", f"could not remove the damaged cache entry {path}: {exc}")
+            return
+        finally:
             self._sizecap.freed(removed)
+            self._verified.pop(path, None)
         self.warn_once(
             "corrupt",
             f"cache entry {os.path.basename(path)} failed its integrity check (truncated, "
@@ -306,12 +381,16 @@ class FileStreamProgramCache(RecordStore):
             staged.append(meta_tmp)
             entry_tmp = stage(self._tmp, payload)
             staged.append(entry_tmp)
-            old = size_of(path, path + META_SUFFIX)
-            # Sidecar first, entry second: a reader that sees the new entry is guaranteed
-            # to find a sidecar at least as new. (The reverse pairing -- new sidecar, old
-            # entry -- is caught by the digest check and retried in _read.)
-            publish(meta_tmp, path + META_SUFFIX)
-            publish(entry_tmp, path)
+            # The two renames and the measure of what they replace happen under the pair
+            # lock: two writers of one key would otherwise interleave them and leave one's
+            # entry with the other's sidecar (see fileops.pair_lock). Sidecar first, entry
+            # second: a reader (it takes no lock) that sees the new entry is guaranteed to
+            # find a sidecar at least as new; the reverse pairing -- new sidecar, old entry --
+            # fails the check and is retried in _read.
+            with pair_lock(os.path.dirname(path)):
+                old = size_of(path, path + META_SUFFIX)
+                publish(meta_tmp, path + META_SUFFIX)
+                publish(entry_tmp, path)
             staged.clear()
         except OSError as exc:
             self.warn_once(
@@ -329,7 +408,11 @@ class FileStreamProgramCache(RecordStore):
         try:
             self._sizecap.wrote(len(payload) + len(sidecar) - old)  # the net delta of this write
         except OSError as exc:
-            self.warn_once(f"evict-{exc.errno}", f"eviction failed in {self._root}: {exc}")
+            self.warn_once(
+                f"evict-{exc.errno}",
+                f"could not evict from the cache at {self._root}: {exc}; it stays over its cap "
+                f"({self._max_size} bytes) until that entry can be removed",
+            )
         return True
 
     # -- scanning and maintenance -------------------------------------------------------
@@ -375,15 +458,25 @@ class FileStreamProgramCache(RecordStore):
     def iter_entries(self) -> Iterator[EntryInfo]:
         """Every entry with its sidecar record (for ls/show/verify); payloads are not read."""
         for f, st in self.scan():
-            if f.name.endswith((META_SUFFIX, TMP_SUFFIX)):
+            # Only regular files: a FIFO or symlink planted in the tree is no entry of ours
+            # (and reading it could hang the tool).
+            if f.name.endswith((META_SUFFIX, TMP_SUFFIX)) or not stat_mod.S_ISREG(st.st_mode):
                 continue
-            meta = None
-            try:
-                with open(f.path + META_SUFFIX, "rb") as fh:
-                    meta = sidecar_info(fh.read())
-            except OSError:
-                pass
-            yield EntryInfo(f.name, f.path, st.st_size, st.st_atime, meta)
+            yield EntryInfo(f.name, f.path, st.st_size, st.st_atime, self._sidecar_info(f.path))
+
+    @staticmethod
+    def _sidecar_info(path: str) -> dict[str, Any] | None:
+        """What the sidecar of the entry at path says, if it passes its check; else None."""
+        try:
+            fd, st = open_regular(path + META_SUFFIX)
+        except OSError:
+            return None
+        try:
+            return sidecar_info(read_fd(fd, st.st_size)) if st.st_size <= MAX_SIZE else None
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def stats(self) -> dict[str, float | int]:
         out = super().stats()

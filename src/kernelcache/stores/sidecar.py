@@ -2,11 +2,18 @@
 
 One header line the hit path parses without JSON, then the metadata as JSON::
 
-    kernelcache-sidecar 1 <size> <crc32 hex> <sha256 hex> <created unix time>\\n{json}
+    kernelcache-sidecar 2 <check> <size> <crc32 hex> <sha256 hex> <created unix time>\\n{json}
 
-The hit path checks size and CRC-32 (zlib, about twice as fast as SHA-256 here); the
-SHA-256 is for tools (verify, export) and for users comparing artifacts across machines.
-A sidecar of a format this version does not know is skipped, never judged.
+``<check>`` is the CRC-32 (8 hex digits) of every byte after it: the rest of the header AND
+the metadata. The metadata decides what runs (the symbol mapping picks the kernel a name
+expression loads), so it is verified on every hit, exactly like the artifact: a bit flip or
+a truncation anywhere in the sidecar makes the entry a miss. Format 1 (layout v1) checked
+the artifact only.
+
+The hit path checks ``<check>``, then size and CRC-32 of the artifact (zlib, about twice as
+fast as SHA-256 here); the SHA-256 is for tools (verify, export) and for users comparing
+artifacts across machines. A sidecar of a format this version does not know is skipped,
+never judged.
 """
 
 from __future__ import annotations
@@ -19,73 +26,99 @@ from typing import Any
 
 from kernelcache.stores.base import Meta
 
-SIDECAR_FORMAT = 1
+SIDECAR_FORMAT = 2
 META_SUFFIX = ".meta"
 _MAGIC = b"kernelcache-sidecar"
-# A typical sidecar is a few hundred bytes; fileops.read_fd reads on past this if needed.
-READ_SIZE = 1 << 16
+_PREFIX = b"%s %d " % (_MAGIC, SIDECAR_FORMAT)
+_CHECK_LEN = 8  # hex digits of the CRC-32, then one space
+# A sidecar larger than this is not one of ours (a typical one is a few hundred bytes; a long
+# compile log a few hundred kB): a reader does not read it, the entry is a miss.
+MAX_SIZE = 64 << 20
 
 
 def make_sidecar(payload: bytes, meta: Meta) -> bytes:
     """The sidecar of payload with this metadata, stamped with the current time."""
-    head = b"%s %d %d %08x %s %.6f\n" % (
-        _MAGIC,
-        SIDECAR_FORMAT,
-        len(payload),
-        zlib.crc32(payload),
-        hashlib.sha256(payload).hexdigest().encode(),
-        time.time(),
+    body = (
+        b"%d %08x %s %.6f\n"
+        % (
+            len(payload),
+            zlib.crc32(payload),
+            hashlib.sha256(payload).hexdigest().encode(),
+            time.time(),
+        )
+        + json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
     )
-    return head + json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+    return b"%s%08x %s" % (_PREFIX, zlib.crc32(body), body)
 
 
-def _split(raw: bytes | None) -> tuple[list[bytes], bytes] | None:
-    """(header fields, meta JSON) of a kernelcache sidecar, or None if it is not one."""
-    if not raw:
+def _body(raw: bytes | None) -> bytes | None:
+    """The checked part of a sidecar of this format, or None (damaged, or not this format)."""
+    if not raw or not raw.startswith(_PREFIX):
         return None
-    head, _, meta_json = raw.partition(b"\n")
-    fields = head.split(b" ")
-    if len(fields) < 6 or fields[0] != _MAGIC:
-        return None
-    return fields, meta_json
-
-
-def parse_sidecar(raw: bytes | None) -> tuple[tuple[int, int] | None, bytes]:
-    """((size, crc32), meta JSON) from a sidecar; (None, b"") if unusable, size -1 if unknown format."""
-    split = _split(raw)
-    if split is None:
-        return None, b""
-    fields, meta_json = split
-    if fields[1] != b"%d" % SIDECAR_FORMAT:
-        return (-1, 0), b""
+    start = len(_PREFIX) + _CHECK_LEN + 1
     try:
-        return (int(fields[2]), int(fields[3], 16)), meta_json
+        check = int(raw[len(_PREFIX) : start - 1], 16)
     except ValueError:
-        return None, b""
+        return None
+    body = raw[start:]
+    return body if zlib.crc32(body) == check and raw[start - 1 : start] == b" " else None
+
+
+def is_other_format(raw: bytes | None) -> bool:
+    """A kernelcache sidecar of another format (not this version's to judge)."""
+    return bool(raw) and raw.startswith(_MAGIC + b" ") and not raw.startswith(_PREFIX)  # type: ignore[union-attr]
+
+
+def parse_sidecar(raw: bytes | None) -> tuple[tuple[int, int] | None, Meta | None]:
+    """((size, crc32), meta) from a sidecar that passes its check.
+
+    (None, None) if it is damaged or not a sidecar; size -1 if it is of another format.
+    """
+    if is_other_format(raw):
+        return (-1, 0), None
+    body = _body(raw)
+    if body is None:
+        return None, None
+    head, _, meta_json = body.partition(b"\n")
+    fields = head.split(b" ")
+    meta = load_meta(meta_json)
+    if len(fields) != 4 or meta is None:
+        return None, None
+    try:
+        return (int(fields[0]), int(fields[1], 16)), meta
+    except ValueError:
+        return None, None
 
 
 def sidecar_info(raw: bytes) -> dict[str, Any] | None:
-    """Everything a sidecar says, for tools: size, crc32, sha256, created, meta."""
-    split = _split(raw)
-    if split is None or split[0][1] != b"%d" % SIDECAR_FORMAT:
+    """Everything a sidecar says, for tools: size, crc32, sha256, created, meta.
+
+    None if it fails its check (tampered, truncated) or is not of this format.
+    """
+    body = _body(raw)
+    if body is None:
         return None
-    fields, meta_json = split
+    head, _, meta_json = body.partition(b"\n")
+    fields = head.split(b" ")
+    meta = load_meta(meta_json)
+    if len(fields) != 4 or meta is None:
+        return None
     try:
         return {
-            "size": int(fields[2]),
-            "crc32": fields[3].decode(),
-            "sha256": fields[4].decode(),
-            "created": float(fields[5]),
-            "meta": load_meta(meta_json),
+            "size": int(fields[0]),
+            "crc32": fields[1].decode(),
+            "sha256": fields[2].decode(),
+            "created": float(fields[3]),
+            "meta": meta,
         }
     except ValueError:
         return None
 
 
-def load_meta(meta_json: bytes) -> Meta:
-    """The metadata dict of a sidecar's JSON part; {} if it is not a JSON object."""
+def load_meta(meta_json: bytes) -> Meta | None:
+    """The metadata dict of a sidecar's JSON part; None if it is not a JSON object."""
     try:
         meta = json.loads(meta_json) if meta_json else {}
     except ValueError:
-        return {}
-    return meta if isinstance(meta, dict) else {}
+        return None
+    return meta if isinstance(meta, dict) else None

@@ -15,7 +15,7 @@ from collections import deque
 
 from kernelcache.log import logger
 from kernelcache.stats import FileStats
-from kernelcache.stores.fileops import StatKey, path_in, scan_shards, stat_key, unlink_if_same
+from kernelcache.stores.fileops import StatKey, pair_lock, path_in, scan_shards, stat_key, try_lock_file, unlink_if_same
 from kernelcache.stores.sidecar import META_SUFFIX
 
 # Evict down to this fraction of the cap, not just below it: each eviction pass then frees
@@ -57,8 +57,9 @@ class SizeCap:
 
         OSError: eviction failed (the write itself stands).
         """
-        # A racing writer of the same key can make the caller's delta stale; the periodic
-        # reconcile absorbs that.
+        # The caller measured the pair it replaced under the pair lock, so a racing writer of
+        # the same key cannot make this delta stale; writers killed mid-way can (their staged
+        # files), and the periodic reconcile absorbs that.
         after = self._stats.add(size_bytes=delta)
         if self.max_size is not None and after["size_bytes"] > self.max_size:
             self.evict()
@@ -74,24 +75,23 @@ class SizeCap:
         self._stats.set("size_bytes", 0)
 
     def evict(self) -> None:
-        """Bring the tracked size down to the low-water mark, least recently read first (OSError)."""
+        """Bring the tracked size down to the low-water mark, least recently read first.
+
+        OSError: an entry could not be removed (the pass still removed the others).
+        """
         # One evictor per process (thread lock) and one per directory (a file lock taken
         # without waiting): if another process is already evicting, our write is done and
         # that process frees the room.
         if not self._evict_lock.acquire(blocking=False):
             return
         try:
-            import filelock
-
-            lock = filelock.FileLock(path_in(self._locks, "evict.lock"))
-            try:
-                lock.acquire(timeout=0)
-            except filelock.Timeout:
+            fd = try_lock_file(path_in(self._locks, "evict.lock"))
+            if fd is None:
                 return
             try:
                 self._evict_locked()
             finally:
-                lock.release()
+                os.close(fd)  # releases the flock
         finally:
             self._evict_lock.release()
 
@@ -101,38 +101,57 @@ class SizeCap:
         size = self._stats.snapshot()["size_bytes"]
         evicted = 0
         rescanned = False
-        while size > target:
-            if not self._candidates:
-                if rescanned:
-                    break  # everything left is newer than the scan, or is being rewritten
-                size = self.reconcile()
-                rescanned = True
-                continue
-            atime_ns, path, key, nbytes = self._candidates.popleft()
+        failed: OSError | None = None
+        try:
+            while size > target:
+                if not self._candidates:
+                    if rescanned:
+                        break  # everything left is newer than the scan, or is being rewritten
+                    size = self.reconcile()
+                    rescanned = True
+                    continue
+                atime_ns, path, key, nbytes = self._candidates.popleft()
+                try:
+                    freed = self._evict_one(path, key, atime_ns)
+                except OSError as exc:
+                    failed = failed or exc  # keep evicting others; report it after the pass
+                    continue
+                if freed:
+                    size -= freed
+                    evicted += 1
+                    self._stats.add(size_bytes=-freed)
+        finally:
+            if evicted:
+                self._stats.add(evictions=evicted)
+                logger.info(
+                    "evicted %d least recently used entries from %s: %d bytes left, cap %d",
+                    evicted,
+                    os.path.dirname(os.path.dirname(self._entries)),
+                    size,
+                    self.max_size,
+                )
+        if failed is not None:
+            raise failed
+
+    @staticmethod
+    def _evict_one(path: str, key: StatKey, atime_ns: int) -> int:
+        """Remove this candidate if it is still the version the scan saw, unread since; bytes freed."""
+        # Under the pair lock: a writer of this key publishes its sidecar and entry as one
+        # step, so we never remove a fresh sidecar that belongs to an entry being published.
+        with pair_lock(os.path.dirname(path)):
             try:
-                st = os.stat(path)
+                st = os.lstat(path)
             except FileNotFoundError:
-                continue
+                return 0
             # Stat guard: evict only the exact file version that the scan saw, unread since.
             # A different inode/size/mtime means a writer replaced it; a newer atime means a
             # reader used it: either way it is no longer a least-recently-used entry.
             if stat_key(st) != key or st.st_atime_ns != atime_ns:
-                continue
+                return 0
             freed = unlink_if_same(path, key)
             if freed:
                 freed += unlink_if_same(path + META_SUFFIX, None)
-                size -= freed
-                evicted += 1
-                self._stats.add(size_bytes=-freed)
-        if evicted:
-            self._stats.add(evictions=evicted)
-            logger.info(
-                "evicted %d least recently used entries from %s: %d bytes left, cap %d",
-                evicted,
-                os.path.dirname(os.path.dirname(self._entries)),
-                size,
-                self.max_size,
-            )
+            return freed
 
     def reconcile(self) -> int:
         """Rescan entries/: reset the size tracker and refill the eviction candidates."""
