@@ -42,7 +42,10 @@ def test_file_entry_is_a_valid_elf_for_nvidia_tools(tmp_path, cubin: ObjectCode)
     store = FileStreamProgramCache(tmp_path)
     store[b"k"] = cubin
     (entry,) = [
-        os.path.join(d, f) for d, _, fs in os.walk(tmp_path / FORMAT_DIR / "entries") for f in fs if not f.endswith(".meta")
+        os.path.join(d, f)
+        for d, _, fs in os.walk(tmp_path / FORMAT_DIR / "entries")
+        for f in fs
+        if not f.endswith(".meta")
     ]
     with open(entry, "rb") as f:
         assert f.read() == bytes(cubin.code)
