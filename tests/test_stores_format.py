@@ -238,3 +238,18 @@ def test_tools_print_and_accept_the_entry_name(tmp_path) -> None:
     assert shown["key"] == name and shown["meta"]["kernels"] == list(EXPRS)
     kc("export", name[:16], "-o", str(tmp_path / "out.cubin"), cache=root)
     assert (tmp_path / "out.cubin").read_bytes()[:4] == b"\x7fELF"
+
+
+def test_warm_ls_explain_show_agree_on_the_entry_name(tmp_path) -> None:
+    from test_cli import EXAMPLE
+
+    root = str(tmp_path / "c")
+    warmed = json.loads(kc("warm", EXAMPLE, "--json", cache=root).stdout)
+    listed = {r["key"] for r in json.loads(kc("ls", "--json", cache=root).stdout)}
+    assert {r["key"] for r in warmed} == listed
+    explained = json.loads(kc("explain", EXAMPLE, "--entry", "saxpy", "--json", cache=root).stdout)
+    assert explained["in_cache"] is True and explained["key"] in listed
+    text = kc("explain", EXAMPLE, "--entry", "saxpy", cache=root).stdout
+    prefix = text.split()[1].rstrip(":")
+    assert explained["key"].startswith(prefix)
+    assert json.loads(kc("show", prefix, "--json", cache=root).stdout)["key"] == explained["key"]

@@ -9,6 +9,7 @@ import re
 import time
 from typing import Any
 
+from kernelcache.stores.fileops import open_regular, read_fd
 from kernelcache.stores.filestream import DEFAULT_TMP_MAX_AGE_S, EntryInfo, FileStreamProgramCache
 
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -91,12 +92,17 @@ def describe(entry: EntryInfo) -> dict[str, Any]:
 
 
 def read_verified(entry: EntryInfo) -> bytes | None:
-    """The entry's bytes if they match its sidecar's size and SHA-256, else None."""
+    """The entry's bytes if they match its sidecar (which passed its own check), else None."""
     try:
-        with open(entry.path, "rb") as f:
-            data = f.read()
+        fd, st = open_regular(entry.path)  # never a FIFO or a symlink: a tool must not hang
     except OSError:
         return None
+    try:
+        data = read_fd(fd, st.st_size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     record = entry.meta or {}
     if record.get("size") != len(data) or record.get("sha256") != hashlib.sha256(data).hexdigest():
         return None

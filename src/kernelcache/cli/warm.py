@@ -170,7 +170,7 @@ def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool)
         if j in batch.errors:
             results[i].update(hit=False, error=_first_line(batch.errors[j]))
         elif info is not None:
-            results[i].update(hit=info.hit, key=info.key_hex, seconds=info.seconds)
+            results[i].update(hit=info.hit, key=info.entry_name, seconds=info.seconds)
     for r in results:
         r.setdefault("hit", False)
     return results
