@@ -11,6 +11,7 @@ import _workers as w
 import pytest
 
 from kernelcache import FileStreamProgramCache
+from kernelcache.cli.entries import read_verified
 from kernelcache.stores.filestream import FORMAT_DIR
 
 CTX = mp.get_context("spawn")  # a fresh interpreter per process, as separate programs would be
@@ -64,29 +65,41 @@ def test_eviction_racing_rewrites(tmp_path) -> None:
     cache = FileStreamProgramCache(root, max_size_bytes=cap)
     true_size = cache._sizecap.reconcile()
     assert true_size <= cap + 4 * 600  # each racing writer may overshoot by one entry
-    for f, _ in cache.scan():  # every surviving entry still verifies
-        if not f.name.endswith(".meta"):
-            assert len(f.name) == 64
+    survivors = list(cache.iter_entries())
+    assert survivors
+    for entry in survivors:  # every surviving entry still verifies: sidecar check, size, SHA-256
+        assert entry.meta is not None and read_verified(entry) is not None, entry.name
+    names = {e.name for e in survivors}
+    orphans = [f.name for f, _ in cache.scan() if f.name.endswith(".meta") and f.name[:-5] not in names]
+    assert orphans == []
     for i in range(40):
         got = cache.get(f"k{i}")
         assert got is None or got == f"k{i}".encode() * 100
 
 
-@pytest.mark.parametrize("delay", [0.15, 0.4, 0.9])
-def test_writer_killed_mid_write_leaves_no_partial_entry(tmp_path, delay: float) -> None:
+@pytest.mark.parametrize(("nth", "offset"), [(2, 0.0), (3, 0.004), (4, 0.015)])
+def test_writer_killed_mid_write_leaves_no_partial_entry(tmp_path, nth: int, offset: float) -> None:
     root = str(tmp_path)
     size = 8 * 1024 * 1024
-    proc = CTX.Process(target=w.write_forever, args=(root, size))
+    started = CTX.Value("i", 0)  # the child counts each write it begins, right before it
+    proc = CTX.Process(target=w.write_forever_counting, args=(root, size, started))
     proc.start()
-    time.sleep(delay + 1.0)  # interpreter start-up, then some writes in flight
+    deadline = time.monotonic() + 120
+    while started.value < nth:  # the nth write has begun: earlier ones are published
+        assert time.monotonic() < deadline and proc.is_alive(), "the writer never got to its writes"
+        time.sleep(0.0002)
+    time.sleep(offset)  # staging, fsync or publication of an 8 MB entry: each takes milliseconds
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(timeout=30)
     assert proc.exitcode == -signal.SIGKILL
+    assert started.value in (nth, nth + 1)  # killed inside a write, not between runs
     cache = FileStreamProgramCache(root)
     valid = {w.payload_for(i, size) for i in range(256)}
     for i in range(5):
         got = cache.get(f"big-{i}")
         assert got is None or got in valid
+    for i in range(nth - 1):  # the writes that finished before the kill are all there, whole
+        assert cache.get(f"big-{i}") == w.payload_for(i, size)
     # Its staged temp files are orphans: a later open sweeps them once they are old.
     FileStreamProgramCache(root, tmp_max_age_s=0)
     assert not os.listdir(os.path.join(root, FORMAT_DIR, "tmp"))
