@@ -9,7 +9,9 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import stat as stat_mod
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -79,6 +81,46 @@ def read_fd(fd: int, size: int, chunk: int = READ_CHUNK) -> bytes:
             break
         got += n
     return bytes(view[:got])
+
+
+def read_regular(
+    path: str, *, max_size: int | None = None, chunk: int = READ_CHUNK, touch: bool = False
+) -> tuple[bytes, os.stat_result]:
+    """(content, fstat) of the regular file at path (see open_regular for what raises).
+
+    ``max_size``: a bigger file raises NotRegularFileError (it is not what we expect there).
+    ``touch``: set its atime to now, on the open fd, so that a file another process has
+    meanwhile os.replace'd onto path is not touched; mtime is kept (it is part of the
+    identity that eviction's stat guard compares). Reads alone do not reliably move atime
+    (relatime, noatime mounts) and LRU eviction sorts by it; on read-only media the touch
+    fails silently and LRU degrades to FIFO.
+    """
+    fd, st = open_regular(path)
+    try:
+        if max_size is not None and st.st_size > max_size:
+            raise NotRegularFileError(errno.EFBIG, f"is {st.st_size} bytes, more than expected there", path)
+        data = read_fd(fd, st.st_size, chunk)
+        if touch:
+            try:
+                os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
+            except OSError:
+                pass
+        return data, st
+    finally:
+        os.close(fd)
+
+
+def remove_path(path: str) -> bool:
+    """Remove a directory tree, or a file or symlink (never followed); False if absent."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat_mod.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+    return True
 
 
 def unlink_if_same(path: str, key: Any) -> int:

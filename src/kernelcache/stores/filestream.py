@@ -37,11 +37,11 @@ from kernelcache.stores.fileops import (
     TMP_SUFFIX,
     NotRegularFileError,
     StatKey,
-    open_regular,
     pair_lock,
     path_in,
     publish,
-    read_fd,
+    read_regular,
+    remove_path,
     scan_shards,
     size_of,
     stage,
@@ -204,21 +204,7 @@ class FileStreamProgramCache(RecordStore):
         Their entries are never read by this version, so they only take space. A path that
         is not a real directory (a symlink planted there) is unlinked, never followed.
         """
-        import shutil
-
-        removed = 0
-        for old in OLD_FORMAT_DIRS:
-            path = os.path.join(self._root, old)
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if stat_mod.S_ISDIR(st.st_mode):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
-            removed += 1
-        return removed
+        return sum(remove_path(os.path.join(self._root, old)) for old in OLD_FORMAT_DIRS)
 
     @property
     def tmp_dir(self) -> str:
@@ -241,7 +227,7 @@ class FileStreamProgramCache(RecordStore):
             known = self._verified.get(path)
             if known is not None and known[0] == st_key and known[2] == zlib.crc32(payload):
                 try:
-                    if stat_key(os.stat(path + META_SUFFIX)) == known[1]:
+                    if stat_key(os.lstat(path + META_SUFFIX)) == known[1]:
                         return payload, known[3]
                 except OSError:
                     pass
@@ -273,37 +259,22 @@ class FileStreamProgramCache(RecordStore):
     def _remember_verified(self, path: str, item: _Verified) -> None:
         remember(self._verified, path, item, _VERIFIED_MEMO_SIZE)  # a miss costs one sidecar read
 
-    def _read_entry(self, path: str) -> tuple[bytes, tuple[int, int, int]] | None:
+    def _read_entry(self, path: str) -> tuple[bytes, StatKey] | None:
         """(payload, file identity) of the entry at path, with its atime bumped; None if absent."""
         try:
-            fd, st = open_regular(path)
+            payload, st = read_regular(path, chunk=self.read_chunk_bytes, touch=True)
         except FileNotFoundError:
             return None
         except OSError as exc:
             self._unreadable(path, exc)
             return None
-        try:
-            payload = read_fd(fd, st.st_size, self.read_chunk_bytes)
-            # Reads alone do not reliably move atime (relatime, noatime mounts), and LRU
-            # eviction sorts by atime: set it explicitly, on the open fd, so that a file a
-            # writer has meanwhile os.replace'd onto this path is not touched. mtime is kept:
-            # it is part of the identity that eviction's stat-guard compares.
-            try:
-                os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
-            except OSError:
-                pass  # read-only media: LRU degrades to FIFO, the cache still works
-        except OSError as exc:
-            self._unreadable(path, exc)
-            return None
-        finally:
-            os.close(fd)
-        return payload, (st.st_ino, st.st_size, st.st_mtime_ns)
+        return payload, stat_key(st)
 
-    def _read_sidecar(self, path: str) -> tuple[bytes | None, Any] | Literal[False]:
+    def _read_sidecar(self, path: str) -> tuple[bytes | None, StatKey | None] | Literal[False]:
         """(raw sidecar, its identity); (None, None) if missing (the entry is then
         unusable); False when it cannot be read or is not a regular file (already warned)."""
         try:
-            fd, st = open_regular(path + META_SUFFIX)
+            raw, st = read_regular(path + META_SUFFIX, max_size=MAX_SIZE)
         except FileNotFoundError:
             # The sidecar goes in before the entry and out after it, so an entry without a
             # sidecar is damage (or a remover mid-way; the retry in _read tells them apart).
@@ -311,15 +282,7 @@ class FileStreamProgramCache(RecordStore):
         except OSError as exc:
             self._unreadable(path + META_SUFFIX, exc)
             return False
-        try:
-            if st.st_size > MAX_SIZE:
-                raise NotRegularFileError(0, f"is {st.st_size} bytes, more than any sidecar", path + META_SUFFIX)
-            return read_fd(fd, st.st_size), stat_key(st)
-        except OSError as exc:
-            self._unreadable(path + META_SUFFIX, exc)
-            return False
-        finally:
-            os.close(fd)
+        return raw, stat_key(st)
 
     def _unreadable(self, path: str, exc: OSError) -> None:
         # Not proof of damage in our own format (a FIFO, a symlink, a permission problem):
@@ -468,15 +431,9 @@ class FileStreamProgramCache(RecordStore):
     def _sidecar_info(path: str) -> dict[str, Any] | None:
         """What the sidecar of the entry at path says, if it passes its check; else None."""
         try:
-            fd, st = open_regular(path + META_SUFFIX)
+            return sidecar_info(read_regular(path + META_SUFFIX, max_size=MAX_SIZE)[0])
         except OSError:
             return None
-        try:
-            return sidecar_info(read_fd(fd, st.st_size)) if st.st_size <= MAX_SIZE else None
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
 
     def stats(self) -> dict[str, float | int]:
         out = super().stats()
