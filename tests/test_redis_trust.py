@@ -222,6 +222,17 @@ def test_namespace_glob_characters_are_literal(server, glob):
     assert team["k"] == b"keep me" and len(team) == 1
 
 
+def test_namespace_that_extends_another_is_not_touched(server):
+    tag = str(time.time_ns())
+    inner = RedisProgramCache(server.url, namespace=f"ml{tag}:e:x")  # its keys start with "ml<tag>:e:"
+    inner["k"] = b"keep me"
+    outer = RedisProgramCache(server.url, namespace=f"ml{tag}")
+    outer["own"] = b"mine"
+    assert len(outer) == 1
+    outer.clear()
+    assert inner["k"] == b"keep me" and len(inner) == 1
+
+
 def test_namespace_star_clear_spares_ml_team(server):
     team = RedisProgramCache(server.url, namespace="ml-team")
     team["k"] = b"keep me"

@@ -65,6 +65,9 @@ return 0
 """
 
 
+_NAME_GLOB = "[0-9a-f]" * len(entry_name(b""))
+
+
 def _glob_escape(text: str) -> str:
     """``text`` as a literal inside a Redis glob pattern (SCAN MATCH)."""
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
@@ -316,7 +319,9 @@ class RedisProgramCache(RecordStore):
 
     def _scan(self, client: Any) -> Iterator[Any]:
         # The namespace is matched literally: "ml*" must not match "ml-team".
-        return client.scan_iter(match=f"{_glob_escape(self._ns)}:e:*", count=1000)
+        # The name is matched as hex digits of its exact length, so that namespace "a" does
+        # not match the keys of namespace "a:e:b" either.
+        return client.scan_iter(match=f"{_glob_escape(self._ns)}:e:{_NAME_GLOB}", count=1000)
 
     def __len__(self) -> int:
         found = self._call("count", lambda c: sum(1 for _ in self._scan(c)))
