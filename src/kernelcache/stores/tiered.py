@@ -46,6 +46,8 @@ class TieredProgramCache(RecordStore):
         self.tiers = tiers
         # Which tier answered this thread's last uncounted look-up: compile_program looks
         # up uncounted, then reports the hit through add_stats from the same thread.
+        # Race: threads share this store, and a plain attribute would let another thread's
+        # look-up replace the answer between a look-up and its count; one per thread.
         self._served = threading.local()
 
     # -- reads -------------------------------------------------------------------------------
