@@ -170,6 +170,9 @@ class _Batch:
                 self.finish(job.index, error=exc)
                 continue
             if obj is None:  # a peer holds the key: put it aside, try again later
+                # Race: the peer may publish and release right after this try. The next try
+                # then takes the lock and re-reads the store under it (_flight), so it finds
+                # the entry: a hit, never a second compile (tests: the exact-count ones).
                 now = time.monotonic()
                 job.retry_at = now + _RETRY_S
                 job.give_up_at = job.give_up_at or now + self.budget
