@@ -122,22 +122,29 @@ def _in_thread(fn) -> object:
     return box[0]
 
 
-def test_a_load_leaves_a_thread_without_a_context_without_one(tmp_path) -> None:
+def _load(kc: KernelCache, how: str, device: int):  # noqa: ANN202 - a cuda.core Kernel
+    if how == "get_kernel":
+        return kc.get_kernel(TWICE, "scale_twice", options=_options(device), device=device)
+    (kernel,) = kc.get_kernels([{"code": TWICE, "name": "scale_twice"}], device=device)
+    return kernel
+
+
+@pytest.mark.parametrize("how", ["get_kernel", "get_kernels"])
+def test_a_load_leaves_a_thread_without_a_context_without_one(tmp_path, how) -> None:
     # Issue 13 #6 on one GPU: a fresh thread has no current context; get_kernel(device=0)
     # used to leave device 0's context current in it.
     kc = KernelCache(FileStreamProgramCache(tmp_path))
 
-    def load() -> tuple[int, int, int]:
+    def load() -> tuple[int, int]:
         before = _current_context()
-        kc.get_kernel(SRC, "scale", options=_options(0), device=0)
-        after_one = _current_context()
-        kc.get_kernels([{"code": TWICE, "name": "scale_twice"}], device=0)
-        return before, after_one, _current_context()
+        _load(kc, how, 0)
+        return before, _current_context()
 
-    assert _in_thread(load) == (0, 0, 0)
+    assert _in_thread(load) == (0, 0)
 
 
-def test_loading_on_device_1_keeps_the_callers_device_0(tmp_path) -> None:
+@pytest.mark.parametrize("how", ["get_kernel", "get_kernels"])
+def test_loading_on_device_1_keeps_the_callers_device_0(tmp_path, how) -> None:
     # Issue 13 #6: a thread working on device 0 asks for a kernel on device 1; its next
     # allocation or launch must still go to device 0.
     if _devices() < 2:
@@ -146,16 +153,12 @@ def test_loading_on_device_1_keeps_the_callers_device_0(tmp_path) -> None:
 
     kc = KernelCache(FileStreamProgramCache(tmp_path))
 
-    def load() -> tuple[list[tuple[int, int]], object, object]:
+    def load() -> tuple[tuple[int, int], tuple[int, int], object]:
         Device(0).set_current()
-        seen = [(_current_context(), Device().device_id)]
-        k1 = kc.get_kernel(SRC, "scale", options=_options(1), device=1)
-        seen.append((_current_context(), Device().device_id))
-        (k2,) = kc.get_kernels([{"code": TWICE, "name": "scale_twice"}], device=1)
-        seen.append((_current_context(), Device().device_id))
-        return seen, k1, k2
+        before = (_current_context(), Device().device_id)
+        kernel = _load(kc, how, 1)
+        return before, (_current_context(), Device().device_id), kernel
 
-    seen, k1, k2 = _in_thread(load)
-    assert seen == [seen[0]] * 3 and seen[0][1] == 0
-    np.testing.assert_allclose(_scale_on(1, k1), 3.0 * np.arange(512))  # loaded for device 1
-    np.testing.assert_allclose(_scale_on(1, k2), 6.0 * np.arange(512))
+    before, after, kernel = _in_thread(load)
+    assert after == before and before[1] == 0
+    np.testing.assert_allclose(_scale_on(1, kernel), 6.0 * np.arange(512))  # loaded for device 1
