@@ -83,6 +83,8 @@ def main() -> None:
         )
         tiered.get(f"k{16 * 1024}")  # promoted into memory and disk
         print(f"Tiered get after promotion (16 KiB, from memory): {median_us(lambda: tiered[f'k{16 * 1024}']):9.1f} us")
+        tiered.close()
+        rc.close()  # their fleet counters are sent now, while the server still runs
 
         ns = f"two-hosts-{time.time_ns()}"
         ctx = mp.get_context("spawn")
