@@ -244,3 +244,30 @@ def test_namespace_star_clear_spares_ml_team(server):
         assert team["k"] == b"keep me" and len(team) >= 1
     finally:
         team.clear()
+
+
+def test_compile_on_a_host_with_a_stale_secret_leaves_the_fleets_entries(server, raw, ns, tmp_path):
+    """compile_program's miss path (manifest and entry writes) on a host whose secret is not
+    the fleet's: it compiles for itself and leaves every signed record as it was."""
+    from conftest import ARCH
+    from cuda.core import ProgramOptions
+
+    from kernelcache import CompileInfo, FileStreamProgramCache, TieredProgramCache, compile_program
+
+    src = 'extern "C" __global__ void fill(float* a, float v) { a[threadIdx.x] = v; }\n'
+    team = RedisProgramCache(server.url, namespace=ns, secret=b"team secret")
+    compile_program(src, options=ProgramOptions(arch=ARCH), cache=team)
+    before = everything(raw)
+    stray = TieredProgramCache(
+        [FileStreamProgramCache(tmp_path), RedisProgramCache(server.url, namespace=ns, secret=b"stale")]
+    )
+    info = CompileInfo()
+    with pytest.warns(KernelCacheWarning, match="DOES NOT MATCH THE FLEET'S"):
+        compile_program(src, options=ProgramOptions(arch=ARCH), cache=stray, info=info)
+    assert not info.hit
+    stray.close()
+    after = {k: v for k, v in everything(raw).items() if not k.endswith(b":stats")}
+    assert after == {k: v for k, v in before.items() if not k.endswith(b":stats")}
+    again = CompileInfo()
+    compile_program(src, options=ProgramOptions(arch=ARCH), cache=team, info=again)
+    assert again.hit
