@@ -166,7 +166,7 @@ def test_redis_url_makes_the_default_cache_tiered(tmp_path, redis_url) -> None:
     host_b = {"KERNELCACHE_DIR": str(tmp_path / "b"), "KERNELCACHE_REDIS_URL": redis_url}
     assert ok(py(COMPILE, env=host_b))["hits"] == [True]
     # the CLI's --redis defaults to the same variable
-    data = json.loads(kc("stats", "--json", "--cache-dir", str(tmp_path / "c"), env=host_b).stdout)
+    data = json.loads(kc("stats", "--json", "--cache-dir", str(tmp_path / "b"), env=host_b).stdout)
     assert data["redis"]["entries"] >= 1 and data["redis"]["url"] == redis_url
 
 

@@ -14,6 +14,7 @@ look-up, never serve wrong code.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import Any
 
@@ -85,3 +86,29 @@ def store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: di
     write_record(cache, manifest_key, raw, {"kind": "manifest"}, internal=True)
     with _manifest_memo_lock:
         remember(_manifest_memo, manifest_key, manifest, _MEMO_LIMIT)
+
+
+def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[str]) -> dict[str, list[str]] | None:
+    """What changed since the newest stored compile of this source+options, header by header.
+
+    ``changed``: recorded headers whose content differs now; ``vanished``: recorded headers
+    that are gone; ``added``: headers that now shadow a recorded one (the same name, found
+    earlier on the search path). None when no manifest is stored (never compiled here).
+    """
+    record = read_record(cache, manifest_key)
+    stored = hdr.parse_manifest(record[0]) if record else None
+    if stored is None or not stored["variants"]:
+        return None
+    changes: dict[str, list[str]] = {"changed": [], "added": [], "vanished": []}
+    newest = stored["variants"][0]
+    for path, (index, rel, digest) in zip(hdr.tracked_paths(newest, dirs), newest.get("headers", ())):
+        for earlier in dirs[:index] if index >= 0 else ():
+            if os.path.exists(os.path.join(earlier, rel)):
+                changes["added"].append(os.path.join(earlier, rel))
+                break
+        now = hdr.file_digest(path)
+        if now is None:
+            changes["vanished"].append(path)
+        elif now != digest:
+            changes["changed"].append(path)
+    return changes

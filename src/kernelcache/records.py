@@ -79,10 +79,24 @@ def kernel_names(code: str | bytes, mapping: dict[Any, Any] | None) -> list[str]
     return list(dict.fromkeys(found))[:32]
 
 
-def options_summary(options: Any) -> dict[str, str]:
-    """The options that are set, as repr strings (for listings and ``explain``)."""
+def options_summary(options: Any) -> dict[str, Any]:
+    """The options that are set, as JSON values (for ``show``, ``ls`` and ``explain``).
+
+    Strings, numbers and booleans as they are, bytes decoded, sequences as lists, anything
+    else as its str(); cuda.core's private fields (``_name``: the encoded name) are left out.
+    """
     fields = getattr(options, "__dict__", {})
-    return {k: repr(v) for k, v in fields.items() if v is not None}
+    return {k: _plain(v) for k, v in fields.items() if v is not None and not k.startswith("_")}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
 
 
 def artifact_meta(

@@ -92,9 +92,25 @@ def _find_gpu(device: int) -> tuple[Any, str | None]:
         return None, f"{type(exc).__name__}: {first}"[:120]
 
 
+def check_arch(arch: str) -> str:
+    """``arch`` if this NVRTC compiles for it (sm_90, sm_90a, compute_90...), else ValueError naming --arch."""
+    import re
+
+    from cuda.bindings import nvrtc
+
+    err, supported = nvrtc.nvrtcGetSupportedArchs()
+    m = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", arch.strip())
+    if m is None or int(m.group(2)) not in supported:
+        listed = ", ".join(f"sm_{n}" for n in supported)
+        raise ValueError(f"--arch {arch}: not an architecture this NVRTC compiles for; use one of {listed}")
+    return arch.strip()
+
+
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the demo and return its report (what the command prints)."""
     from cuda.core import ProgramOptions
+
+    from kernelcache import config
 
     if cfg.tile_size not in TILE_SIZES:
         raise ValueError(f"--tile-size must be one of {TILE_SIZES}, got {cfg.tile_size}")
@@ -114,10 +130,11 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         report["device"] = None
         report["no_gpu_reason"] = why_not
     report["arch"] = arch
-    cache = FileStreamProgramCache(cfg.cache_dir)
-    if cfg.clear_cache:
+    # KERNELCACHE_DISABLE: compile without the cache, and create no cache directory.
+    cache = None if config.disabled() else FileStreamProgramCache(cfg.cache_dir)
+    if cache is not None and cfg.clear_cache:
         cache.clear()
-    report["cache_dir"] = cache.path
+    report["cache_dir"] = cache.path if cache is not None else None
     report["workload"] = f"C = {cfg.epilogue}(A @ B + bias)"
     report["sizes"] = {"m": cfg.m, "n": cfg.n, "k": cfg.k}
     report["tile"] = cfg.tile_size
@@ -128,18 +145,20 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     options = ProgramOptions(arch=arch, name=f"{name}.cu", std="c++17")
     info = CompileInfo()
     obj = compile_program(source, "c++", "cubin", options=options, cache=cache, info=info)
-    report["cache_status"] = "HIT" if info.hit else "MISS"
-    report["key_prefix"] = info.entry_name[:16]
+    report["cache_status"] = "DISABLED" if not info.cached and cache is None else "HIT" if info.hit else "MISS"
+    report["key_prefix"] = info.entry_name[:16] or None
     report["artifact_bytes"] = len(bytes(obj.code))
-    report["lookup_ms"] = info.lookup_seconds * 1e3
+    used_cache = report["cache_status"] != "DISABLED"
+    report["lookup_ms"] = info.lookup_seconds * 1e3 if used_cache else None
     report["compile_ms"] = None if info.hit else info.compile_seconds * 1e3
-    report["store_ms"] = None if info.hit else info.store_seconds * 1e3
+    report["store_ms"] = info.store_seconds * 1e3 if used_cache and not info.hit else None
     if dev is None:
-        report["host_prep_ms"] = (time.perf_counter() - t0) * 1e3
+        # No host prep without a GPU: it would only be lookup + compile + store again.
+        report["host_prep_ms"] = None
         report["module_load_ms"] = None
         report["kernel_ms"] = None
         report["max_error"] = None
-        report["result"] = "SKIPPED (no GPU: compiled and cached, not launched)"
+        report["result"] = "SKIPPED (no GPU: the kernel is not launched)"
         return report
 
     t_load = time.perf_counter()
@@ -204,11 +223,17 @@ def format_report(report: dict[str, Any]) -> str:
     def ms(value: float | None, skipped: str = "skipped") -> str:
         return skipped if value is None else f"{value:.3f} ms"
 
+    status = report["cache_status"]
     lines = []
     if report["device"] is None:
+        what = {
+            "HIT": f"loaded the {report['arch']} build from the cache",
+            "MISS": f"compiled for {report['arch']} and stored it",
+            "DISABLED": f"compiled for {report['arch']} without the cache",
+        }[status]
         lines.append(
-            f"No CUDA GPU available ({report['no_gpu_reason']}): compiling for {report['arch']} "
-            "to show the cache path; the kernel is not launched."
+            f"No CUDA GPU available ({report['no_gpu_reason']}): {what} to show the cache path; "
+            "the kernel is not launched."
         )
         lines.append("device: none")
     else:
@@ -216,18 +241,27 @@ def format_report(report: dict[str, Any]) -> str:
     sizes = report["sizes"]
     lines += [
         f"arch: {report['arch']}",
-        f"cache directory: {report['cache_dir']}",
+        f"cache directory: {report['cache_dir'] or 'none (cache disabled)'}",
         f"workload: {report['workload']}",
         f"sizes: M={sizes['m']} N={sizes['n']} K={sizes['k']}",
         f"tile: {report['tile']}x{report['tile']}",
-        f"cache status: {report['cache_status']}",
-        f"key prefix: {report['key_prefix']}",
+    ]
+    if status == "DISABLED":
+        lines.append("cache status: cache disabled (KERNELCACHE_DISABLE is set): compiled, nothing stored")
+    else:
+        lines += [f"cache status: {status}", f"key prefix: {report['key_prefix']}"]
+    lines += [
         f"artifact size: {report['artifact_bytes']} bytes",
-        f"cache lookup: {ms(report['lookup_ms'])}",
+        f"cache lookup: {ms(report['lookup_ms'], 'none (cache disabled)')}",
         f"compile: {ms(report['compile_ms'])}",
-        f"store: {ms(report['store_ms'])}",
-        f"module load: {ms(report['module_load_ms'], 'n/a (no GPU)')}",
-        f"host prep: {ms(report['host_prep_ms'])}",
+        f"store: {ms(report['store_ms'], 'skipped' if status == 'HIT' else 'none (cache disabled)')}",
+    ]
+    if report["device"] is not None:
+        lines += [
+            f"module load: {ms(report['module_load_ms'])}",
+            f"host prep: {ms(report['host_prep_ms'])}",
+        ]
+    lines += [
         f"kernel time: {ms(report['kernel_ms'], 'n/a (no GPU)')}",
         f"max error: {'n/a (no GPU)' if report['max_error'] is None else format(report['max_error'], '.3e')}",
         f"result: {report['result']}",

@@ -34,18 +34,31 @@ def is_manifest(entry: EntryInfo) -> bool:
     return meta.get("kind") == "manifest"
 
 
+def _text(value: Any, default: str = "?") -> str:
+    return default if value is None or value == "" else str(value)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _row(entry: EntryInfo) -> dict[str, Any]:
-    record = entry.meta or {}
-    meta = record.get("meta") or {}
+    # Metadata is whatever the sidecar's JSON holds (another version, a hand edit): every
+    # field is coerced to what the listing expects, never trusted to have its type.
+    record = entry.meta if isinstance(entry.meta, dict) else {}
+    meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
+    options = meta.get("options") if isinstance(meta.get("options"), dict) else {}
+    kernels = meta.get("kernels")
     return {
         "key": entry.name,
-        "code_type": meta.get("code_type", "?"),
-        "target_type": meta.get("target_type", "?"),
+        "code_type": _text(meta.get("code_type")),
+        "target_type": _text(meta.get("target_type")),
+        "arch": _text(options.get("arch"), "").strip("'") or "?",  # older sidecars hold repr strings
         "size": entry.size,
-        "created": record.get("created"),
+        "created": _number(record.get("created")),
         "last_used": entry.atime,
-        "compile_seconds": meta.get("compile_seconds"),
-        "kernels": meta.get("kernels") or [],
+        "compile_seconds": _number(meta.get("compile_seconds")),
+        "kernels": [str(k) for k in kernels] if isinstance(kernels, list) else [str(kernels)] if kernels else [],
     }
 
 
@@ -109,18 +122,37 @@ def read_verified(entry: EntryInfo) -> bytes | None:
     return data
 
 
-def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[str, Any]:
-    """Re-hash every entry; find corrupt entries, orphaned sidecars, stale temp files."""
-    entries = list(cache.iter_entries())
-    corrupt: list[str] = []
-    iterator: Any = entries
-    if progress and entries:
+def progress_lines(items: list[Any], what: str, every_s: float = 2.0) -> Any:
+    """Yield items; on a terminal with a progress bar, elsewhere (CI logs) with a line on
+    stderr every ``every_s`` seconds and at the end: ``verify [120/4000]``."""
+    import sys
+
+    if sys.stderr.isatty():
         from rich.progress import track
 
-        iterator = track(entries, description="verifying", transient=True)
+        yield from track(items, description=what, transient=True)
+        return
+    last = time.monotonic()
+    for i, item in enumerate(items, 1):
+        yield item
+        if i == len(items) or time.monotonic() - last >= every_s:
+            print(f"{what} [{i}/{len(items)}]", file=sys.stderr, flush=True)
+            last = time.monotonic()
+
+
+def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[str, Any]:
+    """Re-hash every entry; find corrupt entries, orphaned sidecars, stale temp files.
+
+    ``checked`` counts entries as ``ls`` lists them (artifacts); header manifests are
+    checked too and counted apart (``manifests_checked``).
+    """
+    entries = list(cache.iter_entries())
+    corrupt: list[str] = []
+    iterator: Any = progress_lines(entries, "verify") if progress and entries else entries
     for e in iterator:
         if read_verified(e) is None:
             corrupt.append(e.name)
+    manifests = sum(1 for e in entries if is_manifest(e))
     present = {e.name for e in entries}
     orphans = []
     for f, _ in cache.scan():
@@ -146,7 +178,8 @@ def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[
                 pass
     total = len(corrupt) + len(orphans) + len(stale)
     return {
-        "checked": len(entries),
+        "checked": len(entries) - manifests,
+        "manifests_checked": manifests,
         "corrupt": corrupt,
         "orphaned_sidecars": orphans,
         "stale_temps": stale,
@@ -155,16 +188,30 @@ def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[
     }
 
 
-def prune(cache: FileStreamProgramCache, max_size: int | None, max_age: float | None, now: float) -> dict[str, int]:
-    # Artifacts only: header manifests are tiny, and removing one only costs its source a
-    # recompile; they go with clear, or with verify --fix when unreadable.
-    entries = sorted((e for e in cache.iter_entries() if not is_manifest(e)), key=lambda e: e.atime)  # LRU first
-    removed = freed = 0
+def prune(
+    cache: FileStreamProgramCache, max_size: int | None, max_age: float | None, now: float, dry_run: bool = False
+) -> dict[str, Any]:
+    """Remove entries unused for ``max_age`` seconds, then the least recently used down to
+    ``max_size`` bytes. Header manifests go by the same rules (every look-up of their source
+    reads them, so their last use is as telling); ``removed`` counts entries as ``ls`` lists
+    them, ``manifests_removed`` the manifests. ``dry_run``: count, remove nothing."""
+    entries = sorted(cache.iter_entries(), key=lambda e: e.atime)  # LRU first
+    removed = manifests = freed = 0
+
+    def drop(e: EntryInfo) -> int:
+        nonlocal removed, manifests, freed
+        got = e.size + _sidecar_size(e) if dry_run else cache.remove_entry(e.name, evicted=True)
+        freed += got
+        if is_manifest(e):
+            manifests += 1
+        else:
+            removed += 1
+        return got
+
     kept = []
     for e in entries:
         if max_age is not None and now - e.atime > max_age:
-            freed += cache.remove_entry(e.name, evicted=True)
-            removed += 1
+            drop(e)
         else:
             kept.append(e)
     if max_size is not None:
@@ -172,11 +219,8 @@ def prune(cache: FileStreamProgramCache, max_size: int | None, max_age: float | 
         for e in kept:
             if total <= max_size:
                 break
-            got = cache.remove_entry(e.name, evicted=True)
-            total -= got
-            freed += got
-            removed += 1
-    return {"removed": removed, "freed_bytes": freed}
+            total -= drop(e)
+    return {"removed": removed, "manifests_removed": manifests, "freed_bytes": freed, "dry_run": dry_run}
 
 
 def _sidecar_size(entry: EntryInfo) -> int:

@@ -7,6 +7,7 @@ headers the compile read), and if not, which cached entry of the same kernel dif
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kernelcache.cli.warm import WarmItem, load_manifest, program_options
@@ -53,12 +54,17 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
         b = _components(_pick(load_manifest(second), entry_name, second))
         diffs = {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and k != "key"}
         return {"source_key": a["key"], "other_source_key": b["key"], "in_cache": None, "differences": diffs}
+    from kernelcache import config
     from kernelcache.compile import probe
     from kernelcache.records import options_summary
     from kernelcache.stores.filestream import FileStreamProgramCache
     from kernelcache.stores.naming import entry_name as name_of
 
-    cache = FileStreamProgramCache(cache_dir)
+    root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
+    if not os.path.isdir(root):  # nothing cached there; a diagnostic creates no directory
+        return {"key": None, "source_key": a["key"], "in_cache": False, "differences": {}, "no_cache_at": root}
+    # touch_on_read=False: a diagnostic must not change which entries eviction takes first.
+    cache = FileStreamProgramCache(root, touch_on_read=False)
     found = probe(
         a_item.code,
         a_item.code_type,
@@ -75,6 +81,9 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
     }
     if found.hit:
         return result
+    headers = _header_changes(a_item, cache)
+    if headers is not None:
+        result["headers"] = headers
     # Not cached: compare with the cached entry of the same kernel(s) that differs least.
     ours = {f"options.{k}": v for k, v in options_summary(program_options(a_item)).items()}
     ours.update({k: v for k, v in a.items() if k.startswith("toolchain.") or k in ("code_type", "target_type")})
@@ -94,5 +103,20 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
     if best is not None:
         name, diffs = best
         result["closest"] = name[:16]
-        result["differences"] = diffs or {"code or headers": ("cached", "changed")}
+        if not diffs and not any((headers or {}).values()):
+            diffs = {"code or headers": ("cached", "changed")}
+        result["differences"] = diffs
     return result
+
+
+def _header_changes(item: WarmItem, cache: Any) -> dict[str, list[str]] | None:
+    """Each header that changed, appeared or vanished since the stored compile of this source."""
+    from kernelcache import headers as hdr
+    from kernelcache import manifests
+    from kernelcache.compile import _Lookup
+
+    options = program_options(item)
+    look = _Lookup(cache, item.code, item.code_type, item.target_type, options, item.name_expressions, None)
+    if not look.track:
+        return None
+    return manifests.header_changes(cache, look.manifest_key, hdr.search_dirs(options))

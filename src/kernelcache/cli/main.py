@@ -67,10 +67,31 @@ class _Group(click.Group):
             raise UserError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
 
 
-def _open(cache_dir: str | None, sweep: bool = True) -> FileStreamProgramCache:
+class Declined(click.ClickException):
+    """The user did not confirm: one line on stderr, exit code 1 (not a usage error)."""
+
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"kernelcache: {self.format_message()}", err=True)
+
+
+def _open(cache_dir: str | None, sweep: bool = True, create: bool = False) -> FileStreamProgramCache:
+    """The file cache the command works on. Only commands that write (demo, warm) create
+    it: a mistyped --cache-dir must be an error, not a new empty cache reporting zeros."""
+    root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
+    if not create and not os.path.isdir(root):
+        named = ""
+        if cache_dir is not None:
+            named = " (--cache-dir)"
+        elif config.cache_dir_is_from_env(root):
+            named = " (KERNELCACHE_DIR)"
+        if os.path.exists(root):
+            raise UserError(f"{root}{named} is not a directory: give the cache directory")
+        raise UserError(f"no cache at {root}{named}: the directory does not exist (nothing was created)")
     # verify opens without the start-up sweep of stale temp files, so it can report them.
     # The cap is the default cache's (KERNELCACHE_MAX_SIZE), so that stats shows it.
-    return FileStreamProgramCache(cache_dir, config.max_size_bytes(), tmp_max_age_s=None if sweep else float("inf"))
+    return FileStreamProgramCache(root, config.max_size_bytes(), tmp_max_age_s=None if sweep else float("inf"))
 
 
 def _emit(data: Any, as_json: bool, render: Any) -> None:
@@ -97,16 +118,37 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--tile-size", type=click.Choice(["8", "16", "32"]), default="16", show_default=True)
-@click.option("--epilogue", type=click.Choice(["relu", "identity", "gelu"]), default="relu", show_default=True)
-@click.option("--m", "m", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--n", "n", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--k", "k", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--device", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
-@click.option("--iterations", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option(
+    "--tile-size",
+    type=click.Choice(["8", "16", "32"]),
+    default="16",
+    show_default=True,
+    help="Edge of the square tile each thread block computes (part of the generated source).",
+)
+@click.option(
+    "--epilogue",
+    type=click.Choice(["relu", "identity", "gelu"]),
+    default="relu",
+    show_default=True,
+    help="Function applied to A @ B + bias (part of the generated source).",
+)
+@click.option("--m", "m", type=click.IntRange(min=1), default=512, show_default=True, help="Rows of A and C.")
+@click.option("--n", "n", type=click.IntRange(min=1), default=512, show_default=True, help="Columns of B and C.")
+@click.option("--k", "k", type=click.IntRange(min=1), default=512, show_default=True, help="Columns of A, rows of B.")
+@click.option("--device", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal to use.")
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed launches before timing."
+)
+@click.option(
+    "--iterations", type=click.IntRange(min=1), default=10, show_default=True, help="Timed launches (mean is shown)."
+)
 @click.option("--clear-cache", is_flag=True, help="Empty the cache first (the run is then a MISS).")
-@click.option("--arch", default="sm_90", show_default=True, help="Target arch when no GPU is present.")
+@click.option(
+    "--arch",
+    default="sm_90",
+    show_default=True,
+    help="Target architecture when no GPU is present (sm_75 ... sm_121, as NVRTC supports).",
+)
 @CACHE_DIR_OPTION
 @JSON_OPTION
 def demo(
@@ -124,8 +166,9 @@ def demo(
     as_json: bool,
 ) -> None:
     """Compile a generated matmul+bias+epilogue kernel once; later runs load it (HIT)."""
-    from kernelcache.cli.demo import DemoConfig, format_report, run_demo
+    from kernelcache.cli.demo import DemoConfig, check_arch, format_report, run_demo
 
+    arch = check_arch(arch)
     cfg = DemoConfig(
         tile_size=int(tile_size),
         epilogue=epilogue,
@@ -179,6 +222,9 @@ def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, ze
 # -- ls / show / export ---------------------------------------------------------------------
 
 
+_PREFIX = 12  # digits of an entry name that ls prints: unique in any real cache, short enough for 80 columns
+
+
 @main.command(name="ls")
 @CACHE_DIR_OPTION
 @click.option(
@@ -198,14 +244,15 @@ def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, as_json: bool) -
 
         table = Table(title=f"kernelcache entries ({len(data)})")
         # The key column is never shortened by the table: `show` and `export` accept what it prints.
-        table.add_column("key", no_wrap=True, min_width=16)
-        for col in ("code", "target", "size", "created", "last used", "compile s", "kernels"):
+        table.add_column("key", no_wrap=True, min_width=_PREFIX)
+        for col in ("code", "target", "arch", "size", "created", "last used", "compile s", "kernels"):
             table.add_column(col)
         for r in data:
             table.add_row(
-                r["key"][:16],
+                r["key"][:_PREFIX],
                 r["code_type"],
                 r["target_type"],
+                r["arch"],
                 str(r["size"]),
                 ent.when(r["created"]),
                 ent.when(r["last_used"]),
@@ -232,16 +279,16 @@ def show(key_prefix: str, cache_dir: str | None, as_json: bool) -> None:
             click.echo(f"{field}: {data.get(field)}")
         meta = data.get("meta") or {}
         for field in ("code_type", "target_type", "name", "compile_seconds", "kernels"):
-            click.echo(f"{field}: {meta.get(field)}")
-        click.echo("toolchain:")
-        for k, v in (meta.get("toolchain") or {}).items():
-            click.echo(f"  {k}: {v}")
-        click.echo("options:")
-        for k, v in (meta.get("options") or {}).items():
-            click.echo(f"  {k} = {v}")
+            click.echo(f"{field}: {_plain(meta.get(field))}")
+        for section, sep in (("toolchain", ": "), ("options", " = ")):
+            click.echo(f"{section}:")
+            values = meta.get(section)
+            for k, v in (values.items() if isinstance(values, dict) else []):
+                click.echo(f"  {k}{sep}{_plain(v)}")
         click.echo("headers:")
-        for h in meta.get("headers") or []:
-            click.echo(f"  {h}")
+        headers = meta.get("headers")
+        for h in headers if isinstance(headers, list) else []:
+            click.echo(f"  {_plain(h)}")
         click.echo("log:")
         click.echo(meta.get("log") or "  (empty)")
 
@@ -250,18 +297,33 @@ def show(key_prefix: str, cache_dir: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.argument("key_prefix")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), required=True)
+@click.option("-o", "--output", required=True, metavar="FILE", help="Where to write it; - for stdout.")
 @CACHE_DIR_OPTION
-def export(key_prefix: str, output: str, cache_dir: str | None) -> None:
+@JSON_OPTION
+def export(key_prefix: str, output: str, cache_dir: str | None, as_json: bool) -> None:
     """Write the raw artifact (cuobjdump / nvdisasm read it as it is)."""
+    if output == "-" and as_json:
+        raise UserError("-o - writes the artifact to stdout; --json would mix text into it: choose one")
     cache = _open(cache_dir)
     entry = _resolve(cache, key_prefix)
     data = ent.read_verified(entry)
     if data is None:
         raise UserError(f"entry {entry.name[:16]} is corrupt; run `kernelcache verify --fix`")
+    if output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
     with open(output, "wb") as f:
         f.write(data)
-    click.echo(f"wrote {len(data)} bytes to {output}")
+    result = {"key": entry.name, "bytes": len(data), "output": output}
+    _emit(result, as_json, lambda r: click.echo(f"wrote {r['bytes']} bytes to {r['output']}"))
+
+
+def _plain(value: Any) -> str:
+    """A metadata value as a person reads it: lists joined, None as a dash, no quotes."""
+    if isinstance(value, list):
+        return ", ".join(_plain(v) for v in value)
+    return "-" if value is None else str(value)
 
 
 def _resolve(cache: FileStreamProgramCache, prefix: str) -> Any:
@@ -284,7 +346,7 @@ def verify(cache_dir: str | None, fix: bool, as_json: bool) -> None:
     report = ent.verify(cache, fix=fix, progress=not as_json)
 
     def render(data: dict[str, Any]) -> None:
-        click.echo(f"checked {data['checked']} entries")
+        click.echo(f"checked {data['checked']} entries and {data['manifests_checked']} header manifests")
         for kind in ("corrupt", "orphaned_sidecars", "stale_temps"):
             items = data[kind]
             click.echo(f"{kind.replace('_', ' ')}: {len(items)}")
@@ -303,19 +365,29 @@ def verify(cache_dir: str | None, fix: bool, as_json: bool) -> None:
 @CACHE_DIR_OPTION
 @click.option("--max-size", default=None, help="Evict least recently used entries down to this size (e.g. 2GB).")
 @click.option("--older-than", default=None, help="Remove entries not used for this long (e.g. 30d, 12h).")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @JSON_OPTION
-def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, as_json: bool) -> None:
-    """Remove entries by size (LRU first) or by age of last use."""
+def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, dry_run: bool, as_json: bool) -> None:
+    """Remove entries (and header manifests) by age of last use, then by size (LRU first)."""
     if max_size is None and older_than is None:
         raise UserError("give --max-size SIZE and/or --older-than AGE (e.g. --max-size 2GB, --older-than 30d)")
     size_cap = config.parse_size(max_size) if max_size is not None else None
     max_age = ent.parse_age(older_than) if older_than is not None else None
     cache = _open(cache_dir)
-    result = ent.prune(cache, size_cap, max_age, now=time.time())
-    # Copies handed to Triton (kernelcache.materialized) are not entries: idle ones go too.
-    result["materialized_removed"] = remove_materialized(cache.path, KEEP_RECENT_S)[0]
-    result["old_layouts_removed"] = cache.remove_old_layouts()  # never read: only space
-    _emit(result, as_json, lambda r: click.echo(f"removed {r['removed']} entries, freed {r['freed_bytes']} bytes"))
+    result = ent.prune(cache, size_cap, max_age, now=time.time(), dry_run=dry_run)
+    if not dry_run:
+        # Copies handed to Triton (kernelcache.materialized) are not entries: idle ones go too.
+        result["materialized_removed"] = remove_materialized(cache.path, KEEP_RECENT_S)[0]
+        result["old_layouts_removed"] = cache.remove_old_layouts()  # never read: only space
+
+    def render(r: dict[str, Any]) -> None:
+        verb, freed = ("would remove", "would free") if dry_run else ("removed", "freed")
+        click.echo(
+            f"{verb} {r['removed']} entries and {r['manifests_removed']} header manifests, "
+            f"{freed} {config.format_size(r['freed_bytes'])}"
+        )
+
+    _emit(result, as_json, render)
 
 
 @main.command()
@@ -325,13 +397,19 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, a
 def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
     """Remove every entry of the cache (the counters are kept: `stats --zero` resets them)."""
     cache = _open(cache_dir)
-    if not yes and not click.confirm(f"Remove every entry in {cache.path}?", default=False):
-        raise UserError("not confirmed; nothing removed (use --yes to skip the question)")
-    count = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))  # artifacts, as ls lists them
+    try:
+        confirmed = yes or click.confirm(f"Remove every entry in {cache.path}?", default=False)
+    except click.Abort:  # no answer (stdin closed): the same as "no"
+        confirmed = False
+    if not confirmed:
+        raise Declined("not confirmed; nothing removed (use --yes to skip the question)")
+    entries = list(cache.iter_entries())
+    count = sum(1 for e in entries if not ent.is_manifest(e))  # artifacts, as ls lists them
+    manifests = len(entries) - count
     cache.clear()
     copies = remove_materialized(cache.path)[0]  # the copies handed to Triton go with them
     old = cache.remove_old_layouts()  # entries of earlier versions' layouts (never read)
-    result = {"removed": count, "path": cache.path, "counters_reset": False}
+    result = {"removed": count, "manifests_removed": manifests, "path": cache.path, "counters_reset": False}
     if copies:
         result["materialized_copies_removed"] = copies
     if old:
@@ -341,7 +419,7 @@ def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
         extra = f" and {copies} materialized copies" if copies else ""
         extra += " and the tree of an earlier layout" if old else ""
         click.echo(
-            f"removed {r['removed']} entries{extra} from {r['path']}; "
+            f"removed {r['removed']} entries, {r['manifests_removed']} header manifests{extra} from {r['path']}; "
             "counters kept (`kernelcache stats --zero` resets them)"
         )
 
@@ -395,7 +473,10 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
                 click.echo(f"key {data['key'][:16]}: {'in the cache' if data['in_cache'] else 'NOT in the cache'}")
             if data.get("closest"):
                 click.echo(f"closest cached entry: {data['closest']}")
-        if not data["differences"]:
+        for change, paths in (data.get("headers") or {}).items():
+            for path in paths:
+                click.echo(f"header {change}: {path}")
+        if not data["differences"] and not any((data.get("headers") or {}).values()):
             click.echo("no differing key component")
         for name, (a, b) in data["differences"].items():
             click.echo(f"{name}:\n  - {a}\n  + {b}")

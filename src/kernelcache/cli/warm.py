@@ -27,8 +27,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelcache.headers import as_list
-
 _KERNEL_FIELDS = {"name", "source", "code", "code_type", "arch", "target", "options", "name_expressions"}
 
 
@@ -61,29 +59,69 @@ def _read_document(path: str) -> dict[str, Any]:
         raise ValueError(f"manifest {path} is not valid {'TOML' if path.endswith('.toml') else 'JSON'}: {exc}") from exc
 
 
+def _strings(value: Any, what: str) -> list[str]:
+    """A str or a list of str, as a list; ValueError naming ``what`` otherwise."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ValueError(f"{what} must be a string or a list of strings, not {json.dumps(value)}")
+
+
+def _kernel(raw: dict[str, Any], defaults: dict[str, Any], base: str, where: str) -> dict[str, Any]:
+    """One kernel table merged over the defaults, every field checked for its type."""
+    unknown = set(raw) - _KERNEL_FIELDS
+    if unknown:
+        raise ValueError(f"{where} has unknown field(s) {sorted(unknown)}; known: {sorted(_KERNEL_FIELDS)}")
+    for table, label in ((defaults, "defaults.options"), (raw, f"{where}: options")):
+        if not isinstance(table.get("options", {}), dict):
+            raise ValueError(f"{label} must be a table of ProgramOptions fields, e.g. {{ std = \"c++17\" }}")
+    k = {**defaults, **raw, "options": {**defaults.get("options", {}), **raw.get("options", {})}}
+    for field_name in ("name", "code", "source", "code_type"):
+        if field_name in k and not isinstance(k[field_name], str):
+            raise ValueError(f"{where}: {field_name} must be a string, not {json.dumps(k[field_name])}")
+    out = {
+        "arch": _strings(k.get("arch", "sm_90"), f"{where}: arch"),
+        "target": _strings(k.get("target", "cubin"), f"{where}: target"),
+        "name_expressions": tuple(_strings(k.get("name_expressions", []), f"{where}: name_expressions")),
+        "options": dict(k["options"]),
+    }
+    # Paths in a manifest are relative to the manifest, like `source`, not to the cwd.
+    if "include_path" in out["options"]:
+        dirs = _strings(out["options"]["include_path"], f"{where}: options.include_path")
+        out["options"]["include_path"] = [os.path.join(base, d) for d in dirs]
+    return {**k, **out}
+
+
 def load_manifest(path: str) -> list[WarmItem]:
     """Expand a manifest into one item per (kernel, arch, target); ValueError if malformed."""
     doc = _read_document(path)
     if not isinstance(doc, dict):
         raise ValueError(f"manifest {path}: the top level must be a table/object")
+    unknown = set(doc) - {"defaults", "kernel", "kernels"}
+    if unknown:
+        raise ValueError(
+            f"manifest {path}: unknown top-level field(s) {sorted(unknown)}: put them under [defaults] or [[kernel]]"
+        )
     defaults = doc.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise ValueError(f"manifest {path}: defaults must be a table, not {json.dumps(defaults)}")
     kernels = doc.get("kernel", doc.get("kernels"))
     if not isinstance(kernels, list) or not kernels:
         raise ValueError(f"manifest {path}: no kernels (expected a [[kernel]] list)")
     base = os.path.dirname(os.path.abspath(path))
+    if defaults:
+        _kernel({}, defaults, base, f"manifest {path}: defaults")  # its errors name the defaults
     items = []
     for i, raw in enumerate(kernels):
         if not isinstance(raw, dict):
             raise ValueError(f"manifest {path}: kernel #{i + 1} is not a table")
-        unknown = set(raw) - _KERNEL_FIELDS
-        if unknown:
-            raise ValueError(f"manifest {path}: kernel #{i + 1} has unknown field(s) {sorted(unknown)}")
-        k = {**defaults, **raw, "options": {**defaults.get("options", {}), **raw.get("options", {})}}
-        name = str(k.get("name") or f"kernel{i + 1}")
+        k = _kernel(raw, defaults, base, f"manifest {path}: kernel #{i + 1}")
+        name = k.get("name") or f"kernel{i + 1}"
         if "code" in k:
-            code = str(k["code"])
+            code = k["code"]
         elif "source" in k:
-            src = os.path.join(base, str(k["source"]))
+            src = os.path.join(base, k["source"])
             try:
                 with open(src, encoding="utf-8") as f:
                     code = f.read()
@@ -91,17 +129,17 @@ def load_manifest(path: str) -> list[WarmItem]:
                 raise ValueError(f"manifest {path}: kernel {name!r}: cannot read {src}: {exc.strerror}") from exc
         else:
             raise ValueError(f"manifest {path}: kernel {name!r} needs 'source' (a file) or 'code' (inline)")
-        for arch in as_list(k.get("arch", "sm_90")):
-            for target in as_list(k.get("target", "cubin")):
+        for arch in k["arch"]:
+            for target in k["target"]:
                 items.append(
                     WarmItem(
                         name=name,
                         code=code,
-                        code_type=str(k.get("code_type", "c++")),
-                        arch=str(arch),
-                        target_type=str(target),
+                        code_type=k.get("code_type", "c++"),
+                        arch=arch,
+                        target_type=target,
                         options=dict(k["options"]),
-                        name_expressions=tuple(k.get("name_expressions", ())),
+                        name_expressions=k["name_expressions"],
                     )
                 )
     return items
@@ -135,7 +173,7 @@ def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool)
         try:
             options = program_options(item)
         except ValueError as exc:
-            options, result["error"] = None, _first_line(exc)
+            options, result["error"] = None, _error_text(exc)
         requests.append(
             {
                 "code": item.code,
@@ -147,12 +185,16 @@ def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool)
         )
     todo = [i for i, r in enumerate(results) if "error" not in r]
     bar = None
-    if progress:
+    on_done = None
+    if progress and sys.stderr.isatty():
         from rich.progress import Progress
 
         bar = Progress(transient=True)
         bar.start()
         task = bar.add_task("warming", total=len(todo))
+        on_done = lambda _j: bar.advance(task)  # noqa: E731
+    elif progress:
+        on_done = _line_per_item([items[i] for i in todo])
     try:
         batch = run_batch(
             [requests[i] for i in todo],
@@ -160,7 +202,7 @@ def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool)
             jobs,
             what="warm",
             strict=False,
-            on_done=(lambda _i: bar.advance(task)) if bar is not None else None,
+            on_done=on_done,
         )
     finally:
         if bar is not None:
@@ -168,7 +210,7 @@ def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool)
     for j, i in enumerate(todo):
         info = batch.infos[j]
         if j in batch.errors:
-            results[i].update(hit=False, error=_first_line(batch.errors[j]))
+            results[i].update(hit=False, error=_error_text(batch.errors[j]))
         elif info is not None:
             results[i].update(hit=info.hit, key=info.entry_name, seconds=info.seconds)
     for r in results:
@@ -176,6 +218,24 @@ def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool)
     return results
 
 
-def _first_line(exc: BaseException) -> str:
+def _line_per_item(items: list[WarmItem]) -> Any:
+    """Without a terminal (CI logs): one line on stderr per finished item, as it finishes."""
+    import threading
+
+    lock = threading.Lock()
+    done = [0]
+
+    def on_done(j: int) -> None:
+        item = items[j]
+        with lock:  # on_done runs on the batch's worker threads
+            done[0] += 1
+            print(f"warm [{done[0]}/{len(items)}] {item.name} [{item.arch} {item.target_type}]", file=sys.stderr)
+            sys.stderr.flush()
+
+    return on_done
+
+
+def _error_text(exc: BaseException) -> str:
+    """The error as the user needs it: its type and its whole text (a compile log is many lines)."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    return f"{type(exc).__name__}: {text}"

@@ -22,6 +22,7 @@ O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 # waits forever; with O_NONBLOCK it returns, and the regular-file check below refuses it).
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_READ_SAFE = O_RDONLY | O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+_O_NOATIME = getattr(os, "O_NOATIME", 0)
 TMP_SUFFIX = ".tmp"
 # One read() returns at most about 2 GiB on Linux (0x7ffff000 bytes), whatever is asked:
 # bigger files are read in a loop of reads of at most this many bytes.
@@ -39,14 +40,21 @@ def stat_key(st: os.stat_result) -> StatKey:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def open_regular(path: str) -> tuple[int, os.stat_result]:
+def open_regular(path: str, keep_atime: bool = False) -> tuple[int, os.stat_result]:
     """(fd, fstat) of the regular file at path, opened read-only without following a symlink.
 
     FileNotFoundError if absent; NotRegularFileError for a symlink or anything but a regular
-    file (which could hang or never end a read); other OSErrors as they come.
+    file (which could hang or never end a read); other OSErrors as they come. ``keep_atime``:
+    open with O_NOATIME where the kernel allows it (the file's owner), since a relatime mount
+    moves the atime of a plain read when it is older than the mtime.
     """
     try:
-        fd = os.open(path, O_READ_SAFE)
+        try:
+            fd = os.open(path, O_READ_SAFE | (_O_NOATIME if keep_atime else 0))
+        except PermissionError:
+            if not keep_atime or not _O_NOATIME:
+                raise
+            fd = os.open(path, O_READ_SAFE)  # not the owner: O_NOATIME is refused, read plainly
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotRegularFileError(errno.ELOOP, "is a symlink, not a regular file", path) from None
@@ -84,7 +92,7 @@ def read_fd(fd: int, size: int, chunk: int = READ_CHUNK) -> bytes:
 
 
 def read_regular(
-    path: str, *, max_size: int | None = None, chunk: int = READ_CHUNK, touch: bool = False
+    path: str, *, max_size: int | None = None, chunk: int = READ_CHUNK, touch: bool = False, keep_atime: bool = False
 ) -> tuple[bytes, os.stat_result]:
     """(content, fstat) of the regular file at path (see open_regular for what raises).
 
@@ -95,7 +103,7 @@ def read_regular(
     (relatime, noatime mounts) and LRU eviction sorts by it; on read-only media the touch
     fails silently and LRU degrades to FIFO.
     """
-    fd, st = open_regular(path)
+    fd, st = open_regular(path, keep_atime)
     try:
         if max_size is not None and st.st_size > max_size:
             raise NotRegularFileError(errno.EFBIG, f"is {st.st_size} bytes, more than expected there", path)

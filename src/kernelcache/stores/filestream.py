@@ -90,7 +90,8 @@ class FileStreamProgramCache(RecordStore):
     recently *read* entries go first. ``allow_shared=True`` accepts a root owned by
     another user or writable by group/others (a team cache); otherwise such a root is
     refused, since anyone who can write it can plant code that your GPU will run (default:
-    ``KERNELCACHE_ALLOW_SHARED``).
+    ``KERNELCACHE_ALLOW_SHARED``). ``touch_on_read=False``: reads leave the last-used times
+    (and so the eviction order) alone, for diagnostics such as ``kernelcache explain``.
 
     Writes are atomic (staged in tmp/, fsync'ed, os.replace'd): readers see the old entry,
     the new one, or none, never a part. Reads verify the sidecar's digest; a mismatch is
@@ -109,6 +110,7 @@ class FileStreamProgramCache(RecordStore):
         *,
         allow_shared: bool | None = None,
         tmp_max_age_s: float | None = None,
+        touch_on_read: bool = True,
     ) -> None:
         super().__init__()
         self._max_size = check_max_size(max_size_bytes)
@@ -117,6 +119,7 @@ class FileStreamProgramCache(RecordStore):
         self._root = os.path.abspath(os.fspath(path) if path is not None else config.cache_dir())
         self._allow_shared = config.allow_shared() if allow_shared is None else bool(allow_shared)
         self._tmp_max_age_s = DEFAULT_TMP_MAX_AGE_S if tmp_max_age_s is None else tmp_max_age_s
+        self._touch = bool(touch_on_read)
         base = os.path.join(self._root, FORMAT_DIR)
         self._entries = os.path.join(base, "entries")
         self._tmp = os.path.join(base, "tmp")
@@ -262,7 +265,9 @@ class FileStreamProgramCache(RecordStore):
     def _read_entry(self, path: str) -> tuple[bytes, StatKey] | None:
         """(payload, file identity) of the entry at path, with its atime bumped; None if absent."""
         try:
-            payload, st = read_regular(path, chunk=self.read_chunk_bytes, touch=True)
+            payload, st = read_regular(
+                path, chunk=self.read_chunk_bytes, touch=self._touch, keep_atime=not self._touch
+            )
         except FileNotFoundError:
             return None
         except OSError as exc:
