@@ -88,7 +88,7 @@ def test_clear_says_whether_it_resets_the_counters(tmp_path) -> None:
     assert "removed 2 entries" in out and "counters kept" in out and "stats --zero" in out
     assert stats(cache)["compiles"] == 2  # as it said
     data = json.loads(kc("clear", "--yes", "--json", "--cache-dir", cache).stdout)
-    assert data == {"removed": 0, "path": os.path.realpath(cache), "counters_reset": False}
+    assert data == {"removed": 0, "manifests_removed": 0, "path": os.path.realpath(cache), "counters_reset": False}
 
 
 def test_logging_hit_miss_compile_evict(tmp_path) -> None:
