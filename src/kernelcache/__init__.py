@@ -28,7 +28,7 @@ _EXPORTS = {
     "ProgramCacheResource": "kernelcache.stores.base",
     "RedisProgramCache": "kernelcache.stores.redis",  # needs the optional redis client
     "TieredProgramCache": "kernelcache.stores.tiered",
-    "UnsafeCacheDirError": "kernelcache.stores.filestream",
+    "UnsafeCacheDirError": "kernelcache.stores.treesafety",
     "compile_many": "kernelcache.batch",
     "compile_program": "kernelcache.compile",
     "default_cache": "kernelcache.default_store",
@@ -81,7 +81,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
     from kernelcache.kernels import KernelCache
     from kernelcache.keys import explain_program_cache_key, make_program_cache_key
     from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
-    from kernelcache.stores.filestream import FileStreamProgramCache, UnsafeCacheDirError
+    from kernelcache.stores.filestream import FileStreamProgramCache
     from kernelcache.stores.memory import InMemoryProgramCache
     from kernelcache.stores.redis import RedisProgramCache
     from kernelcache.stores.tiered import TieredProgramCache
+    from kernelcache.stores.treesafety import UnsafeCacheDirError

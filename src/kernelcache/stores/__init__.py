@@ -1,9 +1,10 @@
 """Byte stores: every one implements ProgramCacheResource (bytes in, the same bytes out)."""
 
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
-from kernelcache.stores.filestream import FileStreamProgramCache, UnsafeCacheDirError
+from kernelcache.stores.filestream import FileStreamProgramCache
 from kernelcache.stores.memory import InMemoryProgramCache
 from kernelcache.stores.tiered import TieredProgramCache
+from kernelcache.stores.treesafety import UnsafeCacheDirError
 
 
 def __getattr__(name: str) -> object:

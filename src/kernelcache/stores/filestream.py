@@ -15,7 +15,8 @@ entry; a sidecar whose metadata was not checked) is never read: its entries are 
 ``kernelcache clear`` / ``prune`` remove its tree (remove_old_layouts).
 
 Every decision that concerns other processes is explained where it is made. The sidecar
-format is sidecar.py, size tracking and eviction sizecap.py, the file operations fileops.py.
+format is sidecar.py, size tracking and eviction sizecap.py, the file operations fileops.py,
+who may own and write the tree treesafety.py.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ from kernelcache.stores.fileops import (
 from kernelcache.stores.naming import entry_name
 from kernelcache.stores.sidecar import MAX_SIZE, META_SUFFIX, make_sidecar, parse_sidecar, sidecar_info
 from kernelcache.stores.sizecap import SizeCap
+from kernelcache.stores.treesafety import UnsafeCacheDirError, make_tree
+
+__all__ = ["DEFAULT_TMP_MAX_AGE_S", "EntryInfo", "FileStreamProgramCache", "UnsafeCacheDirError"]
 
 FORMAT_DIR = "v2"
 # Layouts of earlier versions: never read (a miss, never an error); removed by the tools.
@@ -59,10 +63,6 @@ OLD_FORMAT_DIRS = ("v1",)
 # temp file older than this is an orphan. Generous, because a slow network filesystem
 # under load must not have its in-flight writes swept.
 DEFAULT_TMP_MAX_AGE_S = 15 * 60
-
-
-class UnsafeCacheDirError(PermissionError):
-    """The cache root is owned by another user or writable by others."""
 
 
 # Verified (entry, sidecar) pairs remembered per process (see _read); bounded.
@@ -124,45 +124,11 @@ class FileStreamProgramCache(RecordStore):
         self._entries = os.path.join(base, "entries")
         self._tmp = os.path.join(base, "tmp")
         self._locks = os.path.join(base, "locks")
-        self._make_dirs(base)
+        make_tree(self._root, (base, self._entries, self._tmp, self._locks), self._allow_shared)
         self._stats = FileStats(os.path.join(base, "stats"))
         self._verified: dict[str, _Verified] = {}
         self._sweep_stale_tmp()
         self._sizecap = SizeCap(self._max_size, self._stats, self._entries, self._locks)
-
-    # -- directories ------------------------------------------------------------------
-
-    def _make_dirs(self, base: str) -> None:
-        # 0700: compiled kernels are code; only their owner should read or plant them.
-        try:
-            os.makedirs(self._root, mode=0o700, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            # os.makedirs says only "File exists" when the root (or a parent) is a file.
-            where = "KERNELCACHE_DIR" if config.cache_dir_is_from_env(self._root) else "the cache directory"
-            raise NotADirectoryError(
-                f"{where} {self._root!r} is not a directory (it or a parent is a file): "
-                "point it at a directory (created if missing)"
-            ) from None
-        self._check_root_is_safe()
-        for d in (base, self._entries, self._tmp, self._locks):
-            os.makedirs(d, mode=0o700, exist_ok=True)
-
-    def _check_root_is_safe(self) -> None:
-        if self._allow_shared:
-            return
-        st = os.stat(self._root)
-        problem = None
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            problem = f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
-        elif st.st_mode & (stat_mod.S_IWGRP | stat_mod.S_IWOTH):
-            problem = f"is writable by group or others (mode {stat_mod.filemode(st.st_mode)})"
-        if problem:
-            raise UnsafeCacheDirError(
-                f"kernelcache refuses the cache directory {self._root!r}: it {problem}, so another "
-                "user could plant kernels that your process would run. Use a private directory, "
-                "or pass allow_shared=True (KERNELCACHE_ALLOW_SHARED=1, kernelcache --allow-shared) if this "
-                "is a deliberately shared team cache."
-            )
 
     @property
     def path(self) -> str:
