@@ -75,6 +75,15 @@ def _l1_lookup(
         return key, shard.peek(key)
 
 
+def _no_gpu_reason(exc: BaseException) -> str | None:
+    """Why there is no GPU to load on, if ``exc`` says so; None for any other error."""
+    if type(exc).__name__ == "DynamicLibNotFoundError":
+        return "no NVIDIA driver found (libcuda.so.1 cannot be loaded)"
+    if "CUDA_ERROR_NO_DEVICE" in str(exc):
+        return "the NVIDIA driver found no CUDA device"
+    return None
+
+
 class KernelCache:
     """Loaded kernels per GPU, built through compile_program on a miss.
 
@@ -101,10 +110,20 @@ class KernelCache:
     def _device(device: Any) -> Any:
         from cuda.core import Device
 
-        if device is None:
-            return Device()  # the current device of this thread
-        if isinstance(device, int):
-            return Device(device)
+        try:
+            if device is None:
+                return Device()  # the current device of this thread
+            if isinstance(device, int):
+                return Device(device)
+        except Exception as exc:
+            why = _no_gpu_reason(exc)
+            if why is None:
+                raise
+            # One line instead of a traceback through the driver loader (as the demo says it).
+            raise RuntimeError(
+                f"kernelcache.KernelCache needs a CUDA GPU: {why}; "
+                "compile_program() compiles and caches without one"
+            ) from None
         return device
 
     def get_kernel(
