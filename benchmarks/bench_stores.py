@@ -3,7 +3,8 @@
     python benchmarks/bench_stores.py            # full run (includes the 100k-entry case)
     python benchmarks/bench_stores.py --quick    # skip the 100k-entry case
 
-Prints one table: each operation's median time for ours and theirs, and ours/theirs.
+Prints one table: each operation's median time for ours and theirs, and ours/theirs; while it
+runs, one progress line per step on stderr (the full run takes several minutes, --quick about one).
 """
 
 from __future__ import annotations
@@ -106,6 +107,14 @@ def first_hit_ms(which: str, work: str) -> tuple[float, float]:
     return total, after_import
 
 
+_START = time.monotonic()
+
+
+def step(what: str) -> None:
+    """One progress line on stderr, so a long run is never silent."""
+    print(f"[{time.monotonic() - _START:6.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 100k-entry capped case")
@@ -114,6 +123,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="kc-bench-")
     rows: list[tuple[str, float, float, str]] = []
     try:
+        step("key derivation, memory store")
         opts = ProgramOptions(arch=ARCH)
         kw = {"code": SRC, "code_type": "c++", "options": opts, "target_type": "cubin"}
         rows.append(("key derivation", median_us(lambda: our_key(**kw)), median_us(lambda: their_key(**kw)), "us"))
@@ -131,6 +141,7 @@ def main() -> None:
             )
         )
 
+        step("file store: get, miss, set")
         of, tf = OurFile(os.path.join(work, "ours")), TheirFile(os.path.join(work, "theirs"))
         of[b"k"] = PAYLOAD
         tf[b"k"] = PAYLOAD
@@ -146,10 +157,12 @@ def main() -> None:
         )
         sizes = [1_000, 10_000] + ([] if args.quick else [100_000])
         for n in sizes:
+            step(f"set into a full capped cache of {n} entries (filling it first)")
             writes = 30 if n <= 10_000 else 5
             ours = capped_set_us(lambda r, c: OurFile(r, max_size_bytes=c), n, work, writes)
             theirs = capped_set_us(lambda r, c: TheirFile(r, max_size_bytes=c), n, work, writes)
             rows.append((f"set into full capped cache, {n // 1000}k entries", ours, theirs, "us"))
+        step("open a capped cache of 10k entries")
         rows.append(
             (
                 "open capped cache, 10k entries",
@@ -158,6 +171,7 @@ def main() -> None:
                 "us",
             )
         )
+        step("fresh processes: imports + first hit (5 each)")
         o_total, o_after = first_hit_ms("ours", work)
         t_total, t_after = first_hit_ms("theirs", work)
         rows.append(("fresh process: imports + first hit", o_total, t_total, "ms"))
