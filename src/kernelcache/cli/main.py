@@ -5,7 +5,6 @@ Bad input gives one clear line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -15,99 +14,21 @@ import click
 
 from kernelcache import config
 from kernelcache.cli import entries as ent
+from kernelcache.cli.common import (
+    CACHE_DIR_OPTION,
+    JSON_OPTION,
+    Declined,
+    Group,
+    UserError,
+)
+from kernelcache.cli.common import console as _console
+from kernelcache.cli.common import emit as _emit
+from kernelcache.cli.common import open_cache as _open
 from kernelcache.materialized import KEEP_RECENT_S, remove_materialized
 from kernelcache.stores.filestream import FileStreamProgramCache
 
 
-def _allow_shared(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    # The flag means exactly "KERNELCACHE_ALLOW_SHARED=1" for this command: setting the
-    # variable reaches every store the command opens, in this process and in the worker
-    # processes of `warm` (they inherit the environment).
-    if value:
-        os.environ["KERNELCACHE_ALLOW_SHARED"] = "1"
-
-
-def CACHE_DIR_OPTION(f: Any) -> Any:  # noqa: N802 - used like the other option constants
-    """--cache-dir and --allow-shared: every command that opens a cache takes both."""
-    f = click.option(
-        "--allow-shared",
-        is_flag=True,
-        expose_value=False,
-        callback=_allow_shared,
-        help="Accept a group-shared team cache directory (same as KERNELCACHE_ALLOW_SHARED=1).",
-    )(f)
-    return click.option(
-        "--cache-dir",
-        default=None,
-        metavar="DIR",
-        help="Cache directory (default: KERNELCACHE_DIR or the user cache dir).",
-    )(f)
-
-
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-
-
-class UserError(click.ClickException):
-    """A problem with the user's input: one line on stderr, exit code 2."""
-
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"kernelcache: error: {self.format_message()}", err=True)
-
-
-class _Group(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
-            raise
-        except (ValueError, OSError, KeyError) as exc:
-            # Expected failures (bad manifest, unreadable dir...) are one line, not a traceback.
-            raise UserError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
-
-
-class Declined(click.ClickException):
-    """The user did not confirm: one line on stderr, exit code 1 (not a usage error)."""
-
-    exit_code = 1
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"kernelcache: {self.format_message()}", err=True)
-
-
-def _open(cache_dir: str | None, sweep: bool = True, create: bool = False) -> FileStreamProgramCache:
-    """The file cache the command works on. Only commands that write (demo, warm) create
-    it: a mistyped --cache-dir must be an error, not a new empty cache reporting zeros."""
-    root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
-    if not create and not os.path.isdir(root):
-        named = ""
-        if cache_dir is not None:
-            named = " (--cache-dir)"
-        elif config.cache_dir_is_from_env(root):
-            named = " (KERNELCACHE_DIR)"
-        if os.path.exists(root):
-            raise UserError(f"{root}{named} is not a directory: give the cache directory")
-        raise UserError(f"no cache at {root}{named}: the directory does not exist (nothing was created)")
-    # verify opens without the start-up sweep of stale temp files, so it can report them.
-    # The cap is the default cache's (KERNELCACHE_MAX_SIZE), so that stats shows it.
-    return FileStreamProgramCache(root, config.max_size_bytes(), tmp_max_age_s=None if sweep else float("inf"))
-
-
-def _emit(data: Any, as_json: bool, render: Any) -> None:
-    if as_json:
-        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-    else:
-        render(data)
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console()
-
-
-@click.group(cls=_Group)
+@click.group(cls=Group)
 @click.version_option(package_name="kernelcache")
 def main() -> None:
     """kernelcache: compile CUDA kernels once, reuse them everywhere."""
