@@ -20,7 +20,10 @@ from kernelcache import FileStreamProgramCache, KernelCacheWarning
 from kernelcache.stores.filestream import FORMAT_DIR
 
 CTX = mp.get_context("spawn")
-SRC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+# Children import the kernelcache this test runs against (PYTHONPATH), else this checkout's.
+SRC_DIR = os.environ.get("PYTHONPATH") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"
+)
 
 
 def _only_entry(root) -> str:

@@ -14,7 +14,6 @@ import stat as stat_mod
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 # Files in the tree are opened without following a symlink (an entry linked to /dev/zero or
@@ -76,9 +75,12 @@ def read_fd(fd: int, size: int, chunk: int = READ_CHUNK) -> bytes:
     The caller knows the size from fstat; the content is checked against its sidecar after,
     so a file changed in place shows as a mismatch, never as a part taken for the whole.
     """
-    first = os.read(fd, min(size, chunk))
-    if len(first) == size or not first:
-        return first
+    if size <= chunk:
+        first = os.read(fd, size)  # the usual case: one call, no copy
+        if len(first) == size or not first:
+            return first
+    else:
+        first = b""
     buf = bytearray(size)
     view = memoryview(buf)
     got = len(first)
@@ -131,25 +133,25 @@ def remove_path(path: str) -> bool:
     return True
 
 
-def unlink_if_same(path: str, key: Any) -> int:
-    """Unlink path if it is still the file version ``key`` (None: any); return the bytes freed.
+def unlink_if_same(path: str, key: StatKey | None) -> int | None:
+    """Unlink path if it is still the file version ``key`` (None: any); the bytes freed.
 
-    0 if absent or replaced meanwhile; an unlink that fails for another reason (permission,
-    an immutable directory, I/O) raises OSError: "could not remove" is never "was absent".
-    The stat-then-unlink pair leaves a window of microseconds in which another process can
-    os.replace a fresh file onto ``path``; callers that must not lose such a file hold the
-    pair lock (see pair_lock), which every writer of an entry takes to publish it.
+    None if nothing was removed (absent, or replaced meanwhile). An unlink that fails for
+    another reason (permission, an immutable directory, I/O) raises OSError: "could not
+    remove" is never "was absent". The lstat-then-unlink pair leaves a window in which
+    another process can os.replace a fresh file onto ``path``; callers that must not lose
+    such a file hold the pair lock (see pair_lock), which every writer takes to publish.
     """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return 0
+        return None
     if key is not None and stat_key(st) != key:
-        return 0
+        return None
     try:
         os.unlink(path)
     except FileNotFoundError:
-        return 0
+        return None
     return st.st_size
 
 

@@ -161,8 +161,8 @@ class FileStreamProgramCache(RecordStore):
         freed = 0
         try:
             with pair_lock(os.path.dirname(path)):
-                freed += unlink_if_same(path, None)
-                freed += unlink_if_same(path + META_SUFFIX, None)
+                freed += unlink_if_same(path, None) or 0
+                freed += unlink_if_same(path + META_SUFFIX, None) or 0
         finally:
             self._sizecap.freed(freed, evicted=evicted)
         return freed
@@ -219,8 +219,9 @@ class FileStreamProgramCache(RecordStore):
             # do we call it corrupt and remove it.
             identity = (st_key, sidecar)
             if identity == previous:
-                self._remove_corrupt(path, st_key, sidecar_key)
-                return None
+                if self._remove_corrupt(path, st_key, sidecar_key):
+                    return None
+                identity = None  # a writer replaced the pair meanwhile: judge it afresh
             previous = identity
             time.sleep(0.001 * attempt)
         return None  # files kept changing under us: a miss, not a corruption
@@ -267,24 +268,29 @@ class FileStreamProgramCache(RecordStore):
         else:
             self.warn_once(f"read-{exc.errno}", f"cannot read {path}: {exc}; treated as a miss")
 
-    def _remove_corrupt(self, path: str, entry_key: StatKey, sidecar_key: StatKey | None) -> None:
-        # Under the pair lock, and only if both files are still the versions we judged: a
-        # writer that published a fresh pair meanwhile keeps it.
+    def _remove_corrupt(self, path: str, entry_key: StatKey, sidecar_key: StatKey | None) -> bool:
+        """Remove a pair that failed its check twice; False if a writer replaced it meanwhile.
+
+        A reader takes no lock, so two reads can both fall between a writer's two renames
+        (new sidecar, old entry) and look like damage. Under the pair lock that writer has
+        finished; the pair is removed only if both files are still the versions we judged.
+        """
         removed = 0
         try:
             with pair_lock(os.path.dirname(path)):
-                if sidecar_key is not None:
-                    try:
-                        if stat_key(os.lstat(path + META_SUFFIX)) != sidecar_key:
-                            return
-                    except FileNotFoundError:
-                        pass
-                removed = unlink_if_same(path, entry_key)
-                if removed:
-                    removed += unlink_if_same(path + META_SUFFIX, sidecar_key)
+                try:
+                    sidecar_now: StatKey | None = stat_key(os.lstat(path + META_SUFFIX))
+                except FileNotFoundError:
+                    sidecar_now = None
+                if sidecar_now != sidecar_key:
+                    return False
+                entry_freed = unlink_if_same(path, entry_key)
+                if entry_freed is None:
+                    return False  # replaced or removed meanwhile: not ours to judge now
+                removed = entry_freed + (unlink_if_same(path + META_SUFFIX, sidecar_key) or 0)
         except OSError as exc:
             self.warn_once(f"remove-{exc.errno}", f"could not remove the damaged cache entry {path}: {exc}")
-            return
+            return True
         finally:
             self._sizecap.freed(removed)
             self._verified.pop(path, None)
@@ -293,6 +299,7 @@ class FileStreamProgramCache(RecordStore):
             f"cache entry {os.path.basename(path)} failed its integrity check (truncated, "
             "modified or missing its sidecar); removed it, it will be recompiled",
         )
+        return True
 
     # -- writing ----------------------------------------------------------------------
 

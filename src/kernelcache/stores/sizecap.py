@@ -149,9 +149,9 @@ class SizeCap:
             if stat_key(st) != key or st.st_atime_ns != atime_ns:
                 return 0
             freed = unlink_if_same(path, key)
-            if freed:
-                freed += unlink_if_same(path + META_SUFFIX, None)
-            return freed
+            if freed is None:
+                return 0
+            return freed + (unlink_if_same(path + META_SUFFIX, None) or 0)
 
     def reconcile(self) -> int:
         """Rescan entries/: reset the size tracker and refill the eviction candidates."""
