@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -58,6 +59,16 @@ def mounted_tmpfs(size: str, *, read_only: bool = False) -> Iterator[str]:
         subprocess.run(["umount", "-l", point], capture_output=True)
         with contextlib.suppress(OSError):
             os.rmdir(point)
+
+
+def settle_timestamps() -> None:
+    """Let files written just now get older than the filesystem's clock tick.
+
+    compile_program does not store a compile when a header it read is stamped at or after
+    the compile's start on the kernel's coarse clock (1-10 ms ticks): a test that writes a
+    header and compiles at once, and expects the next call to hit, waits this long first.
+    """
+    time.sleep(0.012)
 
 
 def remount_read_only(point: str) -> None:

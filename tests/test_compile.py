@@ -10,7 +10,7 @@ import warnings
 
 import _workers as w
 import pytest
-from conftest import ARCH, mounted_tmpfs
+from conftest import ARCH, mounted_tmpfs, settle_timestamps
 from cuda.core import ProgramOptions
 
 from kernelcache import (
@@ -61,6 +61,7 @@ needs_bundled_headers = pytest.mark.skipif(
 
 
 def call(cache, code=TRIVIAL, **kw) -> tuple[object, CompileInfo]:
+    settle_timestamps()  # the headers a test just wrote are older than the compile's start
     info = CompileInfo()
     kw.setdefault("options", opts())
     obj = compile_program(code, cache=cache, info=info, **kw)

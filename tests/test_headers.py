@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import _fswatch
 import pytest
-from conftest import ARCH, run_python
+from conftest import ARCH, run_python, settle_timestamps
 from cuda.core import ProgramOptions
 
 from kernelcache import CompileInfo, FileStreamProgramCache, KernelCacheWarning, compile_program
@@ -29,11 +29,18 @@ from kernelcache import headers as hdr
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child started in another directory: PYTHONPATH made absolute."""
+    path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 def opts(**kw: object) -> ProgramOptions:
     return ProgramOptions(arch=ARCH, **kw)
 
 
 def compiled(cache, code: str, **kw) -> tuple[bytes, CompileInfo]:
+    settle_timestamps()  # headers the test wrote just now are older than the compile's start
     info = CompileInfo()
     kw.setdefault("options", opts())
     obj = compile_program(code, cache=cache, info=info, **kw)
@@ -71,7 +78,13 @@ def fresh_process_compile(root: str, code: str, cwd: str, include_path: list[str
         "print(i.hit, hashlib.sha256(bytes(o.code)).hexdigest())\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", script, code], cwd=cwd, capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-c", script, code],
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     hit, digest = proc.stdout.split()
     return hit == "True", digest
@@ -398,7 +411,7 @@ def test_a_lost_trace_is_not_stored_and_tracking_stays_on(tmp_path, mode: str) -
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "TMPDIR": str(systmp)},
+            env=child_env(TMPDIR=str(systmp)),
         )
         assert child.stdout is not None and child.stdin is not None
         first = [child.stdout.readline().split(), child.stdout.readline().split()]
@@ -431,9 +444,7 @@ def test_a_killed_compile_leaves_no_trace_in_the_system_temp_dir(tmp_path) -> No
         f"compile_program(sys.argv[1], cache=FileStreamProgramCache({str(tmp_path / 'cache')!r}),"
         f" options=ProgramOptions(arch={ARCH!r}))\n"
     )
-    child = subprocess.Popen(
-        [sys.executable, "-c", script, SLOW], cwd=proj, env={**os.environ, "TMPDIR": str(systmp)}
-    )
+    child = subprocess.Popen([sys.executable, "-c", script, SLOW], cwd=proj, env=child_env(TMPDIR=str(systmp)))
     try:
         assert watch.events(120), "the compile never read its header"
     finally:

@@ -12,22 +12,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
-import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernelcache import config, manifests
+from kernelcache import config, includes, manifests, variants
 from kernelcache import headers as hdr
-from kernelcache.compilers import reset_nvrtc_trace_state, run_compiler
+from kernelcache.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state, run_compiler
 from kernelcache.default_store import default_cache, default_cache_or_none
 from kernelcache.keys import digest_components, key_components, options_fingerprint
 from kernelcache.log import key_prefix, logger
 from kernelcache.memo import remember
-from kernelcache.records import artifact_meta, count, object_from_record, read_record, warn_store, write_record
+from kernelcache.records import artifact_meta, count, object_from_record, read_record, write_record
 from kernelcache.singleflight import single_flight
-from kernelcache.stores.base import Meta, ProgramCacheResource, as_value_bytes
+from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, as_value_bytes
 from kernelcache.stores.naming import entry_name
 from kernelcache.toolchain import toolchain_for
 
@@ -73,9 +72,6 @@ def _lock_path(cache: ProgramCacheResource, key: bytes) -> str | None:
 
 # -- the lookup ------------------------------------------------------------------------------
 
-# Set once a compile of this process wrote no header trace: this NVRTC cannot report headers.
-_trace_unsupported = False
-
 _base_memo: dict[Any, tuple[list[tuple[str, bytes]], bytes, bytes]] = {}
 
 
@@ -97,14 +93,13 @@ class _Lookup:
         self.code_type = code_type.lower() if isinstance(code_type, str) else code_type
         self.target_type = target_type.lower() if isinstance(target_type, str) else target_type
         self.toolchain = toolchain_for(self.code_type) if self.code_type in ("c++", "ptx", "nvvm") else None
-        # Header tracking for every C++ compile without an extra_digest: even with no
-        # include_path, NVRTC reads quoted includes from the current directory.
-        self.track = self.code_type == "c++" and extra_digest is None
-        if self.track and _trace_unsupported and manifests.tracks_headers(options):
-            raise ValueError(
-                "this NVRTC cannot report which headers a compile reads (no -fdevice-time-trace), so "
-                "include_path/pre_include need extra_digest=<bytes that change when the headers change>"
-            )
+        # Header tracking for every C++ compile, extra_digest or not (it adds to the key,
+        # it does not replace tracking): even with no include_path, NVRTC reads quoted
+        # includes from the current directory. A source that cannot name a file (no
+        # include, no pre_include: see includes.may_read_files) needs no trace and no
+        # manifest; its key is complete without headers.
+        self.headers_tracked = self.code_type == "c++"
+        self.track = self.headers_tracked and includes.may_read_files(code, options)
         # The key material of a repeated call is memoised by the call's own arguments (the
         # options by their values: a mutated ProgramOptions is a new memo key).
         fingerprint = options_fingerprint(options)
@@ -126,7 +121,7 @@ class _Lookup:
             target_type=target_type,
             name_expressions=name_expressions,
             extra_digest=extra_digest,
-            headers_tracked=self.track,
+            headers_tracked=self.headers_tracked,
             toolchain=self.toolchain,
         )
         # Tracked: the entry key depends on the headers, found through the manifest.
@@ -166,7 +161,7 @@ def probe(
     key, record, variant = look.find()
     info = CompileInfo(hit=record is not None, key=key)
     if variant is not None:
-        info.headers = hdr.tracked_paths(variant, hdr.search_dirs(options))
+        info.headers = variants.tracked_paths(variant, hdr.search_dirs(options))
     return info
 
 
@@ -302,7 +297,7 @@ def _hit(
     count(look.cache, hits=1, bytes_read=len(payload), compile_us_saved=int(saved * 1e6))
     info.hit, info.key, info.compile_seconds = True, key, saved
     if want_headers and variant and variant["headers"]:
-        info.headers = hdr.tracked_paths(variant, hdr.search_dirs(look.options))
+        info.headers = variants.tracked_paths(variant, hdr.search_dirs(look.options))
     obj = object_from_record(payload, look.target_type, look.options.name or "", meta)
     info.seconds = time.perf_counter() - start
     if logger.isEnabledFor(logging.DEBUG):
@@ -331,37 +326,62 @@ def _miss(
     info: CompileInfo,
     start: float,
 ) -> ObjectCode:
-    global _trace_unsupported
     cache, code_type, target_type, track = look.cache, look.code_type, look.target_type, look.track
-    trace_dir = tempfile.mkdtemp(prefix="kernelcache-trace-") if track else None
+    count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
+    tmp_dir = getattr(cache, "tmp_dir", None)
+    trace_path = new_trace_path(tmp_dir) if track else None
+    not_stored = ""  # why this compile's result cannot be stored, when it cannot
+    if track and trace_path is None:
+        not_stored = "there is no room for NVRTC's header trace (a full disk would abort NVRTC)"
     cwd = os.getcwd()
+    dirs = hdr.search_dirs(options, cwd) if track else []
+    before = manifests.digests_before(look.manifest_key, dirs) if track else {}
+    started_ns = hdr.now_ns()  # the clock files are stamped with
     try:
-        trace_path = os.path.join(trace_dir, "trace") if trace_dir else None
-        count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
         try:
             obj, log_text, seconds = run_compiler(code, code_type, target_type, options, name_expressions, trace_path)
-        except Exception:
-            if trace_path is not None:
-                reset_nvrtc_trace_state(trace_dir)
-            raise
+        except Exception as exc:
+            if trace_path is None:
+                raise
+            reset_nvrtc_trace_state(tmp_dir)
+            if not lost_trace(exc, trace_path):
+                raise
+            # The trace, not the source, failed the compile (ptxas found it gone or
+            # rewritten): the compile without a trace is the caller's, not stored.
+            not_stored = f"NVRTC lost its header trace ({str(exc).strip().splitlines()[-1]})"
+            remove_trace(trace_path)
+            trace_path = None
+            obj, log_text, seconds = run_compiler(code, code_type, target_type, options, name_expressions, None)
         count(cache, compiles=1)
         _emit_log(logs, log_text)
         info.hit, info.compile_seconds = False, seconds
         variant = None
-        if track:
+        if track and not not_stored:
             assert trace_path is not None
             found = hdr.headers_from_trace(trace_path, cwd)
             if found is None:
-                _trace_unsupported = True
-                if manifests.tracks_headers(options):
-                    warn_store(cache, "track headers", RuntimeError("NVRTC wrote no header trace"))
-                    info.cached = False
-                    return obj  # cannot be keyed safely: not stored
-                found = []
-            dirs = hdr.search_dirs(options, cwd)
-            variant = hdr.make_variant(found, dirs, hdr.toolchain_header_roots(options))
+                not_stored = "NVRTC wrote no usable header trace"
+            else:
+                variant, changed = variants.build_variant(
+                    found,
+                    dirs,
+                    hdr.first_include(options),
+                    hdr.toolchain_header_roots(options),
+                    _source_bytes(code),
+                    includes.pre_includes(options),
+                    started_ns,
+                    before,
+                )
+                if changed:
+                    not_stored = "a header changed during the compile: " + ", ".join(changed[:3])
+        if not_stored:
+            _refuse_to_store(cache, not_stored)
+            info.cached = False
+            info.seconds = time.perf_counter() - start
+            return obj
+        if variant is not None:
             key = manifests.full_key(look.base, variant)
-            info.headers = hdr.tracked_paths(variant, dirs)
+            info.headers = variants.tracked_paths(variant, dirs)
         else:
             key = look.entry_key
         info.key = key
@@ -388,5 +408,28 @@ def _miss(
             )
         return obj
     finally:
-        if trace_dir:
-            shutil.rmtree(trace_dir, ignore_errors=True)
+        if trace_path is not None:
+            remove_trace(trace_path)
+
+
+def _source_bytes(code: str | bytes) -> bytes:
+    return code.encode("utf-8", "surrogatepass") if isinstance(code, str) else bytes(code)
+
+
+_warned_traces: set[str] = set()
+
+
+def _refuse_to_store(cache: ProgramCacheResource, why: str) -> None:
+    """One KernelCacheWarning and an error count for a compile returned but not stored.
+
+    A header race warns every time (each is its own event); a lost or missing trace
+    warns once per process and cause, like any other store failure.
+    """
+    if not why.startswith("a header changed"):
+        cause = why.split(" (")[0]
+        if cause in _warned_traces:
+            count(cache, errors=1)
+            return
+        _warned_traces.add(cause)
+    warnings.warn(f"kernelcache: this compile's result is returned but not stored: {why}", KernelCacheWarning, 4)
+    count(cache, errors=1)

@@ -2,7 +2,8 @@
 
 Two workarounds live here, each explained where it is made: C++ -> PTX without a CUDA driver
 (cuda.core asks the driver about PTX it produces), and the reset of NVRTC's time-trace state
-after a failed traced compile.
+after a failed traced compile. So do the trace files themselves: where they go (the store's
+own tmp/), when there is no room for one, and when a failed compile was the trace's fault.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import functools
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -111,16 +113,68 @@ def _nvrtc_ptx_without_driver(
 
 _RESET_SOURCE = 'extern "C" __global__ void kernelcache_trace_reset() {}\n'
 
+# NVRTC aborts the whole process (SIGABRT, "LLVM ERROR: out of memory" or "Could not open
+# ...") when it cannot write its trace, e.g. on a full disk. A trace is only written where
+# at least this much room is left; most traces are tens of KB, a CUB kernel's a few MB.
+TRACE_ROOM_BYTES = 64 << 20
+TRACE_PREFIX = "kernelcache-trace-"
 
-def reset_nvrtc_trace_state(trace_dir: str | None) -> None:
+
+def new_trace_path(tmp_dir: str | None) -> str | None:
+    """A fresh trace name in ``tmp_dir`` (the store's own tmp/; the system temp dir when the
+    store has none); None when that filesystem has no room for a trace.
+
+    NVRTC writes ``<name>.json`` at the end of the compile (ptxas reopens and extends it),
+    and merges into a file that is already there, so every compile gets a new name.
+    """
+    where = tmp_dir or tempfile.gettempdir()
+    try:
+        # The store recreates tmp/ when someone deleted it; so do we, since NVRTC aborts
+        # on a missing directory. Race: a tmp/ removed during the compile (rm -rf of the
+        # whole cache) still aborts it; kernelcache's own sweeps remove files only, and
+        # only old ones, and the trace exists only in the compile's last moments.
+        os.makedirs(where, mode=0o700, exist_ok=True)
+        st = os.statvfs(where)
+    except OSError:
+        return None
+    # Race: another writer can fill the disk between this check and NVRTC's write; the
+    # margin is what makes that unlikely, not impossible.
+    if st.f_bavail * st.f_frsize < TRACE_ROOM_BYTES:
+        return None
+    return os.path.join(where, f"{TRACE_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def remove_trace(path: str) -> None:
+    """Remove what NVRTC wrote for ``path`` (either spelling), if anything."""
+    for name in (path + ".json", path):
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
+def lost_trace(exc: BaseException, trace_path: str) -> bool:
+    """Whether a traced compile failed because of its trace (not because of the source).
+
+    ptxas reopens the trace NVVM wrote: if something removed or rewrote it meanwhile,
+    ptxas fails the whole compile ("ptxas fatal : File '<trace>.json' could not be opened",
+    "Parsed trace file not in expected format"). An NVRTC without the option names it.
+    """
+    text = str(exc)
+    return trace_path in text or "trace file" in text or "time-trace" in text
+
+
+def reset_nvrtc_trace_state(tmp_dir: str | None) -> None:
     """Work around an NVRTC bug seen with 13.5: after a compile that FAILS with
     -fdevice-time-trace, the process's next compile without that option still writes a trace,
     to ".json" in the current directory. A successful traced compile clears that state, so
     after a failed one we run a trivial traced compile into our temp dir."""
     from cuda.core import Program, ProgramOptions
 
+    trace = new_trace_path(tmp_dir)
+    if trace is None:
+        return  # no room: a trace that cannot be written would abort the process
     try:
-        trace = os.path.join(trace_dir or tempfile.gettempdir(), "reset")
         options = ProgramOptions(arch="sm_90", fdevice_time_trace=trace)
         program = Program(_RESET_SOURCE, "c++", options=options)
         try:
@@ -129,6 +183,8 @@ def reset_nvrtc_trace_state(trace_dir: str | None) -> None:
             program.close()
     except Exception:
         pass  # best effort: the user's own compile error is what gets raised
+    finally:
+        remove_trace(trace)
 
 
 def run_compiler(

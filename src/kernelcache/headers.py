@@ -1,23 +1,20 @@
-"""Which headers a compile read, and their digest (a manifest per source, ccache "direct mode" style).
+"""Which headers a compile read (NVRTC's -fdevice-time-trace), their digests, and the race rules.
 
 NVRTC 13 has no -M/-E, but ``-fdevice-time-trace=<file>`` writes a JSON trace whose
 "Processing Header File" events name every header it processed, nested and empty ones
-included. On a miss, compile_program turns that list into a *variant*:
+included. compile_program turns that list into a *variant* (variants.py): each header with
+its place on the search path and its content digest, plus the names the texts probe
+(includes.py).
 
-- each header as (search dir index, path relative to it, content SHA-256). The search dirs
-  are, in NVRTC's order for a quoted include: the directory of ``options.name``, the
-  current directory, then ``include_path``; a header under none of them is kept absolute;
-- validation re-resolves each header against the *current* search dirs, checks its content,
-  and checks that no earlier search dir now holds a file of the same relative name (a new
-  header created earlier on the search path would shadow the one that was used).
-
-A manifest (stored under a key derived from the source+options key) holds a few variants,
-newest first; the headers digest of the first variant that validates completes the key.
-Headers of the toolchain itself (NVRTC's builtin and bundled headers) are not tracked:
-their content is pinned by the NVRTC identity in the key.
+The search dirs are, in NVRTC's order for a quoted include: the directory of
+``options.name``, the current directory, then ``include_path``. Headers of the toolchain
+itself (NVRTC's builtin and bundled headers) are not tracked: their content is pinned by
+the NVRTC identity in the key.
 
 Hashing a header is memoised per process by (inode, size, mtime, ctime), so a warm process
-pays one stat per tracked header per look-up.
+pays one stat per tracked header per look-up; a file whose timestamps are within the
+filesystem's granularity of the moment it was hashed is never memoised (git's "racy"
+rule), since a same-size rewrite within that tick would leave all four unchanged.
 """
 
 from __future__ import annotations
@@ -26,17 +23,37 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+import time
 from typing import Any
 
 from kernelcache.memo import remember
 
-MANIFEST_FORMAT = 1
-MAX_VARIANTS = 8  # header versions remembered per source (switching back is still a hit)
-
 _memo_lock = threading.Lock()
 _digest_memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
 _MEMO_LIMIT = 65536
+
+
+# File timestamps come from the kernel's coarse clock (CLOCK_REALTIME_COARSE, one tick of
+# 1-10 ms behind time.time_ns()), or a finer one on kernels with multigrain timestamps: a
+# change at or after a coarse reading is stamped at or after it. Whole-second timestamps
+# come from filesystems of 1 s (ext3 with 128-byte inodes, many network filesystems) or
+# 2 s (FAT) granularity: a change is stamped up to 2 s before the moment it happened.
+_CLOCK_REALTIME_COARSE = 5  # Linux; time does not export the name
+_COARSE_FS_MARGIN_NS = 2_000_000_000
+
+
+def now_ns() -> int:
+    """The current time as the filesystem stamps files (the kernel's coarse clock on Linux)."""
+    try:
+        return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
+    except (AttributeError, OSError):
+        return time.time_ns() - 20_000_000  # elsewhere: assume a tick of up to 20 ms
+
+
+def changed_since(st: os.stat_result, since_ns: int) -> bool:
+    """Whether the file (or directory) may have changed at or after ``since_ns`` (a now_ns())."""
+    margin = _COARSE_FS_MARGIN_NS if st.st_mtime_ns % 1_000_000_000 == 0 else 0
+    return max(st.st_mtime_ns, st.st_ctime_ns) >= since_ns - margin
 
 
 def file_digest(path: str) -> str | None:
@@ -50,13 +67,19 @@ def file_digest(path: str) -> str | None:
         known = _digest_memo.get(path)
     if known is not None and known[0] == ident:
         return known[1]
+    hashed_at = now_ns()
     try:
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
-    with _memo_lock:
-        remember(_digest_memo, path, (ident, digest), _MEMO_LIMIT)
+    # Race (git's "racy" rule): a file stamped within its filesystem's granularity of the
+    # moment we read it can be rewritten, same size, in that same tick, and (ino, size,
+    # mtime, ctime) would not change. Such a digest is used now and not remembered: the
+    # next look-up reads the file again, until its timestamps are safely in the past.
+    if not changed_since(st, hashed_at):
+        with _memo_lock:
+            remember(_digest_memo, path, (ident, digest), _MEMO_LIMIT)
     return digest
 
 
@@ -91,6 +114,11 @@ def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
 _dirs_memo: dict[tuple[Any, ...], list[str]] = {}
 
 
+def first_include(options: Any) -> int:
+    """Where include_path starts among search_dirs(options) (angle-bracket names search from there)."""
+    return 2 if os.path.dirname(getattr(options, "name", None) or "") else 1
+
+
 def toolchain_header_roots(options: Any) -> list[str]:
     """Directories whose headers belong to the toolchain (not tracked)."""
     roots = []
@@ -106,7 +134,11 @@ def toolchain_header_roots(options: Any) -> list[str]:
 
 
 def headers_from_trace(trace_path: str, cwd: str) -> list[str] | None:
-    """Absolute paths of the headers the trace lists; None if there is no usable trace."""
+    """Absolute paths of the headers the trace lists; None if there is no usable trace.
+
+    Usable: NVRTC's front end reported into it. Every NVRTC C++ compile processes NVRTC's
+    builtin header, so a trace with no header event at all lost the front end's part.
+    """
     # NVRTC appends ".json" to the name it is given; accept both spellings.
     for candidate in (trace_path + ".json", trace_path):
         try:
@@ -118,100 +150,14 @@ def headers_from_trace(trace_path: str, cwd: str) -> list[str] | None:
     else:
         return None
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    if not isinstance(events, list):
+        return None
     seen: dict[str, None] = {}
+    front_end = False
     for event in events:
         if isinstance(event, dict) and event.get("name") == "Processing Header File":
+            front_end = True
             detail = (event.get("args") or {}).get("detail")
             if isinstance(detail, str) and detail:
                 seen[os.path.normpath(os.path.join(cwd, detail))] = None
-    return list(seen)
-
-
-def make_variant(headers: Sequence[str], dirs: Sequence[str], skip_roots: Sequence[str]) -> dict[str, Any]:
-    """The manifest variant for the headers one compile read."""
-    entries = []
-    for path in sorted(headers):
-        if any(path == r or path.startswith(r + os.sep) for r in skip_roots):
-            continue
-        digest = file_digest(path)
-        if digest is None:
-            if os.path.basename(path).startswith("__nv"):
-                continue  # NVRTC's builtin headers exist only inside the library
-            digest = "unreadable"  # cannot be validated later: the variant never matches
-        index, rel = _locate(path, dirs)
-        entries.append([index, rel, digest])
-    variant: dict[str, Any] = {"headers": entries}
-    variant["digest"] = variant_digest(variant)
-    return variant
-
-
-def _locate(path: str, dirs: Sequence[str]) -> tuple[int, str]:
-    """(search dir index, relative path) of the deepest search dir holding ``path``.
-
-    The deepest, not the first: with cwd=/p and include_path=[/p/inc], /p/inc/a.h was found
-    as "a.h" through /p/inc, and a new /p/a.h (in cwd, earlier) would shadow it. Recording
-    it as "inc/a.h" under cwd would miss that. Erring this way can only cost a miss.
-    """
-    best = None
-    for i, d in enumerate(dirs):
-        if path.startswith(d.rstrip(os.sep) + os.sep) and (best is None or len(d) > len(dirs[best])):
-            best = i
-    if best is None:
-        return -1, path  # outside every search dir: kept absolute
-    return best, os.path.relpath(path, dirs[best])
-
-
-def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
-    """True when every header still has its recorded content and none is shadowed."""
-    for index, rel, digest in variant.get("headers", ()):
-        if index < 0:
-            path = rel
-        elif index < len(dirs):
-            path = f"{dirs[index]}{os.sep}{rel}"
-            # Shadowing: an earlier search dir that now holds the same relative name wins.
-            for earlier in dirs[:index]:
-                if os.path.exists(f"{earlier}{os.sep}{rel}"):
-                    return False
-        else:
-            return False  # fewer search dirs than when it was compiled
-        if file_digest(path) != digest:
-            return False
-    return True
-
-
-def variant_digest(variant: dict[str, Any]) -> str:
-    """The key component for a variant's headers (their order, places and contents), hex."""
-    encoded = json.dumps(variant.get("headers", []), separators=(",", ":")).encode()
-    return hashlib.sha256(encoded).hexdigest()
-
-
-def tracked_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str]:
-    out = []
-    for index, rel, _ in variant.get("headers", ()):
-        out.append(rel if index < 0 or index >= len(dirs) else os.path.join(dirs[index], rel))
-    return out
-
-
-def add_variant(manifest: dict[str, Any] | None, variant: dict[str, Any]) -> dict[str, Any]:
-    """The manifest with ``variant`` first (deduplicated, at most MAX_VARIANTS)."""
-    old = (manifest or {}).get("variants", [])
-    variants = [variant] + [v for v in old if v != variant]
-    return {"format": MANIFEST_FORMAT, "variants": variants[:MAX_VARIANTS]}
-
-
-def parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
-    if not raw:
-        return None
-    try:
-        manifest = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        return None
-    variants = manifest.get("variants")
-    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
-        return None
-    for variant in variants:
-        # Recomputed, never trusted from disk: the digest decides which entry a hit reads.
-        variant["digest"] = variant_digest(variant)
-    return manifest
+    return list(seen) if front_end else None

@@ -18,7 +18,8 @@ import os
 import threading
 from typing import Any
 
-from kernelcache import headers as hdr
+from kernelcache import variants
+from kernelcache.headers import file_digest
 from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components
 from kernelcache.memo import remember
 from kernelcache.records import read_record, write_record
@@ -37,7 +38,7 @@ def tracks_headers(options: Any) -> bool:
 
 def manifest_key(base: list[tuple[str, bytes]]) -> bytes:
     """The key a source+options' manifest is stored under."""
-    return digest_components([*base, ("manifest", b"%d" % hdr.MANIFEST_FORMAT)])
+    return digest_components([*base, ("manifest", b"%d" % variants.MANIFEST_FORMAT)])
 
 
 def full_key(base: list[tuple[str, bytes]], variant: dict[str, Any], manifest_key: bytes = b"") -> bytes:
@@ -62,18 +63,34 @@ def matching_variant(cache: ProgramCacheResource, manifest_key: bytes, dirs: lis
     with _manifest_memo_lock:
         manifest = _manifest_memo.get(manifest_key)
     for variant in (manifest or {}).get("variants", ()):
-        if hdr.variant_matches(variant, dirs):
+        if variants.variant_matches(variant, dirs):
             return variant
     record = read_record(cache, manifest_key)
-    stored = hdr.parse_manifest(record[0]) if record else None
+    stored = variants.parse_manifest(record[0]) if record else None
     if stored is None:
         return None
     with _manifest_memo_lock:
         remember(_manifest_memo, manifest_key, stored, _MEMO_LIMIT)
     for variant in stored["variants"]:
-        if hdr.variant_matches(variant, dirs):
+        if variants.variant_matches(variant, dirs):
             return variant
     return None
+
+
+def digests_before(manifest_key: bytes, dirs: list[str]) -> dict[str, str]:
+    """The digests, read now, of every header this source's known variants name.
+
+    Taken before a compile: a header whose digest after the compile differs was changed
+    while NVRTC ran (variants.build_variant then refuses to store the result).
+    """
+    with _manifest_memo_lock:
+        manifest = _manifest_memo.get(manifest_key)
+    out = {}
+    for path in variants.header_paths(manifest, dirs):
+        digest = file_digest(path)
+        if digest is not None:
+            out[path] = digest
+    return out
 
 
 def store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: dict[str, Any]) -> None:
@@ -81,7 +98,7 @@ def store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: di
     # Read-modify-write of the manifest: callers hold the single-flight lock of this source,
     # which serialises it against every thread and process sharing the cache directory.
     record = read_record(cache, manifest_key)
-    manifest = hdr.add_variant(hdr.parse_manifest(record[0]) if record else None, variant)
+    manifest = variants.add_variant(variants.parse_manifest(record[0]) if record else None, variant)
     raw = json.dumps(manifest, separators=(",", ":")).encode()
     write_record(cache, manifest_key, raw, {"kind": "manifest"}, internal=True)
     with _manifest_memo_lock:

@@ -1,0 +1,258 @@
+"""Header variants: what one compile of a source read, checked again on every look-up.
+
+A variant holds
+- ``headers``: each header the trace listed as (search dir index, path relative to it,
+  content SHA-256); index -1 keeps an absolute path (a header named by its absolute path,
+  or outside every search dir);
+- ``probes``: each literal name the source and its headers look for (includes.py) as
+  (includer, kind, name, where it resolved or -1): the includer is -1 for the main source,
+  else the position of its header in ``headers``;
+- ``first_include``: where include_path starts among the search dirs (angle-bracket names).
+
+A variant matches when every header still has its content, none is shadowed by a new file
+earlier on the search path, and every probe resolves where it did. Its digest (all three
+parts) completes the entry key.
+
+Building a variant after a compile also decides whether the compile may be stored: a
+header or probed place that changed at or after the compile's start (ccache's rule, with
+the filesystem's timestamp granularity), or whose content differs from the digest read
+before the compile, may not be what NVRTC read. Such a compile is returned, not stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kernelcache import includes
+from kernelcache.headers import changed_since, file_digest
+from kernelcache.memo import remember
+
+MANIFEST_FORMAT = 2  # 2: probes and first_include (format 1 manifests are a miss)
+MAX_VARIANTS = 8  # header versions remembered per source (switching back is still a hit)
+
+_directives_memo: dict[str, list[tuple[str, str, str]]] = {}  # content digest -> directives
+
+
+def _directives_of(path: str, digest: str) -> list[tuple[str, str, str]] | None:
+    """The directives of the header whose content has ``digest``; None if it changed meanwhile."""
+    found = _directives_memo.get(digest)
+    if found is None:
+        try:
+            with open(path, "rb") as f:
+                text = f.read()
+        except OSError:
+            return None
+        if hashlib.sha256(text).hexdigest() != digest:
+            return None  # rewritten between hashing and reading: the caller does not store
+        found = includes.directives(text)
+        remember(_directives_memo, digest, found, 16384)
+    return found
+
+
+def build_variant(
+    headers: Sequence[str],
+    dirs: Sequence[str],
+    first_include: int,
+    skip_roots: Sequence[str],
+    source: bytes,
+    pre_include: Sequence[str],
+    start_ns: int,
+    before: Mapping[str, str],
+) -> tuple[dict[str, Any], list[str]]:
+    """(the variant for the headers one compile read, the paths that changed during it)."""
+    changed: list[str] = []
+    digests: dict[str, str] = {}
+    texts: dict[str | None, list[tuple[str, str, str]]] = {None: includes.directives(source)}
+    texts[None] += [(includes.INCLUDE, "q", name) for name in pre_include]
+    for path in sorted(headers):
+        if any(path == r or path.startswith(r + os.sep) for r in skip_roots):
+            continue
+        digest = file_digest(path)
+        if digest is None:
+            if os.path.basename(path).startswith("__nv"):
+                continue  # NVRTC's builtin headers exist only inside the library
+            changed.append(path)  # listed by the trace, gone now
+            digest = "unreadable"
+        elif path in before and before[path] != digest:
+            changed.append(path)  # not the content this process saw before the compile
+        digests[path] = digest
+        found = _directives_of(path, digest) if digest != "unreadable" else []
+        if found is None:
+            changed.append(path)
+            found = []
+        texts[path] = found
+
+    # Probes, resolved now against the files as they are; the race checks below make sure
+    # "now" is what NVRTC saw.
+    probes: list[tuple[str | None, str, str, str, int, list[str]]] = []
+    named_absolute: set[str] = set()
+    named_relative: set[str] = set()
+    for includer, found in texts.items():
+        includer_dir = os.path.dirname(includer) if includer is not None else None
+        for how, kind, name in found:
+            places = includes.candidates(kind, name, includer_dir, dirs, first_include)
+            at = includes.resolve(name, places)
+            probes.append((includer, how, kind, name, at, places))
+            if at >= 0:
+                path = os.path.normpath(os.path.join(places[at], name) if places[at] else name)
+                (named_absolute if os.path.isabs(name) else named_relative).add(path)
+    changed += _changed_during(digests, probes, start_ns)
+
+    entries: list[list[Any]] = []
+    position: dict[str, int] = {}
+    for path, digest in digests.items():
+        if path in named_absolute:
+            position.setdefault(path, len(entries))
+            entries.append([-1, path, digest])
+        if path in named_relative or path not in named_absolute:
+            position.setdefault(path, len(entries))
+            index, rel = _locate(path, dirs)
+            entries.append([index, rel, digest])
+    recorded: dict[tuple[int, str, str], int] = {}
+    for includer, _how, kind, name, at, _places in probes:
+        where = -1 if includer is None else position.get(includer, -2)
+        if where != -2:
+            recorded.setdefault((where, kind, name), at)
+    variant: dict[str, Any] = {
+        "headers": entries,
+        "probes": sorted([w, k, n, at] for (w, k, n), at in recorded.items()),
+        "first_include": first_include,
+    }
+    variant["digest"] = variant_digest(variant)
+    return variant, sorted(set(changed))
+
+
+def _changed_during(
+    digests: Mapping[str, str],
+    probes: Sequence[tuple[str | None, str, str, str, int, list[str]]],
+    start_ns: int,
+) -> list[str]:
+    """Paths whose state at the end of the compile may not be what NVRTC read.
+
+    Race: NVRTC reads each header at some moment of the compile and we hash it after. A
+    header stamped at or after the start (mtime, or ctime: a rename or a copy keeping the
+    mtime still moves it) may have been read before its change and hashed after. For a
+    probe: a file at the place it resolved to that appeared during the compile (NVRTC may
+    not have seen it), or, for __has_include, a searched directory whose entries changed (a
+    file NVRTC saw may be gone). An #include that NVRTC followed is in the trace, so its
+    disappearance shows as a missing header.
+    """
+    stats: dict[str, os.stat_result | None] = {}
+
+    def moved(path: str) -> bool:
+        if path not in stats:
+            try:
+                stats[path] = os.stat(path)
+            except OSError:
+                stats[path] = None
+        st = stats[path]
+        return st is not None and changed_since(st, start_ns)
+
+    out = [path for path in digests if moved(path) or stats.get(path, True) is None]
+    for _includer, how, _kind, name, at, places in probes:
+        if at >= 0:
+            found = os.path.join(places[at], name) if places[at] else name
+            if moved(found):
+                out.append(found)
+        if how == includes.HAS_INCLUDE:
+            for place in places[: at if at >= 0 else len(places)]:
+                if place and moved(place):
+                    out.append(place)
+    return out
+
+
+def _locate(path: str, dirs: Sequence[str]) -> tuple[int, str]:
+    """(search dir index, relative path) of the deepest search dir holding ``path``.
+
+    The deepest, not the first: with cwd=/p and include_path=[/p/inc], /p/inc/a.h was found
+    as "a.h" through /p/inc, and a new /p/a.h (in cwd, earlier) would shadow it. Recording
+    it as "inc/a.h" under cwd would miss that. Erring this way can only cost a miss.
+    """
+    best = None
+    for i, d in enumerate(dirs):
+        if path.startswith(d.rstrip(os.sep) + os.sep) and (best is None or len(d) > len(dirs[best])):
+            best = i
+    if best is None:
+        return -1, path  # outside every search dir: kept absolute
+    return best, os.path.relpath(path, dirs[best])
+
+
+def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
+    """True when every header still has its recorded content, none is shadowed, and every
+    probed name resolves where it did."""
+    try:
+        paths = []
+        for index, rel, digest in variant.get("headers", ()):
+            if index < 0:
+                path = rel
+            elif index < len(dirs):
+                path = f"{dirs[index]}{os.sep}{rel}"
+                # Shadowing: an earlier search dir that now holds the same relative name wins.
+                for earlier in dirs[:index]:
+                    if os.path.exists(f"{earlier}{os.sep}{rel}"):
+                        return False
+            else:
+                return False  # fewer search dirs than when it was compiled
+            if file_digest(path) != digest:
+                return False
+            paths.append(path)
+        first_include = variant.get("first_include", len(dirs))
+        for where, kind, name, at in variant.get("probes", ()):
+            includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
+            if includes.resolve(name, includes.candidates(kind, name, includer_dir, dirs, first_include)) != at:
+                return False
+    except (TypeError, ValueError, IndexError):
+        return False  # a malformed variant (not written by this code) never matches
+    return True
+
+
+def variant_digest(variant: dict[str, Any]) -> str:
+    """The key component for a variant (headers, probes, search layout), hex."""
+    parts = [variant.get("headers", []), variant.get("probes", []), variant.get("first_include")]
+    return hashlib.sha256(json.dumps(parts, separators=(",", ":")).encode()).hexdigest()
+
+
+def tracked_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str]:
+    """The absolute paths of a variant's headers under the search dirs ``dirs``."""
+    out = []
+    for index, rel, _ in variant.get("headers", ()):
+        out.append(rel if index < 0 or index >= len(dirs) else os.path.join(dirs[index], rel))
+    return list(dict.fromkeys(out))
+
+
+def header_paths(manifest: dict[str, Any] | None, dirs: Sequence[str]) -> list[str]:
+    """Every header path any variant of ``manifest`` names (to hash before a compile)."""
+    out: dict[str, None] = {}
+    for variant in (manifest or {}).get("variants", ()):
+        out.update(dict.fromkeys(tracked_paths(variant, dirs)))
+    return list(out)
+
+
+def add_variant(manifest: dict[str, Any] | None, variant: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with ``variant`` first (deduplicated, at most MAX_VARIANTS)."""
+    old = (manifest or {}).get("variants", [])
+    variants = [variant] + [v for v in old if v != variant]
+    return {"format": MANIFEST_FORMAT, "variants": variants[:MAX_VARIANTS]}
+
+
+def parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
+    """The manifest in ``raw``; None when it is not one of this format."""
+    if not raw:
+        return None
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    variants = manifest.get("variants")
+    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
+        return None
+    for variant in variants:
+        # Recomputed, never trusted from disk: the digest decides which entry a hit reads.
+        variant["digest"] = variant_digest(variant)
+    return manifest
