@@ -481,3 +481,45 @@ def test_a_full_cache_disk_with_headers_still_compiles(tmp_path) -> None:
             "print(bytes(o.code)[:4] == b'\\x7fELF')\n"
         )
         assert run_python(script, code).strip() == "True"
+
+
+# -- issue 14 goal 1: no trace where the source cannot name a file ------------------------------
+
+
+def _traces_written(cache: FileStreamProgramCache, code: str, **kw) -> int:
+    """How many trace files NVRTC created in the store's tmp/ during one compile_program."""
+    watch = _fswatch.Watch()
+    watch.add(cache.tmp_dir, _fswatch.IN_CREATE)
+    try:
+        compiled(cache, code, **kw)
+        return sum(1 for _, _, name in watch.events(0.5) if name.startswith("kernelcache-trace"))
+    finally:
+        watch.close()
+
+
+def test_no_trace_only_where_the_source_cannot_name_a_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local.h").write_text("#define LOCAL 3\n")
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    body = 'extern "C" __global__ void k(int* x) { *x = %s; }\n'
+    assert _traces_written(cache, body % "1") == 0
+    # Angle-bracket names without include_path reach only NVRTC's own headers.
+    assert _traces_written(cache, "#if __has_include(<nothing_here.h>)\n#endif\n" + body % "2") == 0
+    assert _traces_written(cache, '#include "local.h"\n' + body % "LOCAL") == 1
+    assert _traces_written(cache, "// no include here\n" + body % "4") == 1  # the word alone: traced
+    options = opts(include_path=[str(tmp_path)])
+    assert _traces_written(cache, "#if __has_include(<local.h>)\n#endif\n" + body % "5", options=options) == 1
+    assert _traces_written(cache, body % "6", options=opts(pre_include=str(tmp_path / "local.h"))) == 1
+
+
+def test_a_spliced_include_directive_is_still_tracked(tmp_path, monkeypatch) -> None:
+    # "#inc\<newline>lude" is one directive after line splicing: the word "include" is not
+    # in the text, yet the compile reads local.h.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local.h").write_text("#define LOCAL 3\n")
+    code = '#inc\\\nlude "local.h"\nextern "C" __global__ void k(int* x) { *x = LOCAL; }\n'
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    before, _ = compiled(cache, code)
+    (tmp_path / "local.h").write_text("#define LOCAL 30\n")
+    after, info = compiled(cache, code)
+    assert not info.hit and after == truth(code, monkeypatch) != before

@@ -56,17 +56,30 @@ def directives(text: bytes) -> list[tuple[str, str, str]]:
 
 
 def may_read_files(code: str | bytes, options: Any) -> bool:
-    """False only when this C++ source cannot make NVRTC read a file (so no trace is needed).
+    """False only when this C++ source cannot make NVRTC read a file the key does not pin
+    (so no trace is needed: the trace could list nothing but toolchain headers).
 
-    Conservative: any "include" in the text (comments and strings included), a line
-    continuation or trigraph that could splice "#inc\\<newline>lude" together, or a
-    pre_include option means True. Directives cannot come out of macro expansion, and
-    _Pragma cannot include, so a text without them reads no file.
+    Conservative: any "include" in the text (comments and strings included) that is not
+    an angle-bracket name with a literal spelling, any include_path (angle names then
+    search it), a line continuation or trigraph that could splice "#inc\\<newline>lude"
+    together, and pre_include or extra_sources mean True. Directives cannot come out of
+    macro expansion and _Pragma cannot include, so the text shows every name. Without
+    include_path an angle-bracket name resolves only among NVRTC's builtin and bundled
+    headers (measured: not in the current directory, nor that of options.name), which the
+    toolchain in the key pins, as it does when they are traced.
     """
-    if _is_set(getattr(options, "pre_include", None)):
-        return True
+    for field in ("pre_include", "extra_sources", "pch", "use_pch", "pch_dir"):
+        if _is_set(getattr(options, field, None)):
+            return True
     raw = code.encode("utf-8", "surrogatepass") if isinstance(code, str) else bytes(code)
-    return b"include" in raw or b"??/" in raw or _SPLICE.search(raw) is not None
+    if b"??/" in raw or _SPLICE.search(raw) is not None:
+        return True
+    named = raw.count(b"include")
+    if not named:
+        return False
+    if _is_set(getattr(options, "include_path", None)):
+        return True
+    return sum(1 for m in _DIRECTIVE.finditer(raw) if m.group(2) == b"<") != named
 
 
 def _is_set(value: Any) -> bool:
