@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import os
 import time
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +23,16 @@ from kernelcache.default_store import default_cache, default_cache_or_none
 from kernelcache.keys import digest_components, key_components, options_fingerprint
 from kernelcache.log import key_prefix, logger
 from kernelcache.memo import remember
-from kernelcache.records import artifact_meta, count, object_from_record, read_record, write_record
+from kernelcache.records import (
+    artifact_meta,
+    count,
+    object_from_record,
+    read_record,
+    refuse_to_store,
+    write_record,
+)
 from kernelcache.singleflight import single_flight
-from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, as_value_bytes
+from kernelcache.stores.base import Meta, ProgramCacheResource, as_value_bytes
 from kernelcache.stores.naming import entry_name
 from kernelcache.toolchain import toolchain_for
 
@@ -375,7 +381,7 @@ def _miss(
                 if changed:
                     not_stored = "a header changed during the compile: " + ", ".join(changed[:3])
         if not_stored:
-            _refuse_to_store(cache, not_stored)
+            refuse_to_store(cache, not_stored)
             info.cached = False
             info.seconds = time.perf_counter() - start
             return obj
@@ -414,22 +420,3 @@ def _miss(
 
 def _source_bytes(code: str | bytes) -> bytes:
     return code.encode("utf-8", "surrogatepass") if isinstance(code, str) else bytes(code)
-
-
-_warned_traces: set[str] = set()
-
-
-def _refuse_to_store(cache: ProgramCacheResource, why: str) -> None:
-    """One KernelCacheWarning and an error count for a compile returned but not stored.
-
-    A header race warns every time (each is its own event); a lost or missing trace
-    warns once per process and cause, like any other store failure.
-    """
-    if not why.startswith("a header changed"):
-        cause = why.split(" (")[0]
-        if cause in _warned_traces:
-            count(cache, errors=1)
-            return
-        _warned_traces.add(cause)
-    warnings.warn(f"kernelcache: this compile's result is returned but not stored: {why}", KernelCacheWarning, 4)
-    count(cache, errors=1)

@@ -172,3 +172,22 @@ def count(cache: ProgramCacheResource, **deltas: int) -> None:
         cache.add_stats(**deltas)
     except Exception:
         pass
+
+
+_warned_traces: set[str] = set()
+
+
+def refuse_to_store(cache: ProgramCacheResource, why: str) -> None:
+    """One KernelCacheWarning and an error count for a compile returned but not stored.
+
+    A header race warns every time (each is its own event); a lost or missing trace
+    warns once per process and cause, like any other store failure.
+    """
+    if not why.startswith("a header changed"):
+        cause = why.split(" (")[0]
+        if cause in _warned_traces:
+            count(cache, errors=1)
+            return
+        _warned_traces.add(cause)
+    warnings.warn(f"kernelcache: this compile's result is returned but not stored: {why}", KernelCacheWarning, 5)
+    count(cache, errors=1)
