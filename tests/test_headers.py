@@ -158,6 +158,34 @@ def test_header_touched_after_the_compile_started_is_not_stored(tmp_path, monkey
     assert compiled(cache, SLOW)[1].hit is True  # the quiet one was
 
 
+def test_a_probed_header_created_during_the_compile_is_not_stored(tmp_path, monkeypatch) -> None:
+    # NVRTC evaluates __has_include("opt.h") (false), then reads val.h; opt.h appears while
+    # it optimizes. Resolving the probe after the compile would record "found" for a
+    # compile that ran without opt.h: it must not be stored.
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "val.h").write_text("#define VAL 1.0f\n")
+    probe = '#if __has_include("opt.h")\n#include "opt.h"\n#else\n#define OPT 0.0f\n#endif\n'
+    code = probe + SLOW.replace("x + VAL;", "x + VAL + OPT;")
+    monkeypatch.chdir(proj)
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    watch = _fswatch.Watch()
+    watch.add(str(proj / "val.h"), _fswatch.IN_CLOSE_NOWRITE)
+    creator = threading.Thread(target=lambda: watch.events(120) and (proj / "opt.h").write_text("#define OPT 1.0f\n"))
+    creator.start()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled(cache, code)
+    finally:
+        creator.join(150)
+        watch.close()
+    assert (proj / "opt.h").exists()
+    hit, digest = fresh_process_compile(str(tmp_path / "cache"), code, str(proj))
+    assert (hit, digest) == (False, sha(truth(code, monkeypatch)))
+    assert any("changed during the compile" in str(w.message) for w in caught)
+
+
 # -- issue 13 #2: what the trace cannot see ---------------------------------------------------
 
 
