@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Any
 
-from kernelcache import variants
+from kernelcache import includes, variants
 from kernelcache.headers import file_digest
 from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components
 from kernelcache.memo import remember
@@ -112,20 +112,35 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
     that are gone; ``added``: headers that now shadow a recorded one (the same name, found
     earlier on the search path). None when no manifest is stored (never compiled here).
     """
+    if not manifest_key:
+        return None  # a source that names no header has no manifest
     record = read_record(cache, manifest_key)
-    stored = hdr.parse_manifest(record[0]) if record else None
+    stored = variants.parse_manifest(record[0]) if record else None
     if stored is None or not stored["variants"]:
         return None
     changes: dict[str, list[str]] = {"changed": [], "added": [], "vanished": []}
     newest = stored["variants"][0]
-    for path, (index, rel, digest) in zip(hdr.tracked_paths(newest, dirs), newest.get("headers", ())):
+    paths = []
+    for index, rel, digest in newest.get("headers", ()):
+        path = rel if index < 0 or index >= len(dirs) else os.path.join(dirs[index], rel)
+        paths.append(path)
         for earlier in dirs[:index] if index >= 0 else ():
             if os.path.exists(os.path.join(earlier, rel)):
                 changes["added"].append(os.path.join(earlier, rel))
                 break
-        now = hdr.file_digest(path)
+        now = file_digest(path)
         if now is None:
             changes["vanished"].append(path)
         elif now != digest:
             changes["changed"].append(path)
+    # Probed names (includes, __has_include) that now resolve elsewhere, or no longer at all.
+    for where, kind, name, at in newest.get("probes", ()):
+        includer = os.path.dirname(paths[where]) if 0 <= where < len(paths) else None
+        places = includes.candidates(kind, name, includer, dirs, newest.get("first_include", len(dirs)))
+        now_at = includes.resolve(name, places)
+        if now_at != at:
+            if now_at >= 0:
+                changes["added"].append(os.path.join(places[now_at], name))
+            elif 0 <= at < len(places):
+                changes["vanished"].append(os.path.join(places[at], name))
     return changes
