@@ -159,7 +159,11 @@ def test_warm_and_verify_print_progress_without_a_tty(tmp_path) -> None:
 def test_prune_removes_manifests_and_clear_counts_alike(tmp_path) -> None:
     cache = str(tmp_path / "c")
     manifest = tmp_path / "m.toml"
-    manifest.write_text('[[kernel]]\nname = "k"\ncode = "extern \\"C\\" __global__ void k() {}"\n')
+    # The probe makes the source one that can name a header: it gets a header manifest.
+    manifest.write_text(
+        '[[kernel]]\nname = "k"\n'
+        'code = "#if __has_include(\\"none.h\\")\\n#endif\\nextern \\"C\\" __global__ void k() {}"\n'
+    )
     ok(kc("warm", str(manifest), "--cache-dir", cache))
     dry = json.loads(ok(kc("prune", "--older-than", "0s", "--dry-run", "--json", "--cache-dir", cache)).stdout)
     assert dry["removed"] == 1 and dry["dry_run"] is True and dry["manifests_removed"] == 1

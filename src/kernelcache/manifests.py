@@ -143,4 +143,4 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
                 changes["added"].append(os.path.join(places[now_at], name))
             elif 0 <= at < len(places):
                 changes["vanished"].append(os.path.join(places[at], name))
-    return changes
+    return {what: list(dict.fromkeys(paths)) for what, paths in changes.items()}
