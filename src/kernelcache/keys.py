@@ -22,7 +22,7 @@ from kernelcache.toolchain import Toolchain, toolchain_for
 if TYPE_CHECKING:
     from cuda.core import ProgramOptions
 
-KEY_SCHEMA_VERSION = 1
+KEY_SCHEMA_VERSION = 2  # 2: PTX keys read the linker's fields only; name expressions unordered
 
 # code_type -> targets the compiler behind it can produce (cuda.core 1.2's Program).
 SUPPORTED_TARGETS: dict[str, frozenset[str]] = {
@@ -82,7 +82,7 @@ OPTION_POLICY: dict[str, str] = {
     "diag_suppress": HASH,
     "diag_warn": HASH,
     "brief_diagnostics": HASH,  # log
-    "time": REJECT,  # writes a timing file
+    "time": REJECT,  # NVRTC writes a timing file (the PTX linker's -time only logs: LINKER_GATES)
     "split_compile": IGNORE,  # thread count for the compile: same output, faster or slower
     "fdevice_syntax_only": HASH,
     "minimal": HASH,
@@ -98,20 +98,94 @@ OPTION_POLICY: dict[str, str] = {
     "pch_verbose": HASH,
     "pch_messages": HASH,
     "instantiate_templates_in_pch": HASH,
-    "extra_sources": HASH,  # inline (name, source) pairs: their content is in the value
-    "use_libdevice": HASH,  # libdevice content is pinned by the NVVM wheel identity
+    "extra_sources": HASH,  # NVVM's inline (name, source) pairs, content in the value; refused for c++
+    # NVVM only, by truth. libdevice ships in the nvidia-nvvm wheel that the toolchain
+    # identity pins; with a system NVVM the key needs extra_digest (cuda.core: always).
+    "use_libdevice": HASH,
     "numba_debug": HASH,
 }
+
+# The PTX linker reads only these fields (cuda.core 1.2 turns ProgramOptions into
+# LinkerOptions with them), each through the gate that decides what the linker receives;
+# cuda.core's own key uses the same gates. Every other field is NVRTC's or NVVM's and is
+# left out of a PTX key. A gate maps each value to what the linker sees, so two values
+# with one gated value are the same link: debug=None and False, time=True and "t.csv".
+PRESENCE = "presence"  # a flag when the value is not None
+TRUTHY = "truthy"  # a flag when the value is truthy
+IS_TRUE = "is_true"  # a flag only for True
+TRISTATE = "tristate"  # None, or the value as a bool
+IDENTITY = "identity"  # the value as it is
+PTXAS = "ptxas"  # one -Xptxas=<s> per item, in order; a str is one item; empty is none
+
+LINKER_GATES: dict[str, str] = {
+    "name": IDENTITY,
+    "arch": IDENTITY,
+    "max_register_count": IDENTITY,
+    "time": PRESENCE,  # the linker's -time logs to the info log: no file, so cacheable
+    "link_time_optimization": TRUTHY,
+    "debug": TRUTHY,
+    "lineinfo": TRUTHY,
+    "ftz": TRISTATE,
+    "prec_div": TRISTATE,
+    "prec_sqrt": TRISTATE,
+    "fma": TRISTATE,
+    "split_compile": IDENTITY,
+    "ptxas_options": PTXAS,
+    "no_cache": IS_TRUE,
+}
+# The driver's cuLink (the fallback when nvJitLink is absent) ignores these four, and
+# cuda.core refuses the three below for it: such a link fails, so no key is made for it.
+DRIVER_IGNORED = frozenset({"ftz", "prec_div", "prec_sqrt", "fma"})
+DRIVER_UNSUPPORTED = ("time", "ptxas_options", "split_compile")
+# NVVM reads use_libdevice by truth (False is None); NVRTC and the linker never read it.
+NVVM_ONLY = frozenset({"use_libdevice", "extra_sources"})
+
+# NVRTC emits a flag for these whenever the value is not None (it really receives
+# --create-pch=False), so False counts as set for the refusal and extra_digest checks.
+_FLAG_IF_NOT_NONE = frozenset({"create_pch", "time", "fdevice_time_trace", "use_pch", "pch_dir"})
 
 _HASHED_FIELDS = tuple(f for f, p in OPTION_POLICY.items() if p in (HASH, TRACKED, NEEDS_DIGEST))
 
 
 def _is_set(value: Any) -> bool:
-    # None, False and empty sequences emit no compiler flag in cuda.core; anything else
-    # does (even "" or 0 for path-like fields), so only these three count as "not set".
+    """Whether a str-or-list option (include_path, pre_include...) makes NVRTC emit a flag.
+
+    None, False and empty sequences (a range too) emit none; a str, even "", does.
+    """
     if value is None or value is False:
         return False
-    return not (isinstance(value, (list, tuple)) and len(value) == 0)
+    if isinstance(value, str):
+        return True
+    if isinstance(value, Sequence):
+        return len(value) > 0
+    return True
+
+
+def _emits_flag(name: str, value: Any) -> bool:
+    """Whether NVRTC gets a flag for field ``name`` set to ``value`` (cuda.core 1.2's rules)."""
+    if name in _FLAG_IF_NOT_NONE:
+        return value is not None
+    if name == "pch":
+        return bool(value)
+    return _is_set(value)
+
+
+def _gate(gate: str, value: Any) -> Any:
+    """What the PTX linker receives for a value of a field with this gate."""
+    if gate == PRESENCE:
+        return value is not None
+    if gate == TRUTHY:
+        return bool(value)
+    if gate == IS_TRUE:
+        return value is True
+    if gate == TRISTATE:
+        return None if value is None else bool(value)
+    if gate == PTXAS:
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, Sequence):
+            return tuple(value) or None
+    return value
 
 
 def _encode(value: Any) -> bytes:
@@ -212,23 +286,55 @@ def options_fingerprint(options: Any) -> tuple[Any, ...] | None:
     return (tuple(fields), values, tuple(map(type, values)))
 
 
-# (field, value, type) -> encoded bytes, for the HASH fields: what one process passes is a
-# handful of distinct values, so most encodings are a dict look-up. Bounded.
-_PAIR_MEMO: dict[tuple[str, Any, type], bytes] = {}
-_SCALARS = (str, bool, int, float, bytes)
-
-
-def _option_components(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
+def _option_components(
+    options: Any, code_type: str, has_digest: bool, headers_tracked: bool, driver_linker: bool = False
+) -> bytes:
     """Encoded (field, value) pairs of every set field that can change the output.
 
     Unset (None) fields are left out: the field names are in the encoding, so leaving
     them out cannot make two different option sets collide. A field the policy table does
-    not know (a newer cuda.core) is hashed: fail closed.
+    not know (a newer cuda.core) is hashed: fail closed. PTX keys hash the linker's fields
+    only, through their gates (``LINKER_GATES``).
     """
     if not isinstance(options, _program_options_type()):
         raise TypeError(f"options must be a cuda.core.ProgramOptions or None, not {type(options).__name__}")
+    # No memo here: encoding the few set fields costs less than fingerprinting all of them
+    # (compile_program memoises whole key derivations, where that pays).
+    if code_type == "ptx":
+        return _encode_linker_options(options, driver_linker)
+    return _encode_options(options, code_type, has_digest, headers_tracked)
+
+
+def _encode_linker_options(options: Any, driver_linker: bool) -> bytes:
+    if getattr(options, "extra_sources", None):
+        raise ValueError("ProgramOptions.extra_sources is for NVVM input only; Program refuses it for ptx")
     parts = []
-    memo = _PAIR_MEMO
+    for name, gate in LINKER_GATES.items():
+        value = getattr(options, name, None)
+        if driver_linker and name in DRIVER_UNSUPPORTED and value is not None:
+            raise ValueError(
+                f"ProgramOptions.{name} is not supported by the driver linker (cuLink), which links "
+                "PTX here because nvJitLink is not installed; the compile would fail, so no key is made"
+            )
+        if driver_linker and name in DRIVER_IGNORED:
+            continue
+        gated = _gate(gate, value)
+        if gated == _gate(gate, None) and type(gated) is type(_gate(gate, None)):
+            continue  # the linker receives nothing for it, as for None
+        parts.append(_TAGS[name] + _encode(gated))
+    return b"".join(parts)
+
+
+# (field, value, type) -> encoded bytes, per code type, for the HASH fields: what one
+# process passes is a handful of distinct values, so most encodings are a dict look-up.
+_PAIR_MEMO: dict[str, dict[tuple[str, Any, type], bytes]] = {"c++": {}, "nvvm": {}}
+_SCALARS = (str, bool, int, float, bytes)
+
+
+def _encode_options(options: Any, code_type: str, has_digest: bool, headers_tracked: bool) -> bytes:
+    parts = []
+    memo = _PAIR_MEMO[code_type]
+    nvrtc = code_type == "c++"
     for name, value in _set_fields(options):
         if value is None or name[:1] == "_":
             continue
@@ -240,14 +346,24 @@ def _option_components(options: Any, code_type: str, has_digest: bool, headers_t
         policy = OPTION_POLICY.get(name, HASH)
         if policy == IGNORE:
             continue
-        if policy == REJECT:
-            if _is_set(value):
+        if name in NVVM_ONLY:
+            if nvrtc:
+                if name == "extra_sources" and value:
+                    raise ValueError("ProgramOptions.extra_sources is for NVVM input only; Program refuses it for c++")
+                continue  # NVRTC never reads use_libdevice
+            if name == "use_libdevice":
+                if not value:
+                    continue  # read by truth: False is None
+                value = True
+        if nvrtc and policy == REJECT:
+            if _emits_flag(name, value):
                 raise ValueError(
-                    f"ProgramOptions.{name} makes the compiler write a file as a side effect, which a "
-                    "cache hit would skip; compile without the cache for this option"
+                    f"ProgramOptions.{name}={value!r} makes NVRTC write a file as a side effect (it receives "
+                    "the flag for any value but None, False included), which a cache hit would skip; "
+                    "compile without the cache for this option"
                 )
             continue
-        if code_type == "c++" and policy in (NEEDS_DIGEST, TRACKED) and _is_set(value):
+        if nvrtc and policy in (NEEDS_DIGEST, TRACKED) and _emits_flag(name, value):
             if policy == NEEDS_DIGEST and not has_digest:
                 raise ValueError(
                     f"ProgramOptions.{name} makes the compile read files whose content the key cannot "
@@ -259,14 +375,25 @@ def _option_components(options: Any, code_type: str, has_digest: bool, headers_t
                     "kernelcache.compile_program (it tracks the headers a compile reads), or pass "
                     "extra_digest=<bytes that change whenever those headers change>"
                 )
+        if nvrtc and name == "name" and not has_digest and not headers_tracked and _has_directory(value):
+            raise ValueError(
+                f"ProgramOptions.name={value!r} has a directory component, and NVRTC reads quoted "
+                "#includes relative to it, which the key cannot see; use kernelcache.compile_program "
+                "(it tracks the headers a compile reads), pass extra_digest=<bytes that change "
+                "whenever those headers change>, or drop the directory from the name"
+            )
         tag = _TAGS.get(name) or b"%d:%s" % (len(name), name.encode())
         encoded = tag + _encode(value)
         parts.append(encoded)
         # Only fields without checks may skip the code above next time, and only scalars: in a
         # tuple, ("N", 1) == ("N", True) although they encode differently.
-        if policy == HASH and type(value) in _SCALARS:
+        if policy == HASH and name not in NVVM_ONLY and name != "name" and type(value) in _SCALARS:
             remember(memo, (name, value, type(value)), encoded, 4096)
     return b"".join(parts)
+
+
+def _has_directory(name: object) -> bool:
+    return isinstance(name, str) and ("/" in name or "\\" in name)
 
 
 def _code_bytes(code: object) -> bytes:
@@ -286,10 +413,12 @@ def _name_expressions_bytes(name_expressions: Sequence[Any]) -> bytes:
         raise TypeError("name_expressions must be a sequence of names, not a single str/bytes")
     items = list(name_expressions)
     for n in items:
-        if not isinstance(n, (str, bytes)):
-            raise TypeError(f"each name expression must be str or bytes, not {type(n).__name__}")
-    # str and bytes stay distinct: symbol_mapping is keyed by the object the caller gave.
-    return _encode(items)
+        if type(n) is not str and type(n) is not bytes:
+            raise TypeError(f"name_expressions items must be str or bytes, not {type(n).__name__}")
+    # str and bytes stay distinct (symbol_mapping is keyed by the object the caller gave);
+    # order does not count: each expression is looked up by itself, as cuda.core's key says.
+    encoded = sorted(_encode(n) for n in items)
+    return b"l%d:%s" % (len(encoded), b"".join(encoded))
 
 
 def key_components(
@@ -313,24 +442,42 @@ def key_components(
     ct = _normalize_kind(code_type, "code_type", frozenset(SUPPORTED_TARGETS))
     tt = _normalize_kind(target_type, "target_type", TARGET_TYPES)
     if tt not in SUPPORTED_TARGETS[ct]:
-        raise ValueError(f"cannot compile {ct} to {tt}; {ct} compiles to one of {sorted(SUPPORTED_TARGETS[ct])}")
+        raise ValueError(
+            f"cannot compile {ct} to {tt}: target_type {tt!r} is not valid for code_type {ct!r}; "
+            f"{ct} compiles to one of {sorted(SUPPORTED_TARGETS[ct])}"
+        )
     extra = _check_extra_digest(extra_digest)
     if options is None:
         options = _default_options()
     tc = toolchain if toolchain is not None else toolchain_for(ct)
+    if ct == "nvvm" and extra is None and getattr(options, "use_libdevice", None) and not _pins_libdevice(tc):
+        raise ValueError(
+            "use_libdevice=True links a libdevice file that ships with no wheel here (a system NVVM: "
+            f"{tc.compiler}), so the key cannot see it; pass extra_digest=<a digest of that libdevice file>"
+        )
     components = [
         ("schema", b"%d" % KEY_SCHEMA_VERSION),
         ("code_type", ct.encode()),
         ("target_type", tt.encode()),
         ("code", _code_bytes(code)),
-        ("options", _option_components(options, ct, extra is not None, headers_tracked)),
-        ("name_expressions", _name_expressions_bytes(name_expressions)),
+        ("options", _option_components(options, ct, extra is not None, headers_tracked, _driver_links(ct, tc))),
+        # Only NVRTC reads name expressions; PTX and NVVM compiles ignore them.
+        ("name_expressions", _name_expressions_bytes(name_expressions) if ct == "c++" else b"l0:"),
         ("toolchain.cuda_core", tc.cuda_core.encode()),
         ("toolchain.compiler", tc.compiler.encode()),
     ]
     if extra is not None:
         components.append(("extra_digest", extra))
     return components
+
+
+def _pins_libdevice(tc: Toolchain) -> bool:
+    # libdevice ships in the nvidia-nvvm wheel, whose exact build the identity names.
+    return tc.compiler.startswith("nvidia-nvvm==")
+
+
+def _driver_links(code_type: str, tc: Toolchain) -> bool:
+    return code_type == "ptx" and tc.compiler.startswith("driver:")
 
 
 @functools.cache
@@ -371,10 +518,16 @@ def make_program_cache_key(
     expressions, the exact toolchain build (cuda.core, and NVRTC / PTX linker / NVVM to the
     patch release), a schema version and ``extra_digest``.
 
+    Inputs that cuda.core's own key proves equivalent share a key: name expressions in any
+    order; for PTX only the linker's fields count, through their gates (``LINKER_GATES``);
+    use_libdevice only for NVVM, False equal to None.
+
     Raises ValueError for unknown code/target types, an impossible code->target pair,
-    options with side effects (create_pch, time, fdevice_time_trace), options that read
-    files the key cannot see (include_path, pre_include, pch...) without ``extra_digest``,
-    and an empty or non-bytes ``extra_digest``. TypeError for arguments of the wrong type.
+    NVRTC options with side effects (create_pch, time, fdevice_time_trace: any value but
+    None, False included), options that read files the key cannot see (include_path,
+    pre_include, pch, use_pch, pch_dir, a ``name`` with a directory part) without
+    ``extra_digest``, extra_sources for c++/PTX, and an empty or non-bytes ``extra_digest``.
+    TypeError for arguments of the wrong type.
     """
     return digest_components(
         key_components(
