@@ -13,7 +13,6 @@ miss itself (compile_program).
 from __future__ import annotations
 
 import abc
-import json
 import threading
 import warnings
 from collections.abc import Iterable, Mapping
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from kernelcache.log import logger
 from kernelcache.stats import MemoryStats, public_view
+from kernelcache.stores import interop
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -68,10 +68,15 @@ def as_value_bytes(value: object) -> bytes:
         if isinstance(code, (bytes, bytearray, memoryview)):
             return bytes(code)
         if isinstance(code, str):  # ObjectCode.from_cubin("path/to/file.cubin")
-            with open(code, "rb") as f:
-                return f.read()
+            try:
+                with open(code, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                missing = f"cannot store path-backed ObjectCode in cache: {code} no longer exists"
+                raise FileNotFoundError(missing) from None
     raise TypeError(
-        f"cache values must be bytes, bytearray, memoryview or a cuda.core ObjectCode, not {type(value).__name__}"
+        "cache values must be bytes-like or ObjectCode (bytes, bytearray, memoryview or a cuda.core "
+        f"ObjectCode), not {type(value).__name__}"
     )
 
 
@@ -137,23 +142,15 @@ class ProgramCacheResource(abc.ABC):
         return {}
 
     # Records: payload + metadata. Stores that keep no metadata of their own (a user's
-    # subclass, say) get it through a second entry under a derived key.
+    # subclass, say) get it through a second entry under a domain-separated derived key,
+    # with the payload's digest checked on every read (interop.read_record).
     def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
-        """Return ``(payload, meta)`` or None.
+        """Return ``(payload, meta)`` or None: the payload and its record, whose digest matches.
 
         ``internal=True``: an internal look-up, counted as ``internal_gets`` (by stores that
         count), never as a user hit or miss.
         """
-        k = as_key_bytes(key)
-        payload = self.get(k)
-        if payload is None:
-            return None
-        raw_meta = self.get(k + b".meta")
-        try:
-            meta = json.loads(raw_meta) if raw_meta is not None else {}
-        except ValueError:
-            meta = {}
-        return payload, meta
+        return interop.read_record(self, as_key_bytes(key))
 
     def set_record(
         self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False
@@ -162,18 +159,16 @@ class ProgramCacheResource(abc.ABC):
 
         ``internal`` writes (header manifests) do not count as user-visible stores.
         """
-        k = as_key_bytes(key)
-        if meta:
-            self[k + b".meta"] = json.dumps(meta, sort_keys=True).encode()
-        self[k] = payload
+        interop.write_record(self, as_key_bytes(key), as_value_bytes(payload), dict(meta or {}))
         return True
 
     def discard(self, key: bytes | str) -> None:
         """Remove ``key`` if present (no error when absent)."""
-        try:
-            del self[key]
-        except KeyError:
-            pass
+        for k in (interop.meta_key(as_key_bytes(key)), key):
+            try:
+                del self[k]
+            except KeyError:
+                pass
 
     def add_stats(self, **deltas: int) -> None:  # noqa: B027 - optional hook
         """Count events seen by a layer above (compile_program's compiles and savings)."""
@@ -189,6 +184,11 @@ class ProgramCacheResource(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+# Every kernelcache store, user subclasses included, is a cuda.core.utils.ProgramCacheResource
+# (Program.compile(cache=...) accepts it), without importing cuda.core here: see interop.py.
+interop.register_with_cuda_core(ProgramCacheResource)
 
 
 class RecordStore(ProgramCacheResource):
