@@ -33,6 +33,7 @@ from kernelcache.records import (
 )
 from kernelcache.singleflight import single_flight
 from kernelcache.stores.base import Meta, ProgramCacheResource, as_value_bytes
+from kernelcache.stores.foreign import as_store
 from kernelcache.stores.naming import entry_name
 from kernelcache.toolchain import toolchain_for
 
@@ -163,7 +164,8 @@ def probe(
         from kernelcache.keys import _default_options
 
         options = _default_options()
-    look = _Lookup(cache or default_cache(), code, code_type, target_type, options, name_expressions, extra_digest)
+    store = as_store(cache) if cache is not None else default_cache()
+    look = _Lookup(store, code, code_type, target_type, options, name_expressions, extra_digest)
     key, record, variant = look.find()
     info = CompileInfo(hit=record is not None, key=key)
     if variant is not None:
@@ -234,9 +236,7 @@ def _resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource |
     """
     if cache is None:
         return default_cache_or_none()
-    if not isinstance(cache, ProgramCacheResource):
-        raise TypeError(f"cache must be a ProgramCacheResource or None, not {type(cache).__name__}")
-    return cache
+    return as_store(cache)  # a cuda.core store is wrapped: metadata under derived keys
 
 
 def _flight(

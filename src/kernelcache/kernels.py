@@ -22,6 +22,7 @@ from kernelcache.guarded import GuardedCache
 from kernelcache.keys import options_fingerprint
 from kernelcache.loader import bad_bytes, device_options, kernel_of, on_device
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
+from kernelcache.stores.foreign import as_store
 
 if TYPE_CHECKING:
     from cuda.core import Kernel, ObjectCode, ProgramOptions
@@ -91,9 +92,8 @@ class KernelCache:
     """
 
     def __init__(self, cache: ProgramCacheResource | None = None) -> None:
-        if cache is not None and not isinstance(cache, ProgramCacheResource):
-            raise TypeError(f"cache must be a ProgramCacheResource or None, not {type(cache).__name__}")
-        self._store = cache
+        # kernelcache's stores as they are; cuda.core's wrapped (see stores/foreign.py)
+        self._store = as_store(cache) if cache is not None else None
         self._shards: dict[int, GuardedCache[LoadedKernel]] = {}
         self._shards_lock = threading.Lock()
 
