@@ -255,3 +255,22 @@ def test_kernel_cache_takes_a_cuda_core_store() -> None:
 def test_anything_else_is_refused_by_name() -> None:
     with pytest.raises(TypeError, match="kernelcache's or cuda.core.utils'.*dict"):
         compile_program(SRC, options=ProgramOptions(arch=ARCH), cache={})
+
+
+def test_program_compile_misses_then_hits_on_a_redis_store(tmp_path) -> None:
+    pytest.importorskip("redis", reason="the redis client is the 'redis' extra")
+    from redis_servers import RedisServer, need_redis
+
+    from kernelcache import RedisProgramCache
+
+    need_redis()
+    server = RedisServer(str(tmp_path / "redis"))
+    try:
+        with RedisProgramCache(server.url, namespace="interop") as store:
+            assert isinstance(store, cc.ProgramCacheResource)
+            first = _compile(store, "cubin")
+            assert _compile(store, "cubin") == first
+            stats = store.stats()
+            assert (stats["misses"], stats["hits"], stats["stores"]) == (1, 1, 1)
+    finally:
+        server.stop()
