@@ -12,7 +12,7 @@ import os
 
 import _interop_workers as iw
 import pytest
-from conftest import ARCH, run_python
+from conftest import ARCH, run_python, settle_timestamps
 from cuda.core import Program, ProgramOptions
 from cuda.core import utils as cc
 from test_compile import HEAVY, needs_bundled_headers
@@ -221,6 +221,7 @@ def test_header_tracking_works_on_a_cuda_core_store(tmp_path) -> None:
     inc.mkdir()
     header = inc / "value.h"
     header.write_text("#define VALUE 1.0f\n")
+    settle_timestamps()  # the header is older than the compile's start (else it is not stored)
     src = '#include "value.h"\nextern "C" __global__ void f(float* a) { a[0] = VALUE; }\n'
     store = cc.FileStreamProgramCache(str(tmp_path / "cc"))
     options = ProgramOptions(arch=ARCH, include_path=[str(inc)])
@@ -228,6 +229,7 @@ def test_header_tracking_works_on_a_cuda_core_store(tmp_path) -> None:
     a = compile_program(src, options=options, cache=store, info=first)
     compile_program(src, options=options, cache=store, info=second)
     header.write_text("#define VALUE 2.0f\n")
+    settle_timestamps()
     b = compile_program(src, options=options, cache=store, info=third)
     assert (first.hit, second.hit, third.hit) == (False, True, False)
     assert bytes(a.code) != bytes(b.code)
