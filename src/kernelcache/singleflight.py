@@ -8,8 +8,10 @@ does not wait at all: ``"busy"`` means a peer (thread or process) holds the key 
 
 Why this is safe against stuck or dead peers:
 - the in-process lock is a plain ``threading.Lock`` per key, taken with a timeout;
-- the cross-process lock is an ``flock`` on ``locks/<key hex>.lock`` (filelock): the kernel
-  releases it the moment its holder dies, even by SIGKILL, so waiters get it at once;
+- the cross-process lock is an ``flock`` on ``locks/<key hex>.lock`` (stores/lockfiles): the
+  kernel releases it the moment its holder dies, even by SIGKILL, so waiters get it at once;
+  maintenance (clear, prune, verify --fix) removes idle lock files only under their own lock,
+  and a locker checks that the file it locked is still the one at the path;
 - waiting is bounded by ``timeout`` in total; past it the waiter compiles by itself, so a
   peer that hangs (a stopped process, a dead NFS lock server) never blocks a user forever.
 Different keys use different locks and never wait for each other.
@@ -18,6 +20,8 @@ Different keys use different locks and never wait for each other.
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -78,7 +82,7 @@ def single_flight(
             yield "acquired"
             return
         file_lock = _file_lock(lock_path, deadline)
-        if file_lock is None or file_lock == "busy":
+        if not isinstance(file_lock, _Held):
             yield "busy" if file_lock == "busy" and not wait else "timeout"
             return
         try:
@@ -87,27 +91,38 @@ def single_flight(
             file_lock.release()
 
 
-def _file_lock(path: str, deadline: float) -> object | None:
-    """An acquired filelock on path; "busy" when a peer still held it at the deadline; None
+def _file_lock(path: str, deadline: float) -> _Held | str | None:
+    """An acquired file lock on path; "busy" when a peer still held it at the deadline; None
     when locking failed.
 
     A lock that cannot be created at all (read-only cache dir) is not a reason to fail:
     we then compile without cross-process coordination.
     """
-    import filelock
+    from kernelcache.stores import lockfiles
 
     try:
-        # Keep the lock file after release: unlinking it lets a late waiter hold a lock on
-        # the old, unlinked inode while a newcomer locks a fresh file of the same name, and
-        # then both would compile. One empty file per key is the price:
-        # nothing removes them today (clear() empties entries/ only; locks/ stays).
-        lock = filelock.FileLock(path, preserve_lock_file=True)
-    except TypeError:  # filelock older than the preserve_lock_file option
-        lock = filelock.FileLock(path)
-    try:
-        lock.acquire(timeout=max(0.0, deadline - time.monotonic()), poll_interval=0.01)
-    except filelock.Timeout:
-        return "busy"
+        # The file stays after release (unlinking it on release would race with waiters);
+        # tools remove idle ones under their own lock (see stores/lockfiles.py for why the
+        # locker's identity check makes that safe).
+        fd = lockfiles.acquire(path, deadline - time.monotonic(), mode=_lock_mode(path))
     except OSError:
         return None
-    return lock
+    return "busy" if fd is None else _Held(fd)
+
+
+def _lock_mode(path: str) -> int:
+    # Team caches (setgid locks/) let every member open the file; read access is enough.
+    try:
+        return 0o666 if os.stat(os.path.dirname(path)).st_mode & stat.S_ISGID else 0o600
+    except OSError:
+        return 0o600
+
+
+class _Held:
+    """A held file lock: release() closes the fd, which releases the flock."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def release(self) -> None:
+        os.close(self._fd)

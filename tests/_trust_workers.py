@@ -1,0 +1,75 @@
+"""Child processes of the trust tests: run as ``python -c`` (a real separate interpreter each).
+
+Every worker prints one JSON line with what it did, so the parent can count exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+
+def value_for(key: str, size: int) -> bytes:
+    """The one right value of key: a reader can tell a wrong or torn value from it."""
+    seed = key.encode()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def write_keys(root: str, prefix: str, count: int, size: int, cap: int | None = None) -> None:
+    """Write count distinct keys; print {"written": [...], "dropped": n} (dropped: a warning)."""
+    from kernelcache import FileStreamProgramCache
+
+    cache = FileStreamProgramCache(root, cap)
+    written, dropped = [], 0
+    for i in range(count):
+        key = f"{prefix}-{i}"
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            cache[key] = value_for(key, size)
+        if seen:
+            dropped += 1
+        else:
+            written.append(key)
+    cache.close()
+    print(json.dumps({"written": written, "dropped": dropped}))
+
+
+def write_forever(root: str, prefix: str, size: int, cap: int | None, ready: str) -> None:
+    """Write distinct keys until killed; touch ``ready`` once the first write is done."""
+    from kernelcache import FileStreamProgramCache
+
+    warnings.simplefilter("ignore")
+    cache = FileStreamProgramCache(root, cap)
+    i = 0
+    while True:
+        key = f"{prefix}-{i}"
+        cache[key] = value_for(key, size)
+        if i == 0:
+            open(ready, "w").close()
+        i += 1
+
+
+def hold_single_flight(root: str, key_hex: str, hold_s: float) -> None:
+    """Hold the single-flight lock of key_hex for hold_s seconds (as compile_program would)."""
+    from kernelcache import FileStreamProgramCache
+    from kernelcache.singleflight import single_flight
+
+    cache = FileStreamProgramCache(root)
+    with single_flight(bytes.fromhex(key_hex), cache.lock_path(key_hex + ".lock"), 30.0) as outcome:
+        print(json.dumps({"outcome": outcome, "t": time.time()}), flush=True)
+        time.sleep(hold_s)
+    print(json.dumps({"released": time.time()}), flush=True)
+
+
+def main() -> None:
+    fn = globals()[sys.argv[1]]
+    args = [json.loads(a) for a in sys.argv[2:]]
+    fn(*args)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(__file__))
+    main()
