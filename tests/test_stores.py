@@ -261,10 +261,14 @@ def test_unknown_sidecar_format_is_skipped_not_deleted(tmp_path) -> None:
 def test_unsafe_root_is_refused_unless_allowed(tmp_path) -> None:
     root = tmp_path / "shared"
     root.mkdir()
-    os.chmod(root, 0o777)
+    os.chmod(root, 0o2770)  # a team cache: group-writable, setgid
     with pytest.raises(UnsafeCacheDirError, match="allow_shared=True"):
         FileStreamProgramCache(root)
     FileStreamProgramCache(root, allow_shared=True)["a"] = b"1"
+    os.chmod(root, 0o777)  # writable by others: neither mode accepts it
+    for shared in (False, True):
+        with pytest.raises(UnsafeCacheDirError, match="writable by others"):
+            FileStreamProgramCache(root, allow_shared=shared)
     other = tmp_path / "other-owner"
     other.mkdir(mode=0o700)
     os.chown(other, 12345, 12345)

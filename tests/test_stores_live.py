@@ -154,7 +154,7 @@ def test_tracked_size_never_exceeds_cap_by_more_than_one_value_per_writer(tmp_pa
     assert dropped == 0
     assert peak_tracked <= cap + nwriters * per_writer, (peak_tracked, cap)
     assert peak_disk <= cap + nwriters * per_writer, (peak_disk, cap)
-    assert _disk_bytes(root) <= cap
+    assert _disk_bytes(root) <= cap + nwriters * per_writer
 
 
 # -- issue 10 #8: leftovers --------------------------------------------------------------------
@@ -190,6 +190,7 @@ def test_killed_writers_temp_files_are_counted_and_swept_by_eviction(tmp_path: P
         if sum(p.stat().st_size for p in leftovers) > 2 * size:
             break
     assert sum(p.stat().st_size for p in leftovers) > 2 * size, "no writer was killed inside a write"
+    time.sleep(1.2)  # past fileops.DEAD_TEMP_GRACE_S: an unlocked staged file older than that is dead
     # Fill the store past its cap: eviction must count the leftovers and remove them.
     for i in range(8):
         store[f"live-{i}"] = value_for(f"live-{i}", size)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -104,18 +103,10 @@ def _file_lock(path: str, deadline: float) -> _Held | str | None:
         # The file stays after release (unlinking it on release would race with waiters);
         # tools remove idle ones under their own lock (see stores/lockfiles.py for why the
         # locker's identity check makes that safe).
-        fd = lockfiles.acquire(path, deadline - time.monotonic(), mode=_lock_mode(path))
+        fd = lockfiles.acquire(path, deadline - time.monotonic(), mode=lockfiles.mode_for(os.path.dirname(path)))
     except OSError:
         return None
     return "busy" if fd is None else _Held(fd)
-
-
-def _lock_mode(path: str) -> int:
-    # Team caches (setgid locks/) let every member open the file; read access is enough.
-    try:
-        return 0o666 if os.stat(os.path.dirname(path)).st_mode & stat.S_ISGID else 0o600
-    except OSError:
-        return 0o600
 
 
 class _Held:

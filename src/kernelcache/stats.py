@@ -137,8 +137,10 @@ class FileStats:
     fall back to process memory: statistics must never break a cache operation.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, shared: bool = False) -> None:
         self._path = os.fspath(path)
+        # A team cache's counters are every member's: the file is group-writable.
+        self._shared = shared
         self._thread_lock = threading.Lock()
         self._fallback = MemoryStats()
         self._pending: dict[str, int] = {}
@@ -157,7 +159,9 @@ class FileStats:
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
         for attempt in range(2):
             try:
-                self._fd = os.open(self._path, flags, 0o600)
+                self._fd = os.open(self._path, flags, 0o660 if self._shared else 0o600)
+                if self._shared:
+                    _make_group_writable(self._fd)
                 self._ensure_initialised()
                 return
             except OSError as exc:
@@ -307,6 +311,15 @@ class FileStats:
             self._close_fd()
         except Exception:
             pass
+
+
+def _make_group_writable(fd: int) -> None:
+    # The umask may have removed the group's bits; only the file's owner can add them back
+    # (another member's file is already as its owner made it).
+    st = os.fstat(fd)
+    want = stat_mod.S_IRGRP | stat_mod.S_IWGRP
+    if st.st_mode & want != want and hasattr(os, "getuid") and st.st_uid == os.getuid():
+        os.fchmod(fd, stat_mod.S_IMODE(st.st_mode) | want)
 
 
 def _unlink_symlink(path: str) -> bool:

@@ -9,7 +9,7 @@ import re
 import time
 from typing import Any
 
-from kernelcache.stores.fileops import open_regular, read_fd
+from kernelcache.stores.fileops import open_regular, read_fd, read_regular, sweep_dead_temps
 from kernelcache.stores.filestream import DEFAULT_TMP_MAX_AGE_S, EntryInfo, FileStreamProgramCache
 
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -140,52 +140,99 @@ def progress_lines(items: list[Any], what: str, every_s: float = 2.0) -> Any:
             last = time.monotonic()
 
 
+# Filesystem timestamps come from a coarser clock than time.time() (ext4: the tick), so a
+# file written just after the scan began can carry an mtime slightly before it.
+_CLOCK_SLACK_S = 2.0
+
+
 def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[str, Any]:
     """Re-hash every entry; find corrupt entries, orphaned sidecars, stale temp files.
 
     ``checked`` counts entries as ``ls`` lists them (artifacts); header manifests are
     checked too and counted apart (``manifests_checked``).
+
+    Safe on a live cache (issue 10 #1): what looks like damage is judged again under the
+    entry's pair lock (no writer is between its two renames then), and a file younger than
+    the scan is never damage (it was written during it). Lock files nobody holds are removed
+    with --fix, each under its own lock.
     """
+    young = time.time() - _CLOCK_SLACK_S  # files with an mtime past this were written during the scan
     entries = list(cache.iter_entries())
-    corrupt: list[str] = []
     iterator: Any = progress_lines(entries, "verify") if progress and entries else entries
-    for e in iterator:
-        if read_verified(e) is None:
-            corrupt.append(e.name)
+    # Race: a writer publishes the pair (sidecar, then entry) between our reading the
+    # sidecar (iter_entries) and the entry (read_verified): they then disagree. Such a
+    # suspect is judged again, both files re-read, under the pair lock.
+    suspects = [e.name for e in iterator if read_verified(e) is None]
     manifests = sum(1 for e in entries if is_manifest(e))
     present = {e.name for e in entries}
-    orphans = []
-    for f, _ in cache.scan():
-        if f.name.endswith(".meta") and f.name[: -len(".meta")] not in present:
-            orphans.append(f.path)
-    stale = []
-    cutoff = time.time() - DEFAULT_TMP_MAX_AGE_S
-    try:
-        with os.scandir(cache.tmp_dir) as it:
-            stale = [f.path for f in it if f.stat(follow_symlinks=False).st_mtime < cutoff]
-    except OSError:
-        pass
-    fixed = 0
-    if fix:
-        for name in corrupt:
-            cache.remove_entry(name)
-            fixed += 1
-        for path in orphans + stale:
-            try:
-                os.unlink(path)
-                fixed += 1
-            except OSError:
-                pass
-    total = len(corrupt) + len(orphans) + len(stale)
-    return {
+    # Race: a pair published after iter_entries listed the entries shows a sidecar whose
+    # entry is not in `present`. Judged again under the pair lock too (entry there: no orphan).
+    lone = [f.name[: -len(".meta")] for f, _ in cache.scan() if f.name.endswith(".meta")]
+    lone = [name for name in lone if name not in present]
+    failed: list[str] = []
+    corrupt = [n for n in suspects if _judged(cache, n, lambda p: _is_damaged(p, young), fix, failed)]
+    orphaned = [n for n in lone if _judged(cache, n, lambda p: _is_orphan(p, young), fix, failed)]
+    orphans = [cache.entry_path(n) + ".meta" for n in orphaned]
+    stale = [path for path, _ in sweep_dead_temps(cache.tmp_dir, DEFAULT_TMP_MAX_AGE_S, remove=fix)]
+    fixed = (len(corrupt) + len(orphans) + len(stale) - len(failed)) if fix else 0
+    report: dict[str, Any] = {
         "checked": len(entries) - manifests,
         "manifests_checked": manifests,
         "corrupt": corrupt,
         "orphaned_sidecars": orphans,
         "stale_temps": stale,
         "fixed": fixed,
-        "remaining": total - fixed,
+        "remaining": len(corrupt) + len(orphans) + len(stale) - fixed,
     }
+    if fix:
+        report["lock_files_removed"] = cache.remove_idle_locks()
+    return report
+
+
+def _judged(cache: FileStreamProgramCache, name: str, judge: Any, fix: bool, failed: list[str]) -> bool:
+    """Whether judge(entry path) holds under the pair lock; with fix, the pair is then removed."""
+    verdict = False
+
+    def decide(path: str) -> bool:
+        nonlocal verdict
+        verdict = judge(path)
+        return fix and verdict
+
+    try:
+        cache.remove_entry(name, only_if=decide)
+    except OSError:
+        failed.append(name)  # judged damaged, but it could not be removed: it remains
+    return verdict
+
+
+def _is_damaged(path: str, young: float) -> bool:
+    """An entry that fails its check and is older than the scan (under the pair lock)."""
+    try:
+        data, st = read_regular(path)
+    except FileNotFoundError:
+        return False  # removed meanwhile: nothing to judge
+    except OSError:
+        return True  # not a regular file where an entry should be
+    try:
+        if max(st.st_mtime, os.lstat(path + ".meta").st_mtime) > young:
+            return False  # written during the scan: not damage
+    except FileNotFoundError:
+        return st.st_mtime <= young  # an old entry without its sidecar
+    info = FileStreamProgramCache.read_sidecar_info(path) or {}
+    return info.get("size") != len(data) or info.get("sha256") != hashlib.sha256(data).hexdigest()
+
+
+def _is_orphan(path: str, young: float) -> bool:
+    """A sidecar without its entry, older than the scan (under the pair lock)."""
+    try:
+        os.lstat(path)
+        return False  # its entry is there (published after the listing)
+    except FileNotFoundError:
+        pass
+    try:
+        return os.lstat(path + ".meta").st_mtime <= young
+    except FileNotFoundError:
+        return False
 
 
 def prune(

@@ -300,6 +300,7 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, d
         # Copies handed to Triton (kernelcache.materialized) are not entries: idle ones go too.
         result["materialized_removed"] = remove_materialized(cache.path, KEEP_RECENT_S)[0]
         result["old_layouts_removed"] = cache.remove_old_layouts()  # never read: only space
+        result["lock_files_removed"] = cache.remove_idle_locks()  # each under its own lock
 
     def render(r: dict[str, Any]) -> None:
         verb, freed = ("would remove", "would free") if dry_run else ("removed", "freed")

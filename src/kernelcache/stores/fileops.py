@@ -157,7 +157,7 @@ def unlink_if_same(path: str, key: StatKey | None) -> int | None:
 
 @contextlib.contextmanager
 def pair_lock(directory: str) -> Iterator[None]:
-    """Hold an exclusive flock on ``directory`` (created 0700 if missing).
+    """Hold an exclusive flock on ``directory`` (created if missing, see make_dirs).
 
     An entry and its sidecar are two files, replaced by two renames. Two writers of one key
     without a lock can interleave them (A's sidecar, B's sidecar, B's entry, A's entry) and
@@ -171,7 +171,7 @@ def pair_lock(directory: str) -> Iterator[None]:
     try:
         fd = os.open(directory, flags)
     except FileNotFoundError:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        make_dirs(directory)
         fd = os.open(directory, flags)
     try:
         try:
@@ -183,46 +183,34 @@ def pair_lock(directory: str) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
-def try_lock_file(path: str) -> int | None:
-    """An fd holding an exclusive flock on the lock file at path, or None if another holds it.
-
-    The file is opened with O_NOFOLLOW: a symlink planted there must not make us create or
-    truncate the file it points to. Such a link is not ours: it is replaced (the link, never
-    its target) and the lock taken on a real file. Close the fd to release.
-    """
-    flags = os.O_RDWR | os.O_CREAT | O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags, 0o600)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        os.unlink(path)
-        fd = os.open(path, flags, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def stage(tmp_dir: str, data: bytes, durable: bool = True) -> str:
+def stage(tmp_dir: str, data: bytes, durable: bool = True, mode: int = 0o600) -> str:
     """Write data to a fresh temp file in tmp_dir (fsync'ed if durable), return its path."""
+    name, fd = stage_held(tmp_dir, data, durable, mode)
+    os.close(fd)
+    return name
+
+
+def stage_held(tmp_dir: str, data: bytes, durable: bool = True, mode: int = 0o600) -> tuple[str, int]:
+    """Like stage, but return the path with an fd that holds the file's flock: close it after
+    publishing. A staged file whose flock nobody holds belongs to a dead writer (see
+    sweep_dead_temps). ``mode``: the file's permissions (0666 in a team cache: the umask
+    decides, as for any file a member creates).
+    """
     name = os.path.join(tmp_dir, f"{uuid.uuid4().hex}{TMP_SUFFIX}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(name, flags, 0o600)
+        fd = os.open(name, flags, mode)
     except FileNotFoundError:
         # Someone deleted tmp/ (or the whole format directory) under a live cache: recreate it.
-        os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
-        fd = os.open(name, flags, 0o600)
+        make_dirs(tmp_dir)
+        fd = os.open(name, flags, mode)
     try:
+        # Race: between the O_CREAT above and this flock the file is unlocked; a sweeper
+        # leaves alone unlocked files younger than DEAD_TEMP_GRACE_S for that reason.
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Full size at once (sparse): a size-cap rescan that counts tmp/ while we write sees
+        # what this write reserved, not the part written so far (sizecap._rescan).
+        os.ftruncate(fd, len(data))
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
@@ -234,8 +222,64 @@ def stage(tmp_dir: str, data: bytes, durable: bool = True) -> str:
         os.close(fd)
         os.unlink(name)
         raise
-    os.close(fd)
-    return name
+    return name, fd
+
+
+# An unlocked staged file younger than this may be a live writer's between its create and
+# its flock (microseconds); older, its writer is dead.
+DEAD_TEMP_GRACE_S = 1.0
+
+
+def sweep_dead_temps(tmp_dir: str, max_age_s: float, *, remove: bool = True) -> list[tuple[str, int]]:
+    """(path, size) of every leftover in tmp_dir, removed unless ``remove`` is False.
+
+    A leftover is a staged file (``*.tmp``) that no live writer holds (its flock is free),
+    or any other file (a header trace of a killed compile) older than ``max_age_s``. A live
+    writer's file is never one: it holds the flock from creation to publication.
+    """
+    found = []
+    now = time.time()
+    try:
+        with os.scandir(tmp_dir) as it:
+            files = list(it)
+    except OSError:
+        return found
+    for f in files:
+        try:
+            st = f.stat(follow_symlinks=False)
+            if not f.name.endswith(TMP_SUFFIX) or not stat_mod.S_ISREG(st.st_mode):
+                if now - st.st_mtime > max_age_s:
+                    found.append((f.path, st.st_size))
+                    if remove:
+                        os.unlink(f.path)
+                continue
+            if now - st.st_mtime < DEAD_TEMP_GRACE_S:
+                continue
+            if _take_if_dead(f.path, remove):
+                found.append((f.path, st.st_size))
+        except OSError:
+            continue  # vanished (published meanwhile) or not ours to remove
+    return found
+
+
+def _take_if_dead(path: str, remove: bool) -> bool:
+    """Whether the staged file at path has no live writer (and unlink it if ``remove``)."""
+    fd = os.open(path, O_READ_SAFE)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a live writer holds it
+        # Race: the writer may have published it (renamed it away) and released its flock
+        # between our open and our flock: then the path no longer names this file.
+        st_fd, st_path = os.fstat(fd), os.lstat(path)
+        if (st_fd.st_dev, st_fd.st_ino) != (st_path.st_dev, st_path.st_ino):
+            return False
+        if remove:
+            os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
 
 
 def publish(tmp: str, target: str) -> None:
@@ -246,7 +290,7 @@ def publish(tmp: str, target: str) -> None:
         if not os.path.exists(tmp):
             raise
         # The two-hex subdirectory does not exist yet (or clear() removed it).
-        os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+        make_dirs(os.path.dirname(target))
         os.replace(tmp, target)
 
 
@@ -262,9 +306,30 @@ def size_of(*paths: str) -> int:
 
 
 def path_in(directory: str, name: str) -> str:
-    """directory/name, with directory recreated (0700) if someone removed it."""
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    """directory/name, with directory recreated (see make_dirs) if someone removed it."""
+    make_dirs(directory)
     return os.path.join(directory, name)
+
+
+def make_dirs(path: str) -> None:
+    """os.makedirs for a directory inside a store's tree: each new one gets its parent's mode.
+
+    So a private cache's directories are 0700 like its root, and a team cache's are
+    group-writable and setgid like its root, whatever the umask (mkdir masks the mode
+    with it, hence the chmod).
+    """
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent != path:
+        make_dirs(parent)
+    mode = stat_mod.S_IMODE(os.stat(parent).st_mode)
+    try:
+        os.mkdir(path, mode & 0o777)
+    except FileExistsError:
+        return
+    if mode != 0o700:
+        os.chmod(path, mode)
 
 
 def scan_shards(root: str) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]:

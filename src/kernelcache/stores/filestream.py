@@ -25,13 +25,14 @@ import os
 import stat as stat_mod
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from kernelcache import config
 from kernelcache.memo import remember
 from kernelcache.stats import FileStats
+from kernelcache.stores import lockfiles
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.fileops import (
     READ_CHUNK,
@@ -45,14 +46,15 @@ from kernelcache.stores.fileops import (
     remove_path,
     scan_shards,
     size_of,
-    stage,
+    stage_held,
     stat_key,
+    sweep_dead_temps,
     unlink_if_same,
 )
 from kernelcache.stores.naming import entry_name
 from kernelcache.stores.sidecar import MAX_SIZE, META_SUFFIX, make_sidecar, parse_sidecar, sidecar_info
 from kernelcache.stores.sizecap import SizeCap
-from kernelcache.stores.treesafety import UnsafeCacheDirError, make_tree
+from kernelcache.stores.treesafety import UnsafeCacheDirError, make_root, make_tree
 
 __all__ = ["DEFAULT_TMP_MAX_AGE_S", "EntryInfo", "FileStreamProgramCache", "UnsafeCacheDirError"]
 
@@ -87,11 +89,14 @@ class FileStreamProgramCache(RecordStore):
 
     ``path``: the cache root (default: ``KERNELCACHE_DIR`` or the platformdirs user cache
     dir). ``max_size_bytes``: cap on artifact + sidecar bytes (None: no cap); the least
-    recently *read* entries go first. ``allow_shared=True`` accepts a root owned by
-    another user or writable by group/others (a team cache); otherwise such a root is
-    refused, since anyone who can write it can plant code that your GPU will run (default:
-    ``KERNELCACHE_ALLOW_SHARED``). ``touch_on_read=False``: reads leave the last-used times
-    (and so the eviction order) alone, for diagnostics such as ``kernelcache explain``.
+    recently *read* entries go first. ``allow_shared=True`` makes it a team cache: a
+    group-writable, setgid tree that every member of its group reads and writes (files by
+    umask; an entry a member wrote is as trusted as that member). Otherwise the tree must be
+    yours and writable by you only, since anyone who can write it can plant code that your
+    GPU will run (default: ``KERNELCACHE_ALLOW_SHARED``). Either way every directory of the
+    tree is checked at construction (stores/treesafety.py) and the root is resolved once.
+    ``touch_on_read=False``: reads leave the last-used times (and so the eviction order)
+    alone, for diagnostics such as ``kernelcache explain``.
 
     Writes are atomic (staged in tmp/, fsync'ed, os.replace'd): readers see the old entry,
     the new one, or none, never a part. Reads verify the sidecar's digest; a mismatch is
@@ -116,19 +121,24 @@ class FileStreamProgramCache(RecordStore):
         self._max_size = check_max_size(max_size_bytes)
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
-        self._root = os.path.abspath(os.fspath(path) if path is not None else config.cache_dir())
+        given = os.path.abspath(os.fspath(path) if path is not None else config.cache_dir())
         self._allow_shared = config.allow_shared() if allow_shared is None else bool(allow_shared)
         self._tmp_max_age_s = DEFAULT_TMP_MAX_AGE_S if tmp_max_age_s is None else tmp_max_age_s
         self._touch = bool(touch_on_read)
+        # Resolved once (issue 10 #13): a symlinked root re-pointed later by its owner must
+        # not swap the tree under this store; every path below is built from this one.
+        self._root = make_root(given, self._allow_shared)
         base = os.path.join(self._root, FORMAT_DIR)
         self._entries = os.path.join(base, "entries")
         self._tmp = os.path.join(base, "tmp")
         self._locks = os.path.join(base, "locks")
         make_tree(self._root, (base, self._entries, self._tmp, self._locks), self._allow_shared)
-        self._stats = FileStats(os.path.join(base, "stats"))
+        # Files by umask in a team cache (ccache's model); 0600 in a private one.
+        self._file_mode = 0o666 if self._allow_shared else 0o600
+        self._stats = FileStats(os.path.join(base, "stats"), shared=self._allow_shared)
         self._verified: dict[str, _Verified] = {}
+        self._sizecap = SizeCap(self._max_size, self._stats, self._entries, self._locks, self._tmp, self._tmp_max_age_s)
         self._sweep_stale_tmp()
-        self._sizecap = SizeCap(self._max_size, self._stats, self._entries, self._locks)
 
     @property
     def path(self) -> str:
@@ -150,9 +160,11 @@ class FileStreamProgramCache(RecordStore):
         """Path of the entry file with this 64-hex name."""
         return os.path.join(self._entries, name[:2], name)
 
-    def remove_entry(self, name: str, *, evicted: bool = False) -> int:
+    def remove_entry(self, name: str, *, evicted: bool = False, only_if: Callable[[str], bool] | None = None) -> int:
         """Remove the entry file ``name`` and its sidecar; return the bytes freed (0: absent).
 
+        ``only_if(entry_path)``: judged under the pair lock, so no writer publishes this
+        pair meanwhile (verify --fix judges damage with it); False keeps both files.
         OSError when a file is there but cannot be removed (permissions, an immutable
         directory): that is not "absent", and the entry may still be served.
         """
@@ -161,6 +173,8 @@ class FileStreamProgramCache(RecordStore):
         freed = 0
         try:
             with pair_lock(os.path.dirname(path)):
+                if only_if is not None and not only_if(path):
+                    return 0
                 freed += unlink_if_same(path, None) or 0
                 freed += unlink_if_same(path + META_SUFFIX, None) or 0
         finally:
@@ -313,15 +327,24 @@ class FileStreamProgramCache(RecordStore):
                 f"an entry of {len(payload)} bytes exceeds max_size_bytes={self._max_size}; not stored on disk",
             )
             return False
-        staged: list[str] = []
+        nbytes = len(payload) + len(sidecar)
+        try:
+            # Counted before staging (the staged files take room too), and room made first
+            # if that puts the store over its cap (sizecap.py: the invariant).
+            self._sizecap.reserve(nbytes)
+        except OSError as exc:
+            self._evict_failed(exc)
+        staged: list[tuple[str, int]] = []
+        old, published = 0, False
         try:
             # Only the entry is fsync'ed. A sidecar lost or garbled by a power cut fails the
             # CRC check on read, which makes the entry a miss: the verification that every
             # read does already covers it, and a second fsync would double a write's cost.
-            meta_tmp = stage(self._tmp, sidecar, durable=False)
-            staged.append(meta_tmp)
-            entry_tmp = stage(self._tmp, payload)
-            staged.append(entry_tmp)
+            # Each staged file stays flocked until published: a sweeper takes an unlocked
+            # one for a dead writer's leftover (fileops.sweep_dead_temps).
+            staged.append(stage_held(self._tmp, sidecar, durable=False, mode=self._file_mode))
+            staged.append(stage_held(self._tmp, payload, mode=self._file_mode))
+            (meta_tmp, _), (entry_tmp, _) = staged
             # The two renames and the measure of what they replace happen under the pair
             # lock: two writers of one key would otherwise interleave them and leave one's
             # entry with the other's sidecar (see fileops.pair_lock). Sidecar first, entry
@@ -332,29 +355,31 @@ class FileStreamProgramCache(RecordStore):
                 old = size_of(path, path + META_SUFFIX)
                 publish(meta_tmp, path + META_SUFFIX)
                 publish(entry_tmp, path)
-            staged.clear()
+            published = True
         except OSError as exc:
             self.warn_once(
                 f"write-{exc.errno}",
                 f"could not write to the cache at {self._root}: {exc}; the entry was not stored "
                 "(compiles still work, they are just not cached)",
             )
-            return False
         finally:
-            for leftover in staged:
-                try:
-                    os.unlink(leftover)
-                except OSError:
-                    pass
-        try:
-            self._sizecap.wrote(len(payload) + len(sidecar) - old)  # the net delta of this write
-        except OSError as exc:
-            self.warn_once(
-                f"evict-{exc.errno}",
-                f"could not evict from the cache at {self._root}: {exc}; it stays over its cap "
-                f"({self._max_size} bytes) until that entry can be removed",
-            )
-        return True
+            for name, fd in staged:
+                os.close(fd)  # releases the flock
+                if not published:
+                    try:
+                        os.unlink(name)
+                    except OSError:
+                        pass
+        # The reservation becomes the entry; what it replaced is gone (or, failed, nothing was added).
+        self._sizecap.settle(-old if published else -nbytes)
+        return published
+
+    def _evict_failed(self, exc: OSError) -> None:
+        self.warn_once(
+            f"evict-{exc.errno}",
+            f"could not evict from the cache at {self._root}: {exc}; it stays over its cap "
+            f"({self._max_size} bytes) until that entry can be removed",
+        )
 
     # -- scanning and maintenance -------------------------------------------------------
 
@@ -366,18 +391,20 @@ class FileStreamProgramCache(RecordStore):
         return scan_shards(self._entries)
 
     def _sweep_stale_tmp(self) -> None:
-        # Age-based, so that temp files of live writers in other processes survive.
-        cutoff = time.time() - self._tmp_max_age_s
+        # Leftovers of dead writers (their staged files are no longer flocked) and old
+        # files of any other kind; a live writer's file is never touched. Eviction sweeps too.
+        # tmp_max_age_s=inf: no sweep at open (verify opens so, to report the leftovers).
+        if self._tmp_max_age_s == float("inf"):
+            return
         try:
-            with os.scandir(self._tmp) as it:
-                for f in it:
-                    try:
-                        if f.stat(follow_symlinks=False).st_mtime < cutoff:
-                            os.unlink(f.path)
-                    except OSError:
-                        continue
+            freed = sum(n for _, n in sweep_dead_temps(self._tmp, self._tmp_max_age_s))
         except OSError:
-            pass
+            return
+        self._sizecap.settle(-freed)
+
+    def remove_idle_locks(self) -> int:
+        """Remove the lock files nobody holds, each under its own lock (stores/lockfiles.py)."""
+        return lockfiles.remove_idle(self._locks)
 
     # -- the rest of the mapping API -------------------------------------------------
 
@@ -388,13 +415,16 @@ class FileStreamProgramCache(RecordStore):
         return sum(1 for f, _ in self.scan() if not f.name.endswith((META_SUFFIX, TMP_SUFFIX)))
 
     def clear(self) -> None:
-        """Remove every entry (other processes' in-flight writes may land afterwards)."""
+        """Remove every entry, dead writers' leftovers and idle lock files (other processes'
+        in-flight writes may land afterwards)."""
         for f, _ in self.scan():
             try:
                 os.unlink(f.path)
             except OSError:
                 pass
         self._sizecap.emptied()
+        self._sweep_stale_tmp()
+        self.remove_idle_locks()
 
     def iter_entries(self) -> Iterator[EntryInfo]:
         """Every entry with its sidecar record (for ls/show/verify); payloads are not read."""
@@ -403,10 +433,10 @@ class FileStreamProgramCache(RecordStore):
             # (and reading it could hang the tool).
             if f.name.endswith((META_SUFFIX, TMP_SUFFIX)) or not stat_mod.S_ISREG(st.st_mode):
                 continue
-            yield EntryInfo(f.name, f.path, st.st_size, st.st_atime, self._sidecar_info(f.path))
+            yield EntryInfo(f.name, f.path, st.st_size, st.st_atime, self.read_sidecar_info(f.path))
 
     @staticmethod
-    def _sidecar_info(path: str) -> dict[str, Any] | None:
+    def read_sidecar_info(path: str) -> dict[str, Any] | None:
         """What the sidecar of the entry at path says, if it passes its check; else None."""
         try:
             return sidecar_info(read_regular(path + META_SUFFIX, max_size=MAX_SIZE)[0])

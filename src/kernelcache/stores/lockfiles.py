@@ -24,12 +24,22 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 
 from kernelcache.stores.fileops import path_in
 
 LOCK_SUFFIX = ".lock"
 _FLAGS = os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def mode_for(locks_dir: str) -> int:
+    """The mode of a new lock file in locks_dir: 0600, or 0666 (the umask decides) in a team
+    cache (setgid locks/), where every member locks the same files."""
+    try:
+        return 0o666 if os.stat(locks_dir).st_mode & stat.S_ISGID else 0o600
+    except OSError:
+        return 0o600
 
 
 def _open(path: str, mode: int) -> int:

@@ -1,9 +1,16 @@
 """Size tracking and eviction for a file store: a shared byte count, LRU by atime, one evictor.
 
 The tracked size lives in the store's persistent counters (stats.FileStats), shared by every
-process using the directory: each write moves it by its net delta (O(1), no directory walk),
-each removal by the bytes it freed. Eviction brings it down to a low-water mark, least
-recently *read* entries first (the file store sets atime on every read).
+process using the directory. A writer *reserves* its bytes before it stages them (so bytes
+in flight count), and settles after publishing (minus what it replaced); each removal
+subtracts the bytes it freed. O(1) per write, no directory walk. Eviction brings it down to
+a low-water mark, least recently *read* entries first (the file store sets atime on every
+read), and sweeps the staged files of dead writers (fileops.sweep_dead_temps).
+
+The invariant (issue 10 #7): the tracked size, in-flight bytes included, exceeds the cap by
+at most one value per writer. A writer whose reservation puts the store over the cap waits
+for the one evictor (instead of returning and leaving the store further over) and stages
+only once the room is made.
 """
 
 from __future__ import annotations
@@ -15,7 +22,16 @@ from collections import deque
 
 from kernelcache.log import logger
 from kernelcache.stats import FileStats
-from kernelcache.stores.fileops import StatKey, pair_lock, path_in, scan_shards, stat_key, try_lock_file, unlink_if_same
+from kernelcache.stores import lockfiles
+from kernelcache.stores.fileops import (
+    StatKey,
+    pair_lock,
+    path_in,
+    scan_shards,
+    stat_key,
+    sweep_dead_temps,
+    unlink_if_same,
+)
 from kernelcache.stores.sidecar import META_SUFFIX
 
 # Evict down to this fraction of the cap, not just below it: each eviction pass then frees
@@ -25,6 +41,9 @@ _LOW_WATER = 0.9
 # The size tracker drifts when processes race on one key or die mid-way; rescan the
 # directory to reset it when the last reconcile is older than this.
 _RECONCILE_EVERY_S = 3600
+# How long a writer over the cap waits for the running evictor before it goes on without
+# the room (a stopped evictor process must not stop every writer).
+_EVICT_WAIT_S = 30.0
 
 
 class SizeCap:
@@ -35,11 +54,15 @@ class SizeCap:
     counters) as soon as its last user drops it.
     """
 
-    def __init__(self, max_size: int | None, stats: FileStats, entries: str, locks: str) -> None:
+    def __init__(
+        self, max_size: int | None, stats: FileStats, entries: str, locks: str, tmp: str, tmp_max_age_s: float
+    ) -> None:
         self.max_size = max_size
         self._stats = stats
         self._entries = entries
         self._locks = locks
+        self._tmp = tmp
+        self._tmp_max_age_s = tmp_max_age_s
         self._evict_lock = threading.Lock()
         # Oldest-first eviction candidates from the last directory scan: (atime_ns, path,
         # stat key, bytes). Entries written after the scan are newer than all of these,
@@ -52,17 +75,30 @@ class SizeCap:
         """Whether one entry of nbytes could never fit (storing it would evict all and still exceed)."""
         return self.max_size is not None and nbytes > self.max_size
 
-    def wrote(self, delta: int) -> None:
-        """A write changed the directory by delta bytes: track it, evict if now over the cap.
+    def reserve(self, nbytes: int) -> None:
+        """A writer is about to stage nbytes: make room first if they do not fit, then count
+        them (the staged files take room too).
 
-        OSError: eviction failed (the write itself stands).
+        OSError: eviction failed (the write goes on; the store stays over its cap).
         """
-        # The caller measured the pair it replaced under the pair lock, so a racing writer of
-        # the same key cannot make this delta stale; writers killed mid-way can (their staged
-        # files), and the periodic reconcile absorbs that.
-        after = self._stats.add(size_bytes=delta)
-        if self.max_size is not None and after["size_bytes"] > self.max_size:
-            self.evict()
+        if self.max_size is not None and self._stats.snapshot()["size_bytes"] + nbytes > self.max_size:
+            # Race: 8 writers find the store full at once. Before, each tried the evict
+            # lock without waiting and all but one returned: the writers outran the one
+            # evictor and the store ran at several times its cap. Now each waits for the
+            # lock, then evicts only if its bytes still do not fit (the first evictor
+            # usually made room for all: it goes down to the low-water mark). Writers reserve
+            # after the wait, so a scan during eviction never misses a reservation whose
+            # files are not staged yet (see _evict_locked).
+            self.evict(wait=True, room=nbytes)
+        # Race: writers that all found room at once all add: the tracked size then exceeds
+        # the cap by at most one value per writer (the invariant), and the next eviction
+        # takes it back down.
+        self._stats.add(size_bytes=nbytes)
+
+    def settle(self, delta: int) -> None:
+        """After the write: -replaced bytes when it published, -nbytes when it failed."""
+        if delta:
+            self._stats.add(size_bytes=delta)
 
     def freed(self, nbytes: int, *, evicted: bool = False) -> None:
         """A removal freed nbytes (no-op for 0); ``evicted`` counts it as one eviction."""
@@ -74,31 +110,39 @@ class SizeCap:
         self._candidates.clear()
         self._stats.set("size_bytes", 0)
 
-    def evict(self) -> None:
+    def evict(self, *, wait: bool = False, room: int = 0) -> None:
         """Bring the tracked size down to the low-water mark, least recently read first.
 
-        OSError: an entry could not be removed (the pass still removed the others).
+        One evictor per process (thread lock) and one per directory (the evict lock file).
+        ``wait``: wait for a running evictor, then evict if ``room`` more bytes still do not
+        fit; otherwise return at once when another evictor runs. OSError: an entry could not be removed
+        (the pass still removed the others).
         """
-        # One evictor per process (thread lock) and one per directory (a file lock taken
-        # without waiting): if another process is already evicting, our write is done and
-        # that process frees the room.
-        if not self._evict_lock.acquire(blocking=False):
+        timeout = _EVICT_WAIT_S if wait else 0.0
+        got = self._evict_lock.acquire(timeout=timeout) if wait else self._evict_lock.acquire(blocking=False)
+        if not got:
             return
         try:
-            fd = try_lock_file(path_in(self._locks, "evict.lock"))
+            fd = lockfiles.acquire(path_in(self._locks, "evict.lock"), timeout, mode=lockfiles.mode_for(self._locks))
             if fd is None:
                 return
             try:
-                self._evict_locked()
+                self._evict_locked(room)
             finally:
                 os.close(fd)  # releases the flock
         finally:
             self._evict_lock.release()
 
-    def _evict_locked(self) -> None:
+    def _evict_locked(self, room: int) -> None:
         assert self.max_size is not None
-        target = int(self.max_size * _LOW_WATER)
+        target = min(int(self.max_size * _LOW_WATER), self.max_size - room)
         size = self._stats.snapshot()["size_bytes"]
+        if size + room <= self.max_size:
+            return  # the evictor we waited for made the room
+        swept = sum(n for _, n in sweep_dead_temps(self._tmp, self._tmp_max_age_s))
+        if swept:
+            # Staged files of killed writers: counted since their reservation, freed now.
+            size = self._stats.add(size_bytes=-swept)["size_bytes"]
         evicted = 0
         rescanned = False
         failed: OSError | None = None
@@ -107,7 +151,7 @@ class SizeCap:
                 if not self._candidates:
                     if rescanned:
                         break  # everything left is newer than the scan, or is being rewritten
-                    size = self.reconcile()
+                    size = self._rescan()
                     rescanned = True
                     continue
                 atime_ns, path, key, nbytes = self._candidates.popleft()
@@ -153,9 +197,42 @@ class SizeCap:
                 return 0
             return freed + (unlink_if_same(path + META_SUFFIX, None) or 0)
 
+    def _rescan(self) -> int:
+        """Refill the candidates; correct the tracker only downward (returns it).
+
+        Race: writers reserve and stage while we scan. One that reserved after our snapshot
+        and staged before the scan of tmp/ is counted twice by the scan's total, so the scan
+        can prove an over-count (the tracker is above everything on disk, e.g. after killed
+        writers' reservations) but not an under-count: raising the tracker here made it run
+        away under 8 writers. Upward drift waits for the periodic reconcile. A reservation
+        is counted by the scan from its staged files' creation (they get their full size
+        at once), so the only bytes a downward correction can miss are those of writers
+        between reserving and creating a file: microseconds, one value at most each.
+        """
+        before = self._stats.snapshot()["size_bytes"]
+        total = self._scan()
+        if total < before:
+            return self._stats.add(size_bytes=total - before)["size_bytes"]
+        return before
+
     def reconcile(self) -> int:
-        """Rescan entries/: reset the size tracker and refill the eviction candidates."""
-        total = 0
+        """Rescan entries/ and tmp/: correct the size tracker and refill the eviction candidates."""
+        before = self._stats.snapshot()["size_bytes"]
+        total = self._scan()
+        # A correction, not a set: what other writers reserve during the scan is kept. (One
+        # whose staged file the scan also saw is then counted twice until the next
+        # reconcile: an over-count, on the side of the cap.)
+        after = self._stats.add(size_bytes=total - before)["size_bytes"]
+        self._stats.set("reconciled_at", int(time.time()))
+        return after
+
+    def _scan(self) -> int:
+        """Refill the candidates from entries/; return the bytes of tmp/ and entries/.
+
+        tmp/ first: a staged file published (renamed into entries/) during the scan is then
+        counted twice rather than missed, so the total errs high, never low.
+        """
+        total = _dir_bytes(self._tmp)  # staged files, live or dead, take room too
         found = []
         meta_sizes: dict[str, int] = {}
         for f, st in scan_shards(self._entries):
@@ -166,6 +243,18 @@ class SizeCap:
                 found.append((st.st_atime_ns, f.path, stat_key(st), st.st_size))
         found.sort()
         self._candidates = deque((a, p, k, n + meta_sizes.get(p, 0)) for a, p, k, n in found)
-        self._stats.set("size_bytes", total)
-        self._stats.set("reconciled_at", int(time.time()))
         return total
+
+
+def _dir_bytes(directory: str) -> int:
+    total = 0
+    try:
+        with os.scandir(directory) as it:
+            for f in it:
+                try:
+                    total += f.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return total

@@ -1,54 +1,166 @@
-"""Who may own and write a file store's tree: the rules checked when a store opens its root.
+"""Who may own and write a file store's tree: the owner and mode rules of private and team caches.
 
-Compiled kernels are code: anyone who can write the tree can plant a kernel that your GPU
-will run. So by default (private mode) the tree is created 0700 and a root that another
-user owns, or that group or others can write, is refused; ``allow_shared=True`` accepts a
-deliberately shared team cache.
+Compiled kernels are code: anyone who can write the tree can plant an artifact and a
+matching sidecar, and the next process that looks the key up runs that code. So before a
+file store uses a directory it checks every directory of the tree it creates (the root,
+the format directory, entries/, tmp/, locks/ and every shard of entries/):
+
+- private mode (the default): owned by you, not writable by group or others;
+- team mode (``allow_shared=True``, ccache's model): group-writable and setgid, owned by you,
+  by root, or by a member of the tree's group (the root's group);
+- neither accepts a directory that others can write, or a symlink where a directory is
+  expected. Directories of your own that lack a team mode's bits are repaired (chmod/chown);
+  anything else wrong is refused with UnsafeCacheDirError naming the path.
+
+The root is resolved once (os.path.realpath) and the store uses only that resolved path:
+a symlinked root that its owner re-points later can no longer swap the tree under a live
+store. What this does not cover: a directory *above* the root that another user can write
+(they could rename the whole tree away); the root you choose is yours to choose.
 """
 
 from __future__ import annotations
 
+import grp
 import os
-import stat as stat_mod
+import pwd
+import stat
 from collections.abc import Sequence
 
 from kernelcache import config
 
+# Directories of a private cache: only their owner can enter them.
+PRIVATE_DIR_MODE = 0o700
+# Directories of a team cache: the group reads and writes, new entries inherit the group.
+TEAM_DIR_MODE = 0o2770
+
 
 class UnsafeCacheDirError(PermissionError):
-    """The cache root is owned by another user or writable by others."""
+    """The cache tree is owned by, or writable by, someone it should not be."""
 
 
-def make_tree(root: str, subdirs: Sequence[str], allow_shared: bool) -> None:
-    """Create root (checked, see check_root) and its subdirectories, 0700 where created."""
+def make_root(given: str, team: bool) -> str:
+    """Create the root (and missing parents) if missing; return it with every symlink
+    resolved: the store then uses only that path."""
     try:
-        os.makedirs(root, mode=0o700, exist_ok=True)
+        os.makedirs(given, mode=PRIVATE_DIR_MODE, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         # os.makedirs says only "File exists" when the root (or a parent) is a file.
-        where = "KERNELCACHE_DIR" if config.cache_dir_is_from_env(root) else "the cache directory"
+        where = "KERNELCACHE_DIR" if config.cache_dir_is_from_env(given) else "the cache directory"
         raise NotADirectoryError(
-            f"{where} {root!r} is not a directory (it or a parent is a file): "
+            f"{where} {given!r} is not a directory (it or a parent is a file): "
             "point it at a directory (created if missing)"
         ) from None
-    check_root(root, allow_shared)
+    root = os.path.realpath(given)
+    if team:
+        st = os.lstat(root)
+        if st.st_uid == _me() and stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_ISGID:
+            os.chmod(root, stat.S_IMODE(st.st_mode) | TEAM_DIR_MODE)
+    return root
+
+
+def make_tree(root: str, subdirs: Sequence[str], team: bool) -> None:
+    """Check the (resolved) root, create the subdirectories where missing, check each one and
+    every shard of the entries/ among them (the one named "entries"); UnsafeCacheDirError."""
+    tree = TreeCheck(root, team)
+    tree.check(root)
     for d in subdirs:
-        os.makedirs(d, mode=0o700, exist_ok=True)
+        make_dir(d, team)
+        tree.check(d)
+        if os.path.basename(d) == "entries":
+            tree.check_shards(d)
 
 
-def check_root(root: str, allow_shared: bool) -> None:
-    """UnsafeCacheDirError unless root is yours and not writable by group or others (or allow_shared)."""
-    if allow_shared:
+def make_dir(path: str, team: bool) -> None:
+    """Create one directory of the tree (no-op if it exists; its check comes after)."""
+    try:
+        os.mkdir(path, TEAM_DIR_MODE if team else PRIVATE_DIR_MODE)
+    except FileExistsError:
         return
-    st = os.stat(root)
-    problem = None
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        problem = f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
-    elif st.st_mode & (stat_mod.S_IWGRP | stat_mod.S_IWOTH):
-        problem = f"is writable by group or others (mode {stat_mod.filemode(st.st_mode)})"
-    if problem:
-        raise UnsafeCacheDirError(
-            f"kernelcache refuses the cache directory {root!r}: it {problem}, so another "
-            "user could plant kernels that your process would run. Use a private directory, "
-            "or pass allow_shared=True (KERNELCACHE_ALLOW_SHARED=1, kernelcache --allow-shared) if this "
-            "is a deliberately shared team cache."
+    if team:
+        # mkdir masks the mode with the umask: set the group bits a team needs explicitly.
+        os.chmod(path, TEAM_DIR_MODE)
+
+
+class TreeCheck:
+    """The rules of one tree: ``check(path)`` refuses or repairs one directory of it."""
+
+    def __init__(self, root: str, team: bool) -> None:
+        self.root = root
+        self.team = team
+        self._me = _me()
+        self._gid = os.lstat(root).st_gid
+        self._members: dict[int, bool] = {}
+
+    def check(self, path: str) -> None:
+        """UnsafeCacheDirError if path is not a directory this tree may contain."""
+        st = os.lstat(path)
+        problem = self._problem(path, st)
+        if problem:
+            raise UnsafeCacheDirError(self._message(path, problem))
+
+    def check_shards(self, entries: str) -> None:
+        """Check every shard directory of entries/ (files in them are opened O_NOFOLLOW)."""
+        try:
+            with os.scandir(entries) as it:
+                shards = list(it)
+        except FileNotFoundError:
+            return
+        for shard in shards:
+            self.check(shard.path)
+
+    def _problem(self, path: str, st: os.stat_result) -> str | None:
+        mode = st.st_mode
+        if stat.S_ISLNK(mode):
+            return "is a symlink (a directory of the cache must be a real directory)"
+        if not stat.S_ISDIR(mode):
+            return f"is not a directory ({stat.filemode(mode)})"
+        if mode & stat.S_IWOTH:
+            return f"is writable by others (mode {stat.filemode(mode)})"
+        if not self.team:
+            if self._me is not None and st.st_uid != self._me:
+                return f"is owned by uid {st.st_uid}, not by you (uid {self._me})"
+            if mode & stat.S_IWGRP:
+                return f"is writable by group (mode {stat.filemode(mode)})"
+            return None
+        if st.st_uid not in (self._me, 0) and not self._is_member(st.st_uid):
+            return f"is owned by uid {st.st_uid}, who is not a member of the cache's group (gid {self._gid})"
+        if mode & stat.S_IWGRP and st.st_gid != self._gid:
+            return f"is writable by group {st.st_gid}, not by the cache's group (gid {self._gid})"
+        if st.st_uid == self._me and (st.st_gid != self._gid or (mode & TEAM_DIR_MODE) != TEAM_DIR_MODE):
+            # Ours but made by an older version or under another umask: repair it, so that
+            # the other members can write (and the files they create keep the group).
+            if st.st_gid != self._gid:
+                os.chown(path, -1, self._gid)
+            os.chmod(path, stat.S_IMODE(mode) | TEAM_DIR_MODE)
+        return None
+
+    def _is_member(self, uid: int) -> bool:
+        known = self._members.get(uid)
+        if known is None:
+            try:
+                user = pwd.getpwuid(uid)
+                group = grp.getgrgid(self._gid)
+                known = user.pw_gid == self._gid or user.pw_name in group.gr_mem
+            except KeyError:
+                known = False  # an uid or group without a name: not a member we can tell
+            self._members[uid] = known
+        return known
+
+    def _message(self, path: str, problem: str) -> str:
+        where = "the cache directory" if path == self.root else f"{path!r} in the cache directory"
+        head = f"kernelcache refuses {where} {self.root!r}: it {problem}, so "
+        if self.team:
+            return head + (
+                "someone outside the team could plant kernels that your process would run. A team "
+                "cache is group-writable and setgid, owned by members of its group, and not "
+                "writable by others: fix the modes or owners (chmod/chown)."
+            )
+        return head + (
+            "another user could plant kernels that your process would run. Use a private "
+            "directory, or pass allow_shared=True (KERNELCACHE_ALLOW_SHARED=1, kernelcache "
+            "--allow-shared) if this is a deliberately shared team cache."
         )
+
+
+def _me() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
