@@ -140,9 +140,11 @@ def progress_lines(items: list[Any], what: str, every_s: float = 2.0) -> Any:
             last = time.monotonic()
 
 
-# Filesystem timestamps come from a coarser clock than time.time() (ext4: the tick), so a
-# file written just after the scan began can carry an mtime slightly before it.
-_CLOCK_SLACK_S = 2.0
+# Filesystem timestamps come from a coarser clock than time.time() (Linux: the tick, at
+# most 10 ms behind), so a file written just after the scan began can carry an mtime
+# slightly before it. (A network filesystem whose server clock is off by more relies on
+# the pair lock alone.)
+_CLOCK_SLACK_S = 0.1
 
 
 def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[str, Any]:
