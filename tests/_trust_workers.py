@@ -64,6 +64,39 @@ def hold_single_flight(root: str, key_hex: str, hold_s: float) -> None:
     print(json.dumps({"released": time.time()}), flush=True)
 
 
+def contend(root: str, key_hex: str, rounds: int, marker: str) -> None:
+    """Take one key's single-flight lock rounds times; inside, check nobody else is inside
+    (an O_EXCL marker file). Print {"overlaps": n}: two holders at once."""
+    from kernelcache import FileStreamProgramCache
+    from kernelcache.singleflight import single_flight
+
+    cache = FileStreamProgramCache(root)
+    overlaps = 0
+    for _ in range(rounds):
+        with single_flight(bytes.fromhex(key_hex), cache.lock_path(key_hex + ".lock"), 60.0) as outcome:
+            assert outcome == "acquired", outcome
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                overlaps += 1
+                continue
+            os.close(fd)
+            time.sleep(0.0005)
+            os.unlink(marker)
+    print(json.dumps({"overlaps": overlaps}))
+
+
+def remove_locks_until(root: str, stop: str) -> None:
+    """Remove idle lock files in a tight loop (as clear/prune/verify --fix do) until stop exists."""
+    from kernelcache import FileStreamProgramCache
+
+    cache = FileStreamProgramCache(root)
+    removed = 0
+    while not os.path.exists(stop):
+        removed += cache.remove_idle_locks()
+    print(json.dumps({"removed": removed}))
+
+
 def main() -> None:
     fn = globals()[sys.argv[1]]
     args = [json.loads(a) for a in sys.argv[2:]]

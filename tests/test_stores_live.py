@@ -231,3 +231,23 @@ def test_maintenance_removes_lock_files_nobody_holds(tmp_path: Path, command: tu
         holder.kill()
         holder.wait()
     cache.close()
+
+
+def test_lock_files_removed_under_contention_never_make_two_holders(tmp_path: Path) -> None:
+    """Processes take one key's lock over and over while another removes idle lock files in
+    a tight loop: never two holders at once.
+
+    Race provoked (stores/lockfiles.py): a locker opens k.lock, the remover locks and unlinks
+    it, the locker's flock then succeeds on the unlinked file while a newcomer locks a fresh
+    k.lock. The locker's identity check (fstat of its fd vs lstat of the path) catches it.
+    """
+    root = tmp_path / "cache"
+    FileStreamProgramCache(root).close()
+    marker, stop = tmp_path / "inside", tmp_path / "stop"
+    remover = _worker("remove_locks_until", str(root), str(stop))
+    contenders = [_worker("contend", str(root), "cd" * 32, 250, str(marker)) for _ in range(4)]
+    overlaps = sum(_result(c)["overlaps"] for c in contenders)
+    stop.touch()
+    removed = _result(remover)["removed"]
+    assert removed > 0, "the remover never removed a lock file: the race was not exercised"
+    assert overlaps == 0
