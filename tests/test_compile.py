@@ -361,7 +361,8 @@ def test_dead_lock_holder_releases_at_once(tmp_path) -> None:
         [
             sys.executable,
             "-c",
-            f"import filelock,time; l=filelock.FileLock({lock!r}); l.acquire(); print('held', flush=True); time.sleep(600)",
+            f"import fcntl,os,time; fd=os.open({lock!r}, os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -348,3 +348,45 @@ def test_team_mode_refuses_what_the_team_does_not_own(users: dict[str, User], ba
         as_user(a, _read, str(team), ["k"], umask=0o002)
     os.chown(shard, a.uid, grp.getgrnam(GROUP).gr_gid)
     assert as_user(a, _read, str(team), ["k"], umask=0o002) == {"k": b"v"}
+
+
+def _cli(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """The kernelcache command run in this (forked, already switched) process: (exit code, output)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from kernelcache.cli.main import main
+
+    os.environ.update(env)
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(out):
+        try:
+            main(argv, standalone_mode=False)
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        except Exception as exc:  # click's exceptions carry their exit code
+            code = getattr(exc, "exit_code", 1)
+            out.write(str(exc))
+    return code, out.getvalue()
+
+
+def test_every_command_opens_a_team_cache_for_a_second_member(users: dict[str, User], base: Path) -> None:
+    """--allow-shared (or KERNELCACHE_ALLOW_SHARED=1) opens the team cache A made, for B."""
+    # The children cannot read this interpreter's site-packages (under root's 0700 home):
+    # import the command before forking, and ask for --json (no rich tables to import).
+    import kernelcache.cli.main  # noqa: F401
+    a, b = users["kctrust_a"], users["kctrust_b"]
+    team = str(_team_dir(base))
+    as_user(a, _write, team, None, {"k": b"v" * 100}, umask=0o002)
+    for argv, env in (
+        (["ls", "--json", "--allow-shared", "--cache-dir", team], {}),
+        (["stats", "--json", "--cache-dir", team], {"KERNELCACHE_ALLOW_SHARED": "1"}),
+        (["verify", "--fix", "--json", "--allow-shared", "--cache-dir", team], {}),
+        (["prune", "--older-than", "1000d", "--json", "--allow-shared", "--cache-dir", team], {}),
+    ):
+        code, out = as_user(b, _cli, argv, env, umask=0o022)
+        assert code == 0, (argv, out)
+    code, out = as_user(b, _cli, ["ls", "--json", "--cache-dir", team], {}, umask=0o022)
+    assert code != 0 and "allow_shared" in out
+    assert as_user(a, _read, team, ["k"], umask=0o002) == {"k": b"v" * 100}

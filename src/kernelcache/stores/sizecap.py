@@ -42,8 +42,10 @@ _LOW_WATER = 0.9
 # directory to reset it when the last reconcile is older than this.
 _RECONCILE_EVERY_S = 3600
 # How long a writer over the cap waits for the running evictor before it goes on without
-# the room (a stopped evictor process must not stop every writer).
-_EVICT_WAIT_S = 30.0
+# the room; after such a wait this process stops waiting for a while (a stopped evictor
+# process must not cost every write of every process the whole wait).
+_EVICT_WAIT_S = 10.0
+_STUCK_BACKOFF_S = 60.0
 
 
 class SizeCap:
@@ -64,6 +66,7 @@ class SizeCap:
         self._tmp = tmp
         self._tmp_max_age_s = tmp_max_age_s
         self._evict_lock = threading.Lock()
+        self._stuck_until = 0.0  # until then, do not wait for an evictor that seems stuck
         # Oldest-first eviction candidates from the last directory scan: (atime_ns, path,
         # stat key, bytes). Entries written after the scan are newer than all of these,
         # so popping from the left stays LRU order without rescanning per write.
@@ -115,9 +118,10 @@ class SizeCap:
 
         One evictor per process (thread lock) and one per directory (the evict lock file).
         ``wait``: wait for a running evictor, then evict if ``room`` more bytes still do not
-        fit; otherwise return at once when another evictor runs. OSError: an entry could not be removed
-        (the pass still removed the others).
+        fit; otherwise return at once when another evictor runs. OSError: an entry could not
+        be removed (the pass still removed the others).
         """
+        wait = wait and time.monotonic() >= self._stuck_until
         timeout = _EVICT_WAIT_S if wait else 0.0
         got = self._evict_lock.acquire(timeout=timeout) if wait else self._evict_lock.acquire(blocking=False)
         if not got:
@@ -125,6 +129,8 @@ class SizeCap:
         try:
             fd = lockfiles.acquire(path_in(self._locks, "evict.lock"), timeout, mode=lockfiles.mode_for(self._locks))
             if fd is None:
+                if wait:
+                    self._stuck_until = time.monotonic() + _STUCK_BACKOFF_S
                 return
             try:
                 self._evict_locked(room)
