@@ -186,28 +186,54 @@ def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
     probed name resolves where it did."""
     try:
         paths = []
-        for index, rel, digest in variant.get("headers", ()):
+        absent = set()  # paths this call saw missing, and (paths) those it saw present:
+        for index, rel, digest in variant.get("headers", ()):  # probes reuse both, no stat
             if index < 0:
                 path = rel
             elif index < len(dirs):
                 path = f"{dirs[index]}{os.sep}{rel}"
                 # Shadowing: an earlier search dir that now holds the same relative name wins.
                 for earlier in dirs[:index]:
-                    if os.path.exists(f"{earlier}{os.sep}{rel}"):
+                    shadow = f"{earlier}{os.sep}{rel}"
+                    if os.path.exists(shadow):
                         return False
+                    absent.add(shadow)
             else:
                 return False  # fewer search dirs than when it was compiled
             if file_digest(path) != digest:
                 return False
             paths.append(path)
-        first_include = variant.get("first_include", len(dirs))
-        for where, kind, name, at in variant.get("probes", ()):
-            includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
-            if includes.resolve(name, includes.candidates(kind, name, includer_dir, dirs, first_include)) != at:
+        present = set(paths)
+        for places, at in _probe_plan(variant, dirs, paths):
+            found = -1
+            for i, place in enumerate(places):
+                if place in present or (place not in absent and os.path.isfile(place)):
+                    found = i
+                    break
+            if found != at:
                 return False
     except (TypeError, ValueError, IndexError):
         return False  # a malformed variant (not written by this code) never matches
     return True
+
+
+_plans: dict[tuple[str, tuple[str, ...]], list[tuple[list[str], int]]] = {}
+
+
+def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) -> list[tuple[list[str], int]]:
+    """Per probe, the full paths to try in order and where it resolved; memoised per variant
+    and search dirs (the includers' places follow from both), so a hit only stats."""
+    memo_key = (variant["digest"], tuple(dirs))
+    plan = _plans.get(memo_key)
+    if plan is None:
+        first_include = variant.get("first_include", len(dirs))
+        plan = []
+        for where, kind, name, at in variant.get("probes", ()):
+            includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
+            places = includes.candidates(kind, name, includer_dir, dirs, first_include)
+            plan.append(([os.path.normpath(os.path.join(place, name)) for place in places], at))
+        remember(_plans, memo_key, plan, 4096)
+    return plan
 
 
 def variant_digest(variant: dict[str, Any]) -> str:
