@@ -175,3 +175,23 @@ def test_cupy_backend_hook_round_trips_between_processes(tmp_path):
     )
     run_python(save, env=env)
     assert run_python(load, env=env).strip() == "b'\\x7fELF payload' None"
+
+
+def test_cupy_backend_with_an_unusable_cache_dir_is_an_empty_cache(tmp_path):
+    # A default cache that cannot be opened must not make CuPy's compiles fail: the backend
+    # misses and drops writes, with one warning.
+    pytest.importorskip("cupy.cuda._compiler_cache")  # CuPy >= 14
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('always')\n"
+        "import kernelcache.cupy as k\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    k.install_backend()\n"
+        "    from cupy.cuda import compiler\n"
+        "    b = compiler._kernel_cache_backend\n"
+        "    b.save('abc.cubin', b'payload', 'src')\n"
+        "    print(b.load('abc.cubin'), sum(w.category.__name__ == 'KernelCacheWarning' for w in seen))\n"
+    )
+    assert run_python(code, env={"KERNELCACHE_DIR": str(blocker / "kc")}).strip() == "None 1"

@@ -328,3 +328,23 @@ def test_redis_round_trip_between_hosts_with_empty_local_directories(tmp_path, h
         assert _run(host("c"), "get", key, *NAMES)["group"] is None
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["manager", "remote-backend"])
+def test_unusable_cache_dir_never_fails_a_triton_compile(tmp_path, remote):
+    # KERNELCACHE_DIR below a regular file: the default cache cannot be opened. compile_program
+    # then compiles uncached with one warning; a Triton compile must go on too (Triton's own
+    # directory), not raise out of get_cache_manager.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    extra = {"TRITON_CACHE_DIR": str(tmp_path / "triton-own")}
+    if remote:
+        extra["TRITON_CACHE_MANAGER"] = "triton.runtime.cache:RemoteCacheManager"
+        extra["TRITON_REMOTE_CACHE_BACKEND"] = "kernelcache.triton:KernelCacheRemoteBackend"
+    env = _env(blocker / "kc", **extra)
+    cold = _run(env, "compile")
+    assert (cold["compiled"], cold["hits"]) == (1, 0)
+    if not remote:  # Triton's own cache serves the next process, as without kernelcache
+        warm = _run(env, "compile")
+        assert (warm["compiled"], warm["hits"]) == (0, 1)
+        assert warm["cubin_sha256"] == cold["cubin_sha256"]

@@ -68,12 +68,18 @@ def _as_bytes(data: Any) -> bytes:
     return str(data).encode("utf-8")
 
 
-def _store_and_root() -> tuple[ProgramCacheResource, str]:
-    """The default store, and the root directory of its file tier (where copies go)."""
-    from kernelcache import config
-    from kernelcache.default_store import default_cache
+def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
+    """The default store, and the root directory of its file tier (where copies go).
 
-    store = default_cache()
+    None when the default cache directory cannot be used (a read-only HOME, a root another
+    user owns): warned once by default_cache_or_none; Triton then compiles as without us.
+    """
+    from kernelcache import config
+    from kernelcache.default_store import default_cache_or_none
+
+    store = default_cache_or_none()
+    if store is None:
+        return None, ""
     for tier in [store, *getattr(store, "tiers", ())]:
         path = getattr(tier, "path", None)
         if isinstance(path, str):
@@ -175,6 +181,9 @@ class KernelCacheManager(CacheManager):
             self._delegate = FileCacheManager(key, override=override, dump=dump)
             return
         store, self._root = _store_and_root()
+        if store is None:  # no usable cache: Triton's own manager, as without kernelcache
+            self._delegate = FileCacheManager(key)
+            return
         self._files = _TritonFiles(key, store)
 
     def _path(self, name: str, data: bytes) -> str | None:
@@ -258,12 +267,15 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
     def __init__(self, key: str) -> None:
         self.key = key
         store, _ = _store_and_root()
-        self._files = _TritonFiles(key, store)
+        # No usable cache (warned once): a backend that holds nothing, so Triton compiles.
+        self._files = _TritonFiles(key, store) if store is not None else None
         self._from_group: dict[str, bytes] = {}  # members of the groups read by this backend
         self._written: dict[str, bytes] = {}  # files put by this backend (a group's members)
 
     def get(self, filenames: list[str]) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
+        if self._files is None:
+            return found
         for name in filenames:
             if name.startswith(_GROUP_PREFIX):
                 members = self._files.get_group(name[len(_GROUP_PREFIX) :])
@@ -280,6 +292,8 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
         return found
 
     def put(self, filename: str, data: bytes) -> None:
+        if self._files is None:
+            return
         payload = _as_bytes(data)
         if not filename.startswith(_GROUP_PREFIX):
             self._files.put(filename, payload)
