@@ -195,3 +195,34 @@ def test_cupy_backend_with_an_unusable_cache_dir_is_an_empty_cache(tmp_path):
         "    print(b.load('abc.cubin'), sum(w.category.__name__ == 'KernelCacheWarning' for w in seen))\n"
     )
     assert run_python(code, env={"KERNELCACHE_DIR": str(blocker / "kc")}).strip() == "None 1"
+
+
+def _nvrtc_accepts(flags: tuple[str, ...]) -> bool:
+    """NVRTC's own verdict on a command line (the way CuPy passes it: one option per item)."""
+    from cuda.bindings import nvrtc
+
+    err, prog = nvrtc.nvrtcCreateProgram(b'extern "C" __global__ void k(float* x) { x[0] = 1; }', b"k.cu", 0, [], [])
+    try:
+        result = nvrtc.nvrtcCompileProgram(prog, len(flags), [f.encode() for f in flags])[0]
+        return result == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+@pytest.mark.parametrize(
+    "flag", ["-dopt=on", "-dopt=off", "-dopt=true", "-diag-suppress=177,550", "--diag-warn=177,550"]
+)
+def test_a_flag_is_refused_exactly_when_nvrtc_refuses_it(flag, tmp_path):
+    # Translating a flag NVRTC would reject into "some other option" compiles what nobody
+    # asked for, silently; refusing a flag NVRTC takes breaks "the same arguments as CuPy".
+    from kernelcache import FileStreamProgramCache, compile_program
+
+    flags = (f"-arch={ARCH}", flag)
+    try:
+        options = program_options(flags)
+    except ValueError:
+        ours = False
+    else:
+        code = 'extern "C" __global__ void k(float* x) { x[0] = 1; }'
+        ours = compile_program(code, options=options, cache=FileStreamProgramCache(tmp_path)).code is not None
+    assert ours == _nvrtc_accepts(flags)

@@ -21,6 +21,19 @@ def _bool(value: str) -> bool:
     raise ValueError(f"expected true/false, got {value!r}")
 
 
+def _on(value: str) -> bool:
+    # NVRTC's -dopt takes "on" only (-dopt=off is its INVALID_OPTION, even with -G): any
+    # other word must be refused, not read as "off", which would compile something else.
+    if value.strip().lower() == "on":
+        return True
+    raise ValueError(f"NVRTC's -dopt takes only 'on', got {value!r}")
+
+
+def _numbers(value: str) -> list[int]:
+    # -diag-suppress=177,550: NVRTC takes a comma-separated list of diagnostic numbers.
+    return [int(v) for v in value.split(",")]
+
+
 def _macro(value: str) -> str | tuple[str, str]:
     name, eq, body = value.partition("=")
     return (name, body) if eq else name
@@ -40,11 +53,11 @@ for _names, _field, _parse, _many in (
     (("-prec-div", "--prec-div"), "prec_div", _bool, False),
     (("-fmad", "--fmad"), "fma", _bool, False),
     (("-maxrregcount", "--maxrregcount"), "max_register_count", int, False),
-    (("-dopt", "--dopt"), "device_code_optimize", lambda v: v.strip().lower() == "on", False),
+    (("-dopt", "--dopt"), "device_code_optimize", _on, False),
     (("-Xptxas", "--ptxas-options"), "ptxas_options", str, True),
-    (("-diag-suppress", "--diag-suppress"), "diag_suppress", int, True),
-    (("-diag-error", "--diag-error"), "diag_error", int, True),
-    (("-diag-warn", "--diag-warn"), "diag_warn", int, True),
+    (("-diag-suppress", "--diag-suppress"), "diag_suppress", _numbers, True),
+    (("-diag-error", "--diag-error"), "diag_error", _numbers, True),
+    (("-diag-warn", "--diag-warn"), "diag_warn", _numbers, True),
     (("-builtin-move-forward", "--builtin-move-forward"), "builtin_move_forward", _bool, False),
     (("-builtin-initializer-list", "--builtin-initializer-list"), "builtin_initializer_list", _bool, False),
     (("-split-compile", "--split-compile"), "split_compile", int, False),
@@ -119,7 +132,7 @@ def option_fields(flags: Sequence[str]) -> dict[str, Any]:
         except ValueError as exc:
             raise ValueError(f"bad value in compiler option {flag!r}: {exc}") from exc
         if many:
-            fields.setdefault(field, []).append(parsed)
+            fields.setdefault(field, []).extend(parsed if isinstance(parsed, list) else [parsed])
         else:
             fields[field] = parsed
     return fields
