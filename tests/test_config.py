@@ -109,6 +109,13 @@ def test_cli_shows_the_default_cap(tmp_path) -> None:
         ("KERNELCACHE_REDIS_READ_ONLY", "maybe"),
         ("KERNELCACHE_ALLOW_SHARED", "sure"),
         ("KERNELCACHE_REDIS_URL", "http://127.0.0.1:1/0"),
+        # Values the first check let through, then failed (or were ignored) further down:
+        ("KERNELCACHE_MAX_SIZE", "0GB"),
+        ("KERNELCACHE_MAX_SIZE", "0.5B"),
+        ("KERNELCACHE_REDIS_URL", "redis://127.0.0.1:port/0"),
+        ("KERNELCACHE_REDIS_URL", "redis://127.0.0.1:99999/0"),
+        ("KERNELCACHE_REDIS_URL", "redis://127.0.0.1:6379/cache"),
+        ("KERNELCACHE_REDIS_URL", "redis://127.0.0.1:6379/0?decode_responses=yes"),
         ("KERNELCACHE_WAIT_TIMEOUT", "soon"),
     ],
 )

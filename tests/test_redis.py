@@ -354,3 +354,45 @@ def test_dead_redis_lock_holder_expires(tmp_path, server) -> None:
     with rc.remote_lock("name", time.monotonic() + 20, lambda: False) as outcome:
         assert outcome == "acquired"
     assert time.monotonic() - t0 < 15  # released by expiry, not held forever
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"socket_timeout": float("nan")},
+        {"socket_timeout": float("inf")},  # "no timeout": every call would raise OverflowError
+        {"socket_timeout": 1e12},
+        {"retry_after_s": float("nan")},
+        {"ttl": float("nan")},
+        {"ttl": float("inf")},
+        {"ttl": 1e300},  # Redis refuses the PX: every write would be dropped
+        {"lock_ttl_s": float("inf")},
+    ],
+)
+def test_numbers_that_cannot_work_raise_at_once(server, kw) -> None:
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        RedisProgramCache(server.url, **kw)
+
+
+def test_sub_millisecond_ttl_still_stores(server) -> None:
+    # ttl=0.0004 is positive, so it is accepted; as PX 0 Redis refused every write.
+    rc = RedisProgramCache(server.url, namespace=f"ttl{time.time_ns()}", ttl=0.0004)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelCacheWarning)
+        assert rc.set_record(b"k", b"v") is True
+
+
+@pytest.mark.parametrize("url_query", [False, True])
+def test_a_client_that_decodes_answers_is_refused(server, url_query) -> None:
+    # Such a client hands back str: the first hit raised UnicodeDecodeError out of get().
+    with pytest.raises(ValueError, match="decode_responses"):
+        if url_query:
+            RedisProgramCache(server.url + "?decode_responses=True")
+        else:
+            RedisProgramCache(redis.Redis.from_url(server.url, decode_responses=True))
+
+
+def test_a_database_that_is_not_a_number_is_refused(server) -> None:
+    # redis-py ignores it: "redis://host:port/cache" would silently be database 0.
+    with pytest.raises(ValueError, match="'cache'"):
+        RedisProgramCache(server.url.rsplit("/", 1)[0] + "/cache")

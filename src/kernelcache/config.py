@@ -140,9 +140,14 @@ def max_size_bytes() -> int | None:
     if raw.strip().lower() in _NO_CAP:
         return None
     try:
-        return parse_size(raw)
+        size = parse_size(raw)
     except ValueError as exc:
         raise ConfigError(f"KERNELCACHE_MAX_SIZE: {exc} (or 'none' for no cap)") from None
+    if size == 0:  # "0GB", "0.5B": not the no-cap spelling "0", and no store takes a cap of 0
+        raise ConfigError(
+            f"KERNELCACHE_MAX_SIZE={_shown(raw)} is less than one byte: use e.g. 500MB, or 'none' for no cap"
+        )
+    return size
 
 
 def allow_shared() -> bool:
@@ -160,6 +165,14 @@ def redis_url() -> str | None:
             f"KERNELCACHE_REDIS_URL={_shown(raw)} is not a Redis URL: use redis://host:port/db, "
             "rediss:// (TLS), unix:///path.sock or redis+cluster://host:port"
         )
+    from kernelcache.stores.redis import check_url
+
+    try:
+        check_url(raw)
+    except ImportError:
+        pass  # no redis client: default_cache says so when it needs one
+    except ValueError as exc:
+        raise ConfigError(f"KERNELCACHE_REDIS_URL={_shown(raw)}: {exc}") from None
     return raw
 
 

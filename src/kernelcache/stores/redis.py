@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from kernelcache.stores import redisfleet, redislock
 from kernelcache.stores import redisrecord as rec
@@ -40,6 +41,8 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
 _BACKOFF_S = 5.0
 _BACKOFF_CAP_S = 300.0
+# About 31 years: beyond it a socket timeout overflows time_t and Redis refuses the PX.
+_MAX_SECONDS = 1e9
 _SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 
 # Set the record unless the key holds one this writer must not replace: only an absent
@@ -86,12 +89,33 @@ def _make_client(url: str, socket_timeout: float) -> Any:
     return redis.Redis.from_url(url, **kw)
 
 
-def _check_url(url: str) -> None:
+def check_url(url: str) -> None:
+    """ValueError naming what is wrong with Redis URL ``url`` (ImportError without redis-py)."""
     from redis.connection import parse_url
 
     if not url.startswith(_SCHEMES):
         raise ValueError(f"Redis URL {url!r} must start with one of {', '.join(_SCHEMES)}")
-    parse_url(url.replace("+cluster", "", 1))  # a malformed URL raises ValueError now
+    plain = url.replace("+cluster", "", 1)
+    options = parse_url(plain)  # a malformed port or query value raises ValueError now
+    # redis-py silently ignores a database that is not a number (redis://host/cache is db 0).
+    db = urlsplit(plain).path.strip("/") if not plain.startswith("unix://") else ""
+    if db and not db.isdigit():
+        raise ValueError(f"the database {db!r} in Redis URL {url!r} is not a number (redis://host:port/0)")
+    _check_binary(options, f"Redis URL {url!r}")
+
+
+def _check_binary(options: dict[str, Any], what: str) -> None:
+    # A client that decodes answers to str cannot return artifacts (bytes): every hit would
+    # raise UnicodeDecodeError. Any value redis-py reads from a URL ("no" included) is true.
+    if options.get("decode_responses"):
+        raise ValueError(f"{what} has decode_responses set: kernelcache stores bytes, remove it")
+
+
+def _seconds_ok(value: object) -> bool:
+    """A positive, finite number of seconds that Redis can take in milliseconds (PX)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return 0 < value < _MAX_SECONDS
 
 
 def _unreachable_errors() -> tuple[type[BaseException], ...]:
@@ -136,15 +160,17 @@ class RedisProgramCache(RecordStore):
         super().__init__()
         if not isinstance(namespace, str) or not namespace:
             raise ValueError("namespace must be a non-empty str")
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0):
-            raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
+        # Finite, and within what Redis takes as PX: NaN or infinity would be accepted here
+        # and then make every call raise (a socket timeout) or every write be refused (a TTL).
+        if ttl is not None and not _seconds_ok(ttl):
+            raise ValueError(f"ttl must be a positive number of seconds (at most 1e9) or None, got {ttl!r}")
         for label, value in (
             ("socket_timeout", socket_timeout),
             ("retry_after_s", retry_after_s),
             ("lock_ttl_s", lock_ttl_s),
         ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{label} must be a positive number of seconds, got {value!r}")
+            if not _seconds_ok(value):
+                raise ValueError(f"{label} must be a positive number of seconds (at most 1e9), got {value!r}")
         self._retry_after = float(retry_after_s)
         self._lock_ttl_ms = max(1, int(lock_ttl_s * 1000))
         self._max_entry = check_max_size(max_entry_bytes)
@@ -155,16 +181,19 @@ class RedisProgramCache(RecordStore):
         self._secret = secret
         self._prefix = rec.writer_prefix(secret)
         self._ns = namespace
-        self._ttl_ms = int(ttl * 1000) if ttl is not None else None
+        self._ttl_ms = max(1, int(ttl * 1000)) if ttl is not None else None  # PX 0 is refused
         self._read_only = bool(read_only)
         self._socket_timeout = float(socket_timeout)
         self._client_lock = threading.Lock()
         self._client: Any = None
         if isinstance(url, str):
-            _check_url(url)
+            check_url(url)
             self._owns_client = True
             self.url = url
         elif hasattr(url, "get") and hasattr(url, "set"):
+            connection_kwargs = getattr(url, "get_connection_kwargs", None)
+            if connection_kwargs is not None:
+                _check_binary(connection_kwargs(), "this redis client")
             self._client = url
             self._owns_client = False
             self.url = repr(url)
