@@ -207,6 +207,17 @@ def phase(args: argparse.Namespace, cap: int | None, work: str) -> dict[str, flo
     return out
 
 
+# The goal of issue 10 #7: disk use at every sampled instant at most this many times the cap.
+DISK_BOUND = 1.25
+
+
+def _check(got: dict[str, float]) -> list[str]:
+    broken = [f"{k} {got[k]}" for k in ("wrong_bytes", "wrong_entries_at_end", "entries_lost") if got[k]]
+    if got.get("disk_peak_over_cap", 0) > DISK_BOUND:
+        broken.append(f"disk peak {got['disk_peak_over_cap']:.2f}x the cap (bound {DISK_BOUND}x)")
+    return broken
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writers", type=int, default=8)
@@ -228,6 +239,7 @@ def main() -> None:
 
     print(f"kernelcache from {os.path.dirname(kernelcache.__file__)}", file=sys.stderr)
     work = tempfile.mkdtemp(prefix="kc-soak-")
+    broken: list[str] = []
     try:
         cap = int(args.cap_mb * 1e6)
         for title, phase_cap in (("no cap, verify --fix looping", None), (f"cap {args.cap_mb:g} MB", cap)):
@@ -235,8 +247,11 @@ def main() -> None:
             got = phase(args, phase_cap, os.path.join(work, "capped" if phase_cap else "uncapped"))
             shown = (f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in got.items())
             print(f"{title}: " + ", ".join(shown))
+            broken += _check(got)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    print("all checks hold" if not broken else f"FAILED: {'; '.join(broken)}")
+    sys.exit(1 if broken else 0)
 
 
 if __name__ == "__main__":

@@ -318,7 +318,9 @@ def test_team_cache_serves_every_member(users: dict[str, User], base: Path) -> N
 
     held, release = base / "held", base / "release"
     key_hex = "ab" * 32
-    with in_background(a, _hold_key, team, key_hex, str(held), str(release), umask=0o002):
+    # A's umask lets nobody read what A creates: the lock file is still opened by B (flock
+    # needs read access only, and a team cache gives the group that much).
+    with in_background(a, _hold_key, team, key_hex, str(held), str(release), umask=0o077):
         _wait_for(held)
         assert as_user(b, _try_key, team, key_hex, umask=0o022) == "busy"
         release.touch()

@@ -21,7 +21,7 @@ import hashlib
 import os
 import time
 
-from kernelcache.stores.fileops import stage
+from kernelcache.stores.fileops import make_dirs, stage
 
 MATERIALIZED_DIR = "materialized"
 # A copy handed out less than this long ago is kept by prune: the process that got its path
@@ -68,8 +68,10 @@ def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -
         except FileNotFoundError:
             pass
     tmp_dir = os.path.join(base, "tmp")
-    os.makedirs(tmp_dir, mode=0o700, exist_ok=True)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    # Each new directory gets its parent's mode: 0700 under a private cache, group-writable
+    # and setgid under a team cache (every member materializes there).
+    make_dirs(tmp_dir)
+    make_dirs(folder)
     tmp = stage(tmp_dir, data, durable=False)  # O_EXCL: never follows a planted link
     # Two processes materializing the same bytes both replace: either result is the same
     # content, and a reader holding the path sees one whole file or the other.

@@ -43,6 +43,20 @@ def mode_for(locks_dir: str) -> int:
 
 
 def _open(path: str, mode: int) -> int:
+    fd = _open_or_create(path, mode)
+    if mode & stat.S_IRGRP:
+        # A team cache: the other members must be able to open the file we may have just
+        # created, whatever our umask (read access is all that flock needs).
+        try:
+            st = os.fstat(fd)
+            if not st.st_mode & stat.S_IRGRP and st.st_uid == os.getuid():
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) | stat.S_IRGRP)
+        except OSError:
+            pass
+    return fd
+
+
+def _open_or_create(path: str, mode: int) -> int:
     try:
         return os.open(path, _FLAGS, mode)
     except FileNotFoundError:
