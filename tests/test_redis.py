@@ -396,3 +396,30 @@ def test_a_database_that_is_not_a_number_is_refused(server) -> None:
     # redis-py ignores it: "redis://host:port/cache" would silently be database 0.
     with pytest.raises(ValueError, match="'cache'"):
         RedisProgramCache(server.url.rsplit("/", 1)[0] + "/cache")
+
+
+def test_delete_while_unreachable_raises_oserror_not_keyerror(tmp_path) -> None:
+    # The store contract: "could not remove" must never read as "was not there" (KeyError).
+    need_redis()
+    srv = RedisServer(str(tmp_path))
+    try:
+        rc = RedisProgramCache(srv.url, socket_timeout=0.3, retry_after_s=0.1)
+        disk = FileStreamProgramCache(tmp_path / "disk")
+        tiered = TieredProgramCache([disk, rc])
+        tiered[b"k"] = b"v"
+        srv.pause()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", KernelCacheWarning)
+            with pytest.raises(OSError):
+                del rc[b"k"]
+            with pytest.raises(OSError):  # the disk tier drops it; the caller learns Redis did not
+                del tiered[b"k"]
+        assert disk.get(b"k") is None
+        srv.resume()
+        deadline = time.monotonic() + 20
+        while not rc.set_record(b"k2", b"v") and time.monotonic() < deadline:  # past the back-off
+            time.sleep(0.05)
+        with pytest.raises(KeyError):  # reachable again: absent is KeyError, as before
+            del rc[b"absent"]
+    finally:
+        srv.stop()

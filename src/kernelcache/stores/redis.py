@@ -340,7 +340,12 @@ class RedisProgramCache(RecordStore):
     def _remove(self, key: bytes) -> bool:
         self._check_writable("delete entries")
         rk = self._entry_key(key)
-        return bool(self._call("delete", lambda c: c.delete(rk)))
+        removed = self._call("delete", lambda c: c.delete(rk))
+        if removed is None:
+            # Unreachable or backing off: "could not" must not read as "absent". (A DEL that
+            # timed out may still run when a stalled server wakes up: removal is unknown.)
+            raise ConnectionError(f"Redis at {self.url} could not be reached: {rk} may not be removed")
+        return bool(removed)
 
     def _check_writable(self, what: str) -> None:
         if self._read_only:

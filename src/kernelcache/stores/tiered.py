@@ -112,7 +112,7 @@ class TieredProgramCache(RecordStore):
                 tier.add_stats(**mine)
 
     def _remove(self, key: bytes) -> bool:
-        removed = False
+        removed, failure = False, None
         for tier in self.tiers:
             if getattr(tier, "read_only", False):
                 continue
@@ -121,6 +121,10 @@ class TieredProgramCache(RecordStore):
                 removed = True
             except KeyError:
                 pass
+            except OSError as exc:  # the other tiers still drop it; the caller learns it stayed
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         return removed
 
     def __len__(self) -> int:
