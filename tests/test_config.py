@@ -134,9 +134,10 @@ def test_kernelcache_dir_pointing_at_a_file(tmp_path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
     env = {"KERNELCACHE_DIR": str(afile)}
-    proc = py(COMPILE, env=env)
+    proc = py(COMPILE, env=env)  # raises in compile_program: a bad value is not degraded to a warning
     last = proc.stderr.strip().splitlines()[-1]
-    assert "KERNELCACHE_DIR" in last and "not a directory" in last
+    assert last.startswith("kernelcache.config.ConfigError: KERNELCACHE_DIR=") and "not a directory" in last
+    assert "kernelcache/compile.py" in proc.stderr  # raised by the compile itself, not by default_cache() after it
     line = one_line(kc("stats", env=env))
     assert "KERNELCACHE_DIR" in line and "not a directory" in line
     line = one_line(kc("stats", "--cache-dir", str(afile)))

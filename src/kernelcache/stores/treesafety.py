@@ -44,11 +44,17 @@ def make_root(given: str, team: bool) -> str:
     try:
         os.makedirs(given, mode=PRIVATE_DIR_MODE, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        # os.makedirs says only "File exists" when the root (or a parent) is a file.
-        where = "KERNELCACHE_DIR" if config.cache_dir_is_from_env(given) else "the cache directory"
+        # os.makedirs says only "File exists" when the root (or a parent) is a file. From
+        # KERNELCACHE_DIR it is a bad environment value: ConfigError, which raises even where
+        # an unusable directory only degrades to an uncached compile (default_cache_or_none).
+        if config.cache_dir_is_from_env(given):
+            raise config.ConfigError(
+                f"KERNELCACHE_DIR={given!r} is not a directory (it or a parent is a file): "
+                "point it at a directory (created if missing), or unset it"
+            ) from None
         raise NotADirectoryError(
-            f"{where} {given!r} is not a directory (it or a parent is a file): "
-            "point it at a directory (created if missing)"
+            f"the cache directory {given!r} is not a directory (it or a parent is a file): "
+            "give a directory (created if missing)"
         ) from None
     root = os.path.realpath(given)
     if team:
