@@ -79,7 +79,8 @@ def _lock_path(cache: ProgramCacheResource, key: bytes) -> str | None:
 
 # -- the lookup ------------------------------------------------------------------------------
 
-_base_memo: dict[Any, tuple[list[tuple[str, bytes]], bytes, bytes]] = {}
+# call arguments -> (base components, manifest key, entry key, whether to trace headers)
+_base_memo: dict[Any, tuple[list[tuple[str, bytes]], bytes, bytes, bool]] = {}
 
 
 class _Lookup:
@@ -106,9 +107,9 @@ class _Lookup:
         # include, no pre_include: see includes.may_read_files) needs no trace and no
         # manifest; its key is complete without headers.
         self.headers_tracked = self.code_type == "c++"
-        self.track = self.headers_tracked and includes.may_read_files(code, options)
         # The key material of a repeated call is memoised by the call's own arguments (the
-        # options by their values: a mutated ProgramOptions is a new memo key).
+        # options by their values: a mutated ProgramOptions is a new memo key), and so is
+        # ``track``, which depends on nothing else (the text and the options).
         fingerprint = options_fingerprint(options)
         memo_key: Any = None
         if fingerprint is not None and type(code) in (str, bytes):
@@ -119,8 +120,9 @@ class _Lookup:
             except TypeError:  # an unhashable name expression: no memo
                 memo_key, found = None, None
             if found is not None:
-                self.base, self.manifest_key, self.entry_key = found
+                self.base, self.manifest_key, self.entry_key, self.track = found
                 return
+        self.track = self.headers_tracked and includes.may_read_files(code, options)
         self.base = key_components(
             code=code,
             code_type=code_type,
@@ -136,7 +138,7 @@ class _Lookup:
         self.manifest_key = manifests.manifest_key(self.base) if self.track else b""
         self.entry_key = b"" if self.track else digest_components(self.base)
         if memo_key is not None:
-            remember(_base_memo, memo_key, (self.base, self.manifest_key, self.entry_key), 4096)
+            remember(_base_memo, memo_key, (self.base, self.manifest_key, self.entry_key, self.track), 4096)
 
     def find(self) -> tuple[bytes, tuple[bytes, Meta] | None, dict[str, Any] | None]:
         """(key, record or None, header variant or None); key is b"" when no variant matches."""

@@ -26,6 +26,12 @@ TMP_SUFFIX = ".tmp"
 # One read() returns at most about 2 GiB on Linux (0x7ffff000 bytes), whatever is asked:
 # bigger files are read in a loop of reads of at most this many bytes.
 READ_CHUNK = 1 << 30
+# A read moves the file's atime (the LRU clock) only if the atime is not already this
+# recent. Eviction needs the order between entries used at different times, not between
+# two reads of one hot entry within a second (relatime keeps a day): the utime of every
+# hit was about a tenth of a warm compile_program hit. A file whose atime is not after its
+# mtime (never read since written) or lies in the future is always touched.
+TOUCH_GRANULARITY_NS = 1_000_000_000
 
 StatKey = tuple[int, int, int]
 
@@ -99,9 +105,10 @@ def read_regular(
     """(content, fstat) of the regular file at path (see open_regular for what raises).
 
     ``max_size``: a bigger file raises NotRegularFileError (it is not what we expect there).
-    ``touch``: set its atime to now, on the open fd, so that a file another process has
-    meanwhile os.replace'd onto path is not touched; mtime is kept (it is part of the
-    identity that eviction's stat guard compares). Reads alone do not reliably move atime
+    ``touch``: set its atime to now (unless it is already that recent, see
+    TOUCH_GRANULARITY_NS), on the open fd, so that a file another process has meanwhile
+    os.replace'd onto path is not touched; mtime is kept (it is part of the identity that
+    eviction's stat guard compares). Reads alone do not reliably move atime
     (relatime, noatime mounts) and LRU eviction sorts by it; on read-only media the touch
     fails silently and LRU degrades to FIFO.
     """
@@ -111,10 +118,12 @@ def read_regular(
             raise NotRegularFileError(errno.EFBIG, f"is {st.st_size} bytes, more than expected there", path)
         data = read_fd(fd, st.st_size, chunk)
         if touch:
-            try:
-                os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
-            except OSError:
-                pass
+            now = time.time_ns()
+            if st.st_atime_ns <= st.st_mtime_ns or not 0 <= now - st.st_atime_ns < TOUCH_GRANULARITY_NS:
+                try:
+                    os.utime(fd, ns=(now, st.st_mtime_ns))
+                except OSError:
+                    pass
         return data, st
     finally:
         os.close(fd)

@@ -69,6 +69,9 @@ DEFAULT_TMP_MAX_AGE_S = 15 * 60
 
 # Verified (entry, sidecar) pairs remembered per process (see _read); bounded.
 _VERIFIED_MEMO_SIZE = 4096
+# Entry paths by key remembered per store (see _entry_path); bounded.
+_PATH_MEMO_SIZE = 4096
+_PATH_MEMO_KEY_MAX = 256
 # entry identity, sidecar identity, payload CRC-32, parsed metadata
 _Verified = tuple[StatKey, StatKey, int, Meta]
 
@@ -137,6 +140,7 @@ class FileStreamProgramCache(RecordStore):
         self._file_mode = 0o666 if self._allow_shared else 0o600
         self._stats = FileStats(os.path.join(base, "stats"), shared=self._allow_shared)
         self._verified: dict[str, _Verified] = {}
+        self._paths: dict[bytes, str] = {}
         self._sizecap = SizeCap(self._max_size, self._stats, self._entries, self._locks, self._tmp, self._tmp_max_age_s)
         self._sweep_stale_tmp()
 
@@ -153,8 +157,15 @@ class FileStreamProgramCache(RecordStore):
         return path_in(self._locks, name)
 
     def _entry_path(self, key: bytes) -> str:
-        name = entry_name(key)
-        return f"{self._entries}{os.sep}{name[:2]}{os.sep}{name}"
+        # Memoised: the digest of the name is a fixed cost of every hit, and a process
+        # asks for the same few keys again and again.
+        path = self._paths.get(key)
+        if path is None:
+            name = entry_name(key)
+            path = f"{self._entries}{os.sep}{name[:2]}{os.sep}{name}"
+            if len(key) <= _PATH_MEMO_KEY_MAX:  # a caller's huge key is not kept alive
+                remember(self._paths, key, path, _PATH_MEMO_SIZE)
+        return path
 
     def entry_path(self, name: str) -> str:
         """Path of the entry file with this 64-hex name."""

@@ -4,8 +4,9 @@ The tracked size lives in the store's persistent counters (stats.FileStats), sha
 process using the directory. A writer *reserves* its bytes before it stages them (so bytes
 in flight count), and settles after publishing (minus what it replaced); each removal
 subtracts the bytes it freed. O(1) per write, no directory walk. Eviction brings it down to
-a low-water mark, least recently *read* entries first (the file store sets atime on every
-read), and sweeps the staged files of dead writers (fileops.sweep_dead_temps).
+a low-water mark, least recently *read* entries first (the file store sets atime on a
+read, at most once a second per entry: fileops.TOUCH_GRANULARITY_NS), and sweeps the
+staged files of dead writers (fileops.sweep_dead_temps).
 
 The invariant (issue 10 #7): the tracked size, in-flight bytes included, exceeds the cap by
 at most one value per writer. A writer whose reservation puts the store over the cap waits
