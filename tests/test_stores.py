@@ -289,8 +289,18 @@ def test_stale_tmp_swept_fresh_kept_and_tmp_recreated(tmp_path) -> None:
     fresh.write_bytes(b"y")
     old = time.time() - 3 * 3600
     os.utime(stale, (old, old))
-    FileStreamProgramCache(tmp_path)  # opening sweeps
-    assert not stale.exists() and fresh.exists()
+    import fcntl
+
+    # A live writer holds its staged file's flock (fileops.stage_held); an old one is
+    # kept too while held, and a fresh one that nobody holds is a dead writer's.
+    held = tmp / "held.tmp"
+    held.write_bytes(b"z")
+    os.utime(held, (old, old))
+    with open(held, "rb") as writer:
+        fcntl.flock(writer, fcntl.LOCK_EX)
+        FileStreamProgramCache(tmp_path)  # opening sweeps
+        assert held.exists()
+    assert not stale.exists() and not fresh.exists()
     for f in tmp.iterdir():
         f.unlink()
     tmp.rmdir()  # deleted under a live cache

@@ -206,17 +206,23 @@ def stage_held(tmp_dir: str, data: bytes, durable: bool = True, mode: int = 0o60
     decides, as for any file a member creates).
     """
     name = os.path.join(tmp_dir, f"{uuid.uuid4().hex}{TMP_SUFFIX}")
+    # Born under another name, renamed to *.tmp only once flocked: so a *.tmp file without
+    # a flock is always a dead writer's (see sweep_dead_temps). Created and locked in one
+    # step is not possible; without this rename a sweeper could take a live writer's file
+    # in the moment between its O_CREAT and its flock (a descheduled writer makes that
+    # moment long: it happened under load in test_sweeping_never_takes_a_live_writers_staged_file).
+    born = name + _BORN_SUFFIX
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(name, flags, mode)
+        fd = os.open(born, flags, mode)
     except FileNotFoundError:
         # Someone deleted tmp/ (or the whole format directory) under a live cache: recreate it.
         make_dirs(tmp_dir)
-        fd = os.open(name, flags, mode)
+        fd = os.open(born, flags, mode)
     try:
-        # Race: between the O_CREAT above and this flock the file is unlocked; a sweeper
-        # leaves alone unlocked files younger than DEAD_TEMP_GRACE_S for that reason.
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(born, name)
+        born = ""
         # Full size at once (sparse): a size-cap rescan that counts tmp/ while we write sees
         # what this write reserved, not the part written so far (sizecap._rescan).
         os.ftruncate(fd, len(data))
@@ -229,14 +235,13 @@ def stage_held(tmp_dir: str, data: bytes, durable: bool = True, mode: int = 0o60
             os.fsync(fd)
     except BaseException:
         os.close(fd)
-        os.unlink(name)
+        os.unlink(born or name)
         raise
     return name, fd
 
 
-# An unlocked staged file younger than this may be a live writer's between its create and
-# its flock (microseconds); older, its writer is dead.
-DEAD_TEMP_GRACE_S = 1.0
+# A staged file's name while it is being created, before its flock (swept by age only).
+_BORN_SUFFIX = ".new"
 
 
 def sweep_dead_temps(tmp_dir: str, max_age_s: float, *, remove: bool = True) -> list[tuple[str, int]]:
@@ -261,8 +266,6 @@ def sweep_dead_temps(tmp_dir: str, max_age_s: float, *, remove: bool = True) -> 
                     found.append((f.path, st.st_size))
                     if remove:
                         os.unlink(f.path)
-                continue
-            if now - st.st_mtime < DEAD_TEMP_GRACE_S:
                 continue
             if _take_if_dead(f.path, remove):
                 found.append((f.path, st.st_size))
