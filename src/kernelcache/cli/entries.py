@@ -141,10 +141,10 @@ def progress_lines(items: list[Any], what: str, every_s: float = 2.0) -> Any:
 
 
 # Filesystem timestamps come from a coarser clock than time.time() (Linux: the tick, at
-# most 10 ms behind), so a file written just after the scan began can carry an mtime
-# slightly before it. (A network filesystem whose server clock is off by more relies on
-# the pair lock alone.)
-_CLOCK_SLACK_S = 0.1
+# most 10 ms behind), so a file written just after the scan began can carry an mtime up to
+# that much before it. No more slack than that: a file damaged a moment before the scan is
+# damage. (A network filesystem whose server clock is off relies on the pair lock alone.)
+_CLOCK_SLACK_S = 0.01
 
 
 def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[str, Any]:
