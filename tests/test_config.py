@@ -217,3 +217,24 @@ def test_allow_shared_env_and_flag(tmp_path) -> None:
         assert proc.returncode == 0, (command, proc.stderr)
         proc = kc(*command, "--cache-dir", str(shared), env={"KERNELCACHE_ALLOW_SHARED": "1"})
         assert proc.returncode == 0, (command, proc.stderr)
+
+
+def test_kernelcache_dir_with_a_tilde_is_under_home(tmp_path) -> None:
+    # Set where no shell expands it (a systemd unit, a Dockerfile ENV, a .env file):
+    # "~/kc" must be the home's kc, not a directory named "~" in whatever the cwd is.
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    import kernelcache
+
+    src = os.path.dirname(os.path.dirname(kernelcache.__file__))  # the code under test, whatever the cwd
+    env = {**os.environ, "KERNELCACHE_DIR": "~/kc", "HOME": str(home), "PYTHONPATH": src}
+    code = "import kernelcache; print(kernelcache.default_cache().path)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    assert out.stdout.strip() == str(home / "kc"), out.stderr
+    assert os.listdir(cwd) == []
+    stats = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "stats"], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
+    assert stats.returncode == 0 and str(home / "kc") in stats.stdout, stats.stderr
+    assert os.listdir(cwd) == []

@@ -100,10 +100,12 @@ def _flag(name: str) -> bool:
 
 
 def cache_dir() -> str:
-    """``KERNELCACHE_DIR`` if set, else the platform's user cache dir for "kernelcache"."""
+    """``KERNELCACHE_DIR`` if set (``~`` expanded), else the platform's user cache dir for "kernelcache"."""
     env = os.environ.get("KERNELCACHE_DIR")
     if env:
-        return env
+        # Set where no shell expands it (a systemd unit, a Dockerfile ENV), "~/kc" means the
+        # home's kc, never a directory named "~" in whatever the current directory is.
+        return os.path.expanduser(env)
     import platformdirs
 
     return platformdirs.user_cache_dir("kernelcache", appauthor=False)
@@ -112,7 +114,7 @@ def cache_dir() -> str:
 def cache_dir_is_from_env(root: str) -> bool:
     """Whether ``root`` is the directory ``KERNELCACHE_DIR`` names (so errors can name the variable)."""
     env = os.environ.get("KERNELCACHE_DIR")
-    return bool(env) and os.path.abspath(env) == os.path.abspath(root)
+    return bool(env) and os.path.abspath(os.path.expanduser(env)) == os.path.abspath(root)
 
 
 def disabled() -> bool:
