@@ -348,3 +348,36 @@ def test_unusable_cache_dir_never_fails_a_triton_compile(tmp_path, remote):
         warm = _run(env, "compile")
         assert (warm["compiled"], warm["hits"]) == (0, 1)
         assert warm["cubin_sha256"] == cold["cubin_sha256"]
+
+
+def test_copies_handed_out_while_prune_runs_are_always_placed(tmp_path):
+    # prune keeps recent copies but removes every empty directory, the one a copy is about
+    # to be renamed into included: that copy failed (FileNotFoundError), so Triton's put fell
+    # back to its own directory and get_group missed, with a warning that the cache root
+    # "cannot be written" (a few in a thousand here).
+    from kernelcache.materialized import materialize
+
+    root = tmp_path / "kc"
+    pruner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from kernelcache.materialized import KEEP_RECENT_S, remove_materialized\n"
+            "end = time.time() + 3\n"
+            "while time.time() < end:\n"
+            "    remove_materialized(sys.argv[1], KEEP_RECENT_S)  # what `kernelcache prune` runs\n",
+            str(root),
+        ]
+    )
+    try:
+        placed = 0
+        while pruner.poll() is None:
+            data = os.urandom(64)
+            assert _read(materialize(str(root), "triton", "KEY", "kern.cubin", data)) == data
+            placed += 1
+    finally:
+        pruner.wait(30)
+    assert placed > 0
+    staging = root / "materialized" / "tmp"  # prune may have removed it, empty
+    assert not staging.exists() or os.listdir(staging) == []  # no staged copy left behind

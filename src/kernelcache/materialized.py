@@ -17,6 +17,7 @@ manager overwrites in place, so a group read while a peer rewrites it can mix ve
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -28,6 +29,7 @@ MATERIALIZED_DIR = "materialized"
 # reads it right away (Triton reads the whole group in CompiledKernel.__init__), so after
 # this long nobody is about to read it. The same margin as the store's stale temp files.
 KEEP_RECENT_S = 15 * 60
+_ATTEMPTS = 5  # tries to place a copy while a concurrent prune removes empty directories
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -71,12 +73,27 @@ def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -
     # Each new directory gets its parent's mode: 0700 under a private cache, group-writable
     # and setgid under a team cache (every member materializes there).
     make_dirs(tmp_dir)
-    make_dirs(folder)
     tmp = stage(tmp_dir, data, durable=False)  # O_EXCL: never follows a planted link
-    # Two processes materializing the same bytes both replace: either result is the same
-    # content, and a reader holding the path sees one whole file or the other.
-    os.replace(tmp, path)
-    return path
+    tries = 0
+    try:
+        while True:
+            try:
+                make_dirs(folder)
+                # Two processes materializing the same bytes both replace: either result is
+                # the same content, and a reader holding the path sees one whole file or the other.
+                os.replace(tmp, path)
+                return path
+            except FileNotFoundError:
+                # Race with prune: it keeps recent files but removes every empty directory,
+                # so the folder just made (or a parent) can vanish before the replace lands
+                # in it. Make it again; only a clear that also took our staged file fails.
+                tries += 1
+                if tries == _ATTEMPTS:
+                    raise
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _same_content(path: str, data: bytes) -> bool:
