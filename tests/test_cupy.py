@@ -6,6 +6,7 @@ test_integrations_gpu.py."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import ARCH, run_python
@@ -181,8 +182,11 @@ def test_cupy_backend_with_an_unusable_cache_dir_is_an_empty_cache(tmp_path):
     # A default cache that cannot be opened must not make CuPy's compiles fail: the backend
     # misses and drops writes, with one warning.
     pytest.importorskip("cupy.cuda._compiler_cache")  # CuPy >= 14
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the directory to another user")
+    theirs = tmp_path / "theirs"  # owned by another user: the default cache refuses it
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
     code = (
         "import warnings\n"
         "warnings.simplefilter('always')\n"
@@ -194,7 +198,7 @@ def test_cupy_backend_with_an_unusable_cache_dir_is_an_empty_cache(tmp_path):
         "    b.save('abc.cubin', b'payload', 'src')\n"
         "    print(b.load('abc.cubin'), sum(w.category.__name__ == 'KernelCacheWarning' for w in seen))\n"
     )
-    assert run_python(code, env={"KERNELCACHE_DIR": str(blocker / "kc")}).strip() == "None 1"
+    assert run_python(code, env={"KERNELCACHE_DIR": str(theirs)}).strip() == "None 1"
 
 
 def _nvrtc_accepts(flags: tuple[str, ...]) -> bool:

@@ -332,16 +332,19 @@ def test_redis_round_trip_between_hosts_with_empty_local_directories(tmp_path, h
 
 @pytest.mark.parametrize("remote", [False, True], ids=["manager", "remote-backend"])
 def test_unusable_cache_dir_never_fails_a_triton_compile(tmp_path, remote):
-    # KERNELCACHE_DIR below a regular file: the default cache cannot be opened. compile_program
-    # then compiles uncached with one warning; a Triton compile must go on too (Triton's own
-    # directory), not raise out of get_cache_manager.
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
+    # KERNELCACHE_DIR owned by another user (a shared HOME, sudo): the default cache refuses
+    # it. compile_program then compiles uncached with one warning; a Triton compile must go on
+    # too (Triton's own directory), not raise out of get_cache_manager.
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the directory to another user")
+    os.chown(theirs, 65534, 65534)
     extra = {"TRITON_CACHE_DIR": str(tmp_path / "triton-own")}
     if remote:
         extra["TRITON_CACHE_MANAGER"] = "triton.runtime.cache:RemoteCacheManager"
         extra["TRITON_REMOTE_CACHE_BACKEND"] = "kernelcache.triton:KernelCacheRemoteBackend"
-    env = _env(blocker / "kc", **extra)
+    env = _env(theirs, **extra)
     cold = _run(env, "compile")
     assert (cold["compiled"], cold["hits"]) == (1, 0)
     if not remote:  # Triton's own cache serves the next process, as without kernelcache
