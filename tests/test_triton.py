@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -384,3 +385,34 @@ def test_copies_handed_out_while_prune_runs_are_always_placed(tmp_path):
     assert placed > 0
     staging = root / "materialized" / "tmp"  # prune may have removed it, empty
     assert not staging.exists() or os.listdir(staging) == []  # no staged copy left behind
+
+
+def test_a_group_naming_a_path_is_a_miss_and_writes_nothing_outside(tmp_path, monkeypatch):
+    # Any writer of an unsigned store (another host, another version) can store a group whose
+    # member is "../../x". Triton's RemoteCacheManager materializes members by name in its
+    # own directory: it wrote outside it; KernelCacheManager.get_group raised ValueError.
+    from triton.runtime.cache import RemoteCacheManager
+
+    from kernelcache.default_store import default_cache
+    from kernelcache.triton import KernelCacheManager, KernelCacheRemoteBackend, _TritonFiles
+
+    triton_dir = tmp_path / "triton" / "cache"
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "kc"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_dir))
+    monkeypatch.setenv("TRITON_REMOTE_CACHE_BACKEND", "kernelcache.triton:KernelCacheRemoteBackend")
+    key = _key("escape")
+    _TritonFiles(key, default_cache()).put_group("kern.json", {"../../escaped": b"outside", "kern.cubin": b"c"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # kernelcache.triton warns once per process and cause
+        assert RemoteCacheManager(key).get_group("kern.json") is None
+        assert KernelCacheManager(key).get_group("kern.json") is None
+    assert not (tmp_path / "triton" / "escaped").exists()
+    # And the backend itself stores no such name or group.
+    backend = KernelCacheRemoteBackend(key)
+    with pytest.raises(ValueError, match="plain name"):
+        backend.put("../../escaped", b"outside")
+    backend.put("kern.cubin", b"c")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        backend.put("__grp__other.json", json.dumps({"child_paths": ["kern.cubin", "../x"]}).encode())
+    assert KernelCacheManager(key).get_group("other.json") is None

@@ -68,6 +68,17 @@ def _as_bytes(data: Any) -> bytes:
     return str(data).encode("utf-8")
 
 
+def _is_plain(name: object) -> bool:
+    """Whether ``name`` is a plain file name (what check_file_name accepts)."""
+    if not isinstance(name, str):
+        return False
+    try:
+        check_file_name(name)
+    except ValueError:
+        return False
+    return True
+
+
 def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
     """The default store, and the root directory of its file tier (where copies go).
 
@@ -150,6 +161,12 @@ class _TritonFiles:
                     raise ValueError("unknown group format")
             except (ValueError, KeyError, TypeError):
                 return None  # a format this version does not know: a miss
+            if not all(_is_plain(member) for member in digests):
+                # Written by another writer (any host sharing an unsigned store): a member
+                # named "../x" would make Triton's own file manager (RemoteCacheManager) write
+                # outside its directory, and our copies cannot be named so. A miss.
+                _warn_once("group-names", f"group {name!r} names a file that is not a plain name; a miss")
+                return None
             members: dict[str, bytes] = {}
             for member, digest in digests.items():
                 data = self.get(member, internal=True)
@@ -292,6 +309,7 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
         return found
 
     def put(self, filename: str, data: bytes) -> None:
+        check_file_name(filename)  # a name that is a path is refused, as KernelCacheManager.put does
         if self._files is None:
             return
         payload = _as_bytes(data)
@@ -303,6 +321,9 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
             children = json.loads(payload)["child_paths"]
         except (ValueError, KeyError, TypeError):
             _warn_once("group-format", f"group file {filename!r} is not Triton's group JSON; not stored")
+            return
+        if not isinstance(children, list) or not all(_is_plain(child) for child in children):
+            _warn_once("group-format", f"group file {filename!r} names a file that is not a plain name; not stored")
             return
         members = {}
         for child in children:
