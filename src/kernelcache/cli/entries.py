@@ -23,10 +23,11 @@ def parse_age(text: str) -> float:
     return float(m.group(1)) * _AGE_UNITS[m.group(2)]
 
 
-def when(ts: float | None) -> str:
+def when(ts: float | None, short: bool = False) -> str:
+    """Local time of ts; ``short`` (for tables that must fit 80 columns): month-day hour:minute."""
     if ts is None:
         return ""
-    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    return _dt.datetime.fromtimestamp(ts).strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S")
 
 
 def is_manifest(entry: EntryInfo) -> bool:

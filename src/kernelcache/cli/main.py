@@ -161,13 +161,18 @@ def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, as_json: bool) -
     rows = ent.list_rows(_open(cache_dir), sort, limit)
 
     def render(data: list[dict[str, Any]]) -> None:
+        from rich import box
         from rich.table import Table
 
-        table = Table(title=f"kernelcache entries ({len(data)})")
+        # Light borders, so that 80 columns hold every column; only the kernel names wrap.
+        table = Table(
+            title=f"kernelcache entries ({len(data)})", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True
+        )
         # The key column is never shortened by the table: `show` and `export` accept what it prints.
         table.add_column("key", no_wrap=True, min_width=_PREFIX)
-        for col in ("code", "target", "arch", "size", "created", "last used", "compile s", "kernels"):
-            table.add_column(col)
+        for col in ("code", "target", "arch", "size", "last used", "compile s"):  # created: in --json
+            table.add_column(col, no_wrap=True)
+        table.add_column("kernels", overflow="fold", min_width=14)
         for r in data:
             table.add_row(
                 r["key"][:_PREFIX],
@@ -175,8 +180,7 @@ def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, as_json: bool) -
                 r["target_type"],
                 r["arch"],
                 str(r["size"]),
-                ent.when(r["created"]),
-                ent.when(r["last_used"]),
+                ent.when(r["last_used"], short=True),
                 "" if r["compile_seconds"] is None else f"{r['compile_seconds']:.3f}",
                 ", ".join(r["kernels"])[:60],
             )
