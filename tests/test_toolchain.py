@@ -29,3 +29,10 @@ def test_library_row_equals_dist_files() -> None:
     size = os.stat(dist.locate_file(lib)).st_size
     expected = f"{dist_name}=={dist.version};{os.path.basename(lib)};{size}"
     assert toolchain._wheel_identity(dist_name, prefix) == expected
+
+
+def test_cuda_core_identity_from_the_imported_packages_equals_their_metadata() -> None:
+    # The identity reads the imported packages' __version__ (no distribution look-up); on
+    # an installed wheel it is exactly what the metadata says, so keys did not change.
+    expected = ";".join(f"{d}=={metadata.version(d)}" for d in ("cuda-core", "cuda-bindings"))
+    assert toolchain.cuda_core_identity() == expected
