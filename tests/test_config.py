@@ -115,6 +115,7 @@ def test_cli_shows_the_default_cap(tmp_path) -> None:
         ("KERNELCACHE_REDIS_URL", "redis://127.0.0.1:port/0"),
         ("KERNELCACHE_REDIS_URL", "redis://127.0.0.1:99999/0"),
         ("KERNELCACHE_REDIS_URL", "redis://127.0.0.1:6379/cache"),
+        ("KERNELCACHE_REDIS_URL", "redis+cluster://127.0.0.1:7000/1"),
         ("KERNELCACHE_REDIS_URL", "redis://127.0.0.1:6379/0?decode_responses=yes"),
         ("KERNELCACHE_WAIT_TIMEOUT", "soon"),
     ],

@@ -101,6 +101,10 @@ def check_url(url: str) -> None:
     db = urlsplit(plain).path.strip("/") if not plain.startswith("unix://") else ""
     if db and not db.isdigit():
         raise ValueError(f"the database {db!r} in Redis URL {url!r} is not a number (redis://host:port/0)")
+    if plain != url and int(options.get("db") or 0) != 0:
+        # Redis Cluster has database 0 only: the client would refuse it at every call, which
+        # reads as "Redis unreachable" (a miss and a back-off) instead of a bad URL.
+        raise ValueError(f"Redis URL {url!r}: Redis Cluster has only database 0")
     _check_binary(options, f"Redis URL {url!r}")
 
 
