@@ -154,3 +154,11 @@ def test_stats_zero_with_redis_zeroes_the_fleet(tmp_path) -> None:
         assert fleet["disk"]["hits"] == 0 and fleet["redis"]["entries"] >= 2
     finally:
         server.stop()
+
+
+def test_logging_warns_when_the_default_directory_is_unusable(tmp_path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # another user's directory: refused, the compile goes on uncached
+    out = compile_some(str(theirs), 1, 1, "WARNING").stdout
+    assert "WARNING kernelcache the default cache directory" in out and "uncached" in out

@@ -10,6 +10,7 @@ import threading
 import warnings
 
 from kernelcache import config
+from kernelcache.log import logger
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
 from kernelcache.stores.filestream import FileStreamProgramCache
 
@@ -66,12 +67,12 @@ def default_cache_or_none() -> ProgramCacheResource | None:
             first = root not in _unusable_roots
             _unusable_roots.add(root)
         if first:
-            warnings.warn(
-                f"kernelcache: the default cache directory {root} cannot be used ({exc}); compiling "
-                "uncached (set KERNELCACHE_DIR to a writable directory, or pass cache=)",
-                KernelCacheWarning,
-                stacklevel=4,
+            message = (
+                f"the default cache directory {root} cannot be used ({exc}); compiling "
+                "uncached (set KERNELCACHE_DIR to a writable directory, or pass cache=)"
             )
+            logger.warning("%s", message)
+            warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=4)
         return None
 
 

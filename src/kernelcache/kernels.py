@@ -318,13 +318,12 @@ class KernelCache:
         import warnings
 
         from kernelcache.default_store import default_cache
+        from kernelcache.log import logger
 
         target = store if store is not None else default_cache()
-        warnings.warn(
-            f"kernelcache: the driver refused a cached artifact's bytes ({exc}); evicted it and recompiling",
-            KernelCacheWarning,
-            stacklevel=4,
-        )
+        message = f"the driver refused a cached artifact's bytes ({exc}); evicted it and recompiling"
+        logger.warning("%s", message)
+        warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=4)
         target.discard(key)
         target.add_stats(errors=1)
 

@@ -36,6 +36,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised where triton is absent
     raise ImportError("kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`") from exc
 
+from kernelcache.log import logger
 from kernelcache.materialized import check_file_name, materialize
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
 
@@ -57,6 +58,7 @@ def _warn_once(cause: str, message: str) -> None:
         if cause in _warned:
             return
         _warned.add(cause)
+    logger.warning("triton: %s", message)
     warnings.warn(f"kernelcache.triton: {message}", KernelCacheWarning, stacklevel=3)
 
 
