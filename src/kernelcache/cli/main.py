@@ -153,11 +153,12 @@ _PREFIX = 12  # digits of an entry name that ls prints: unique in any real cache
     type=click.Choice(["last-used", "created", "size", "compile-time"]),
     default="last-used",
     show_default=True,
+    help="Order of the rows (largest or most recent first).",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Show at most this many entries.")
 @JSON_OPTION
 def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, as_json: bool) -> None:
-    """List entries: key prefix, types, size, created, last used, compile time, kernels."""
+    """List entries: name prefix (show accepts it), types, arch, size, last used, compile time, kernels."""
     rows = ent.list_rows(_open(cache_dir), sort, limit)
 
     def render(data: list[dict[str, Any]]) -> None:
@@ -358,7 +359,14 @@ def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
 @main.command()
 @click.argument("manifest", type=click.Path(dir_okay=False))
 @CACHE_DIR_OPTION
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True)
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=os.cpu_count() or 1,
+    show_default=True,
+    help="Compiles at once (threads; NVRTC releases the GIL).",
+)
 @JSON_OPTION
 def warm(manifest: str, cache_dir: str | None, jobs: int, as_json: bool) -> None:
     """Precompile every kernel of a JSON/TOML manifest in parallel, so a deployment starts warm."""
