@@ -118,6 +118,7 @@ def test_cli_shows_the_default_cap(tmp_path) -> None:
         ("KERNELCACHE_REDIS_URL", "redis+cluster://127.0.0.1:7000/1"),
         ("KERNELCACHE_REDIS_URL", "redis://127.0.0.1:6379/0?decode_responses=yes"),
         ("KERNELCACHE_WAIT_TIMEOUT", "soon"),
+        ("KERNELCACHE_WAIT_TIMEOUT", "1e10"),  # accepted, then OverflowError in every compile
     ],
 )
 def test_bad_value_is_named_in_one_clear_error(tmp_path, name, value) -> None:
@@ -239,3 +240,16 @@ def test_kernelcache_dir_with_a_tilde_is_under_home(tmp_path) -> None:
     )
     assert stats.returncode == 0 and str(home / "kc") in stats.stdout, stats.stderr
     assert os.listdir(cwd) == []
+
+
+@pytest.mark.parametrize("value", [1e10, float("nan"), float("inf"), -1, "600"])
+def test_wait_timeout_argument_no_lock_can_take_raises_at_once(tmp_path, value) -> None:
+    # 1e10 s went through to the lock wait: OverflowError out of every compile.
+    from cuda.core import ProgramOptions
+
+    from kernelcache import FileStreamProgramCache, compile_program
+
+    with pytest.raises(ValueError, match="wait_timeout"):
+        compile_program(
+            KERNEL % (0, 0), options=ProgramOptions(arch=ARCH), cache=FileStreamProgramCache(tmp_path), wait_timeout=value
+        )

@@ -224,10 +224,19 @@ def compile_program(
     info.lookup_seconds = time.perf_counter() - start
     if record is not None:
         return _hit(look, key, record, variant, logs, info, start, want_headers)
-    budget = config.wait_timeout_s() if wait_timeout is None else wait_timeout
+    budget = config.wait_timeout_s() if wait_timeout is None else _checked_wait(wait_timeout)
     obj = _flight(look, code, name_expressions, logs, info, start, budget, want_headers)
     assert obj is not None  # only wait=False returns None
     return obj
+
+
+def _checked_wait(value: object) -> float:
+    """``wait_timeout`` as seconds; ValueError for what no lock wait can take (NaN, inf, < 0, huge)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= config.MAX_WAIT_S:
+        raise ValueError(
+            f"wait_timeout must be a number of seconds from 0 to {config.MAX_WAIT_S:g} or None, not {value!r}"
+        )
+    return float(value)
 
 
 def _resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource | None:

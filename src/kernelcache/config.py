@@ -30,6 +30,9 @@ DEFAULT_MAX_SIZE = 10 * 10**9
 _NO_CAP = ("none", "unlimited", "0")
 # Larger than any disk; beyond it a "size" is a typo (and int(float(...)) would overflow).
 _MAX_SANE_SIZE = 2**63 - 1
+# About 31 years. A lock wait longer than threading.TIMEOUT_MAX (about 292 years here) or a
+# deadline past time_t raises OverflowError in every compile: 1e10 was accepted, then failed.
+MAX_WAIT_S = 1e9
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 
 _SIZE_UNITS = {
@@ -129,8 +132,10 @@ def wait_timeout_s() -> float:
         value = float(raw) if raw.strip() else 600.0
     except ValueError:
         value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ConfigError(f"KERNELCACHE_WAIT_TIMEOUT={_shown(raw)}: use a number of seconds, e.g. 600")
+    if not 0 <= value <= MAX_WAIT_S:  # NaN and inf too
+        raise ConfigError(
+            f"KERNELCACHE_WAIT_TIMEOUT={_shown(raw)}: use a number of seconds from 0 to {MAX_WAIT_S:g}, e.g. 600"
+        )
     return value
 
 
