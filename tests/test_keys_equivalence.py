@@ -17,6 +17,7 @@ from cuda.core import Program, ProgramOptions
 
 from kernelcache import keys as keys_mod
 from kernelcache import make_program_cache_key
+from kernelcache import options as options_mod
 from kernelcache.toolchain import Toolchain, toolchain_for
 
 SRC = 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = 1.0f; }'
@@ -103,13 +104,13 @@ CHANGED = {
 
 def test_every_hashed_field_changes_the_key() -> None:
     hashed = {
-        f for f, p in keys_mod.OPTION_POLICY.items() if p in (keys_mod.HASH, keys_mod.TRACKED, keys_mod.NEEDS_DIGEST)
+        f for f, p in options_mod.OPTION_POLICY.items() if p in (options_mod.HASH, options_mod.TRACKED, options_mod.NEEDS_DIGEST)
     }
     assert hashed == set(CHANGED), "give CHANGED a value for every hashed field"
     digest = b"headers-v1"  # lets TRACKED / NEEDS_DIGEST fields through, for both keys alike
     seen: dict[bytes, str] = {}
     for field, value in CHANGED.items():
-        ct, tt, code = ("nvvm", "ptx", NVVM_SRC) if field in keys_mod.NVVM_ONLY else ("c++", "cubin", SRC)
+        ct, tt, code = ("nvvm", "ptx", NVVM_SRC) if field in options_mod.NVVM_ONLY else ("c++", "cubin", SRC)
         base = key(code=code, code_type=ct, target_type=tt, extra_digest=digest)
         k = key(code=code, code_type=ct, target_type=tt, options=opts(**{field: value}), extra_digest=digest)
         assert k != base, field
@@ -120,7 +121,7 @@ def test_every_hashed_field_changes_the_key() -> None:
 def test_every_linker_field_changes_a_ptx_key_and_no_other_does() -> None:
     base = ptx_key()
     linker_values = {**CHANGED, "time": True, "split_compile": 2, "no_cache": True}
-    for field in keys_mod.OPTION_POLICY:
+    for field in options_mod.OPTION_POLICY:
         if field == "extra_sources":
             continue  # refused for PTX (test_extra_sources_are_refused_outside_nvvm)
         if field in ("time", "split_compile", "no_cache", "create_pch", "fdevice_time_trace"):
@@ -128,7 +129,7 @@ def test_every_linker_field_changes_a_ptx_key_and_no_other_does() -> None:
         else:
             value = linker_values[field]
         changed = ptx_key(**{field: value})
-        if field in keys_mod.LINKER_GATES:
+        if field in options_mod.LINKER_GATES:
             assert changed != base, field
         else:
             assert changed == base, field
@@ -316,7 +317,7 @@ def test_impossible_target_names_what_is_valid() -> None:
 def test_the_table_is_one_place() -> None:
     # Every field named by a per-backend rule is a ProgramOptions field of the policy table.
     fields = {f.name for f in dataclasses.fields(ProgramOptions)}
-    assert set(keys_mod.LINKER_GATES) <= fields
-    assert fields >= keys_mod.NVVM_ONLY
-    assert set(keys_mod.LINKER_GATES) >= keys_mod.DRIVER_IGNORED
-    assert set(keys_mod.DRIVER_UNSUPPORTED) <= set(keys_mod.LINKER_GATES)
+    assert set(options_mod.LINKER_GATES) <= fields
+    assert fields >= options_mod.NVVM_ONLY
+    assert set(options_mod.LINKER_GATES) >= options_mod.DRIVER_IGNORED
+    assert set(options_mod.DRIVER_UNSUPPORTED) <= set(options_mod.LINKER_GATES)

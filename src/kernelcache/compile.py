@@ -20,9 +20,10 @@ from kernelcache import config, includes, manifests, variants
 from kernelcache import headers as hdr
 from kernelcache.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state, run_compiler
 from kernelcache.default_store import default_cache, default_cache_or_none
-from kernelcache.keys import digest_components, key_components, options_fingerprint
+from kernelcache.keys import digest_components, key_components
 from kernelcache.log import key_prefix, logger
 from kernelcache.memo import remember
+from kernelcache.options import options_fingerprint
 from kernelcache.records import (
     artifact_meta,
     count,

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from kernelcache.batch import REQUEST_FIELDS, CompileManyError, normalize_requests, run_batch
 from kernelcache.compile import CompileInfo, compile_program
 from kernelcache.guarded import GuardedCache
-from kernelcache.keys import options_fingerprint
 from kernelcache.loader import bad_bytes, device_options, kernel_of, on_device
+from kernelcache.options import options_fingerprint
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
 from kernelcache.stores.foreign import as_store
 
@@ -121,8 +121,7 @@ class KernelCache:
                 raise
             # One line instead of a traceback through the driver loader (as the demo says it).
             raise RuntimeError(
-                f"kernelcache.KernelCache needs a CUDA GPU: {why}; "
-                "compile_program() compiles and caches without one"
+                f"kernelcache.KernelCache needs a CUDA GPU: {why}; compile_program() compiles and caches without one"
             ) from None
         return device
 

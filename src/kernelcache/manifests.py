@@ -20,8 +20,9 @@ from typing import Any
 
 from kernelcache import includes, variants
 from kernelcache.headers import file_digest
-from kernelcache.keys import OPTION_POLICY, TRACKED, _is_set, digest_components
+from kernelcache.keys import digest_components
 from kernelcache.memo import remember
+from kernelcache.options import OPTION_POLICY, TRACKED, _is_set
 from kernelcache.records import read_record, write_record
 from kernelcache.stores.base import ProgramCacheResource
 
