@@ -133,6 +133,8 @@ def test_verify_finds_and_fixes_corruption(tmp_path) -> None:
     with open(victim, "r+b") as f:
         f.seek(10)
         f.write(b"\x00\xff\x00")
+    # older than the scan: verify judges a file written just before it as possibly in flight
+    os.utime(victim, (time.time() - 60, time.time() - 60))
     orphan = entries[1] + ".meta"
     os.unlink(entries[1])  # its sidecar is now an orphan
     stale = os.path.join(cache, FORMAT_DIR, "tmp", "dead.tmp")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.abc
-import importlib.machinery
 import json
 import os
 import sys
