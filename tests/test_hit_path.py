@@ -47,23 +47,25 @@ CHILD = textwrap.dedent(
         assert info.hit
         return [kind for kind, _ in events], [name for _, name in events]
 
-    compile_program(src, options=opts, cache=cache)  # the miss that stores it
+    info = CompileInfo()
+    compile_program(src, options=opts, cache=cache, info=info)  # the miss that stores it
+    path = os.path.join(root, "v2", "entries", info.entry_name[:2], info.entry_name)
+    ten_ago = time.time_ns() - 10_000_000_000
+    os.utime(path, ns=(ten_ago, ten_ago))  # as if written 10 s ago, never read since
     out = {"first": hit()}
-    # An entry read less than a second ago keeps its atime: no utime. (A guard, not a
-    # timing check: a pair of calls split by a stall on a loaded machine is tried again.)
+    # An entry whose atime was set less than a second ago keeps it: no utime. (A guard, not
+    # a timing check: a try stalled for half a second on a loaded machine is made again.)
     for _ in range(5):
         began = time.monotonic()
+        os.utime(path, ns=(time.time_ns(), ten_ago))  # read just now
         out["recent"] = hit()
         if time.monotonic() - began < 0.5:
             break
-    # An atime older than the granularity is moved again.
-    info = CompileInfo()
-    compile_program(src, options=opts, cache=cache, info=info)
-    path = os.path.join(root, "v2", "entries", info.entry_name[:2], info.entry_name)
-    st = os.stat(path)
-    os.utime(path, ns=(st.st_atime_ns - 2_000_000_000, st.st_mtime_ns))
+    # An atime after the mtime (read since written) but older than the granularity is
+    # moved again: the LRU clock keeps running. (The mtime stays: the file's identity.)
+    os.utime(path, ns=(ten_ago + 5_000_000_000, ten_ago))
     out["stale"] = hit()
-    out["atime_moved"] = os.stat(path).st_atime_ns > st.st_atime_ns
+    out["atime_moved"] = os.stat(path).st_atime_ns > ten_ago + 5_000_000_000
     print(json.dumps(out))
     """
 )
@@ -77,7 +79,8 @@ def _run_child(root: str) -> dict:
 
 def test_warm_hit_opens_one_file_and_moves_atime_at_most_once_a_second(tmp_path) -> None:
     out = _run_child(str(tmp_path))
-    # First hit in this process: artifact and sidecar read and verified, atime set.
+    # First hit in this process: artifact and sidecar read and verified, and the atime set
+    # (it was not after the mtime: never read since written).
     kinds, names = out["first"]
     assert kinds == ["open", "utime", "open"], out["first"]
     assert names[2] == names[0] + ".meta" and isinstance(names[1], int)  # utime on the open fd
