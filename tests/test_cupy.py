@@ -73,6 +73,7 @@ def test_flags_give_the_options_and_the_key_of_the_equivalent_program_options():
         (("-ftz=maybe",), "expected true/false"),
         (("-arch",), "needs a value"),
         ((42,), "must be str"),
+        ("-std=c++17", r"sequence of str, not one str: use \('-std=c\+\+17',\)"),  # not read letter by letter
     ],
 )
 def test_flags_that_cannot_be_mapped_raise_naming_the_flag(flags, message):
@@ -157,6 +158,9 @@ def test_cupy_classes_refuse_what_they_cannot_compile_at_construction():
             kcupy.RawModule(code=TEMPLATED, **kwargs)
     with pytest.raises(ValueError, match="relocatable"):
         kcupy.RawKernel(TEMPLATED, "scale", ("-rdc=true",))
+    for make in (lambda: kcupy.RawKernel(TEMPLATED, "scale", "-std=c++17"), lambda: kcupy.RawModule(code=TEMPLATED, options="-w")):
+        with pytest.raises(TypeError, match="sequence of str, not one str"):  # CuPy's own raise TypeError too
+            make()
 
 
 def test_cupy_backend_hook_round_trips_between_processes(tmp_path):

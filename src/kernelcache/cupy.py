@@ -117,7 +117,7 @@ class RawKernel(cupy.RawKernel):
         jitify: bool = False,
     ) -> None:
         _refuse_unsupported(backend, translate_cucomplex, jitify)
-        option_fields(tuple(options))  # a bad option raises now, not at the first launch
+        option_fields(options)  # a bad option raises now, not at the first launch
         super().__init__(
             code,
             name,
@@ -160,7 +160,7 @@ class RawModule(cupy.RawModule):
     ) -> None:
         if code is not None:
             _refuse_unsupported(backend, translate_cucomplex, jitify)
-            option_fields(tuple(options))
+            option_fields(options)
         super().__init__(
             code=code,
             path=path,

@@ -101,6 +101,8 @@ def program_options(flags: Sequence[str]) -> Any:
 def option_fields(flags: Sequence[str]) -> dict[str, Any]:
     """The ProgramOptions fields for ``flags`` (checks them without building ProgramOptions,
     which asks the driver for a default arch when none is given)."""
+    if isinstance(flags, (str, bytes)):  # options="-std=c++17" would be read letter by letter
+        raise TypeError(f"compiler options must be a sequence of str, not one {type(flags).__name__}: use ({flags!r},)")
     fields: dict[str, Any] = {}
     items = list(flags)
     i = 0
