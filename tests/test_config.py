@@ -253,3 +253,19 @@ def test_wait_timeout_argument_no_lock_can_take_raises_at_once(tmp_path, value) 
         compile_program(
             KERNEL % (0, 0), options=ProgramOptions(arch=ARCH), cache=FileStreamProgramCache(tmp_path), wait_timeout=value
         )
+
+
+def test_warm_fills_the_redis_of_kernelcache_redis_url(tmp_path, redis_url) -> None:
+    manifest = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "warm.toml")
+    env = {"KERNELCACHE_REDIS_URL": redis_url, "KERNELCACHE_REDIS_SECRET": "s"}
+    first = json.loads(kc("warm", manifest, "--json", "--cache-dir", str(tmp_path / "a"), env=env).stdout)
+    assert len(first) == 4 and not any(r["hit"] for r in first)
+    # another host, empty directory: every kernel comes from Redis, none is compiled
+    again = json.loads(kc("warm", manifest, "--json", "--cache-dir", str(tmp_path / "b"), env=env).stdout)
+    assert all(r["hit"] for r in again)
+    # --redis names it without the variable
+    other = json.loads(
+        kc("warm", manifest, "--json", "--redis", redis_url, "--cache-dir", str(tmp_path / "c"),
+           env={"KERNELCACHE_REDIS_SECRET": "s"}).stdout
+    )
+    assert all(r["hit"] for r in other)

@@ -76,6 +76,21 @@ def default_cache_or_none() -> ProgramCacheResource | None:
         return None
 
 
+def configured_cache(root: str | None, redis_url: str | None = None) -> ProgramCacheResource:
+    """A new cache configured as the default one (cap, team mode, Redis tier and its secret),
+    at ``root`` instead of KERNELCACHE_DIR and with ``redis_url`` if given: for tools that
+    write (``kernelcache warm``), so that warming fills the fleet's Redis too."""
+    config.check()
+    return _make_default_cache(
+        root if root is not None else config.cache_dir(),
+        config.max_size_bytes(),
+        config.allow_shared(),
+        redis_url or config.redis_url(),
+        config.redis_secret(),
+        config.redis_read_only(),
+    )
+
+
 def _make_default_cache(
     root: str, max_size: int | None, allow_shared: bool, url: str | None, secret: str | None, read_only: bool
 ) -> ProgramCacheResource:

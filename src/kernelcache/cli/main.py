@@ -367,13 +367,20 @@ def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
     show_default=True,
     help="Compiles at once (threads; NVRTC releases the GIL).",
 )
+@click.option(
+    "--redis",
+    "redis_url",
+    default=None,
+    metavar="URL",
+    help="Also fill this Redis (default: KERNELCACHE_REDIS_URL; KERNELCACHE_REDIS_SECRET signs).",
+)
 @JSON_OPTION
-def warm(manifest: str, cache_dir: str | None, jobs: int, as_json: bool) -> None:
+def warm(manifest: str, cache_dir: str | None, jobs: int, redis_url: str | None, as_json: bool) -> None:
     """Precompile every kernel of a JSON/TOML manifest in parallel, so a deployment starts warm."""
     from kernelcache.cli import warm as warm_mod
 
     items = warm_mod.load_manifest(manifest)
-    results = warm_mod.run(items, cache_dir, jobs, progress=not as_json)
+    results = warm_mod.run(items, cache_dir, jobs, progress=not as_json, redis_url=redis_url)
 
     def render(data: list[dict[str, Any]]) -> None:
         for r in data:

@@ -155,15 +155,20 @@ def program_options(item: WarmItem) -> Any:
         raise ValueError(f"kernel {item.name!r}: bad options {item.options}: {exc}") from exc
 
 
-def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool) -> list[dict[str, Any]]:
+def run(
+    items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool, redis_url: str | None = None
+) -> list[dict[str, Any]]:
     """Warm every item through compile_many on ``jobs`` threads; results in manifest order.
+
+    The store is configured as the default cache is (KERNELCACHE_MAX_SIZE, a Redis tier from
+    ``redis_url`` or KERNELCACHE_REDIS_URL, ...), at ``cache_dir``.
 
     The hits are looked up first, in this thread: a manifest that is all hits starts no
     thread at all, so ``-j 8`` costs what ``-j 1`` does there. A failing item is reported
     as its own error; the others are compiled and stored all the same.
     """
     from kernelcache.batch import run_batch
-    from kernelcache.stores.filestream import FileStreamProgramCache
+    from kernelcache.default_store import configured_cache
 
     results: list[dict[str, Any]] = [
         {"name": item.name, "arch": item.arch, "target_type": item.target_type} for item in items
@@ -198,7 +203,7 @@ def run(items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool)
     try:
         batch = run_batch(
             [requests[i] for i in todo],
-            FileStreamProgramCache(cache_dir),
+            configured_cache(cache_dir, redis_url),
             jobs,
             what="warm",
             strict=False,
