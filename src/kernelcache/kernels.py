@@ -52,6 +52,13 @@ def _normalized(requests: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return normalize_requests(requests, _GET_KERNELS_FIELDS, "get_kernels")
 
 
+def _names(name_expressions: Any, where: str = "") -> tuple[str | bytes, ...]:
+    """The name expressions as a tuple; one str would be read letter by letter: TypeError."""
+    if isinstance(name_expressions, (str, bytes)):
+        raise TypeError(f"{where}name_expressions must be a sequence of names, not a single str/bytes")
+    return tuple(name_expressions)
+
+
 def _l1_lookup(
     shard: GuardedCache[LoadedKernel],
     code: str | bytes,
@@ -148,8 +155,8 @@ class KernelCache:
         (PTX too new for it, say) raises the driver's error and keeps the entry.
         """
         # The hit path is kept flat: no Device object, no key derivation, no closure.
+        names = name_expressions if type(name_expressions) is tuple else _names(name_expressions)
         device_id = device if type(device) is int else self._device(device).device_id
-        names = name_expressions if type(name_expressions) is tuple else tuple(name_expressions)
         shard = self._shards.get(device_id) or self._shard(device_id)
         fields = getattr(options, "__dict__", None)  # _l1_lookup's key, inlined: 0.2 us of 2
         key: Any = (
@@ -203,12 +210,13 @@ class KernelCache:
         reqs = [dict(r) for r in _normalized(requests)]
         if not reqs:
             return []
+        for i, r in enumerate(reqs):  # wrong arguments raise before anything else is asked of the GPU
+            r["name_expressions"] = _names(r.get("name_expressions", ()), f"get_kernels: request #{i}: ")
         device_id = device if type(device) is int else self._device(device).device_id
         shard = self._shard(device_id)
         out: list[Any] = [None] * len(reqs)
         missing: list[tuple[int, Any]] = []
         for i, r in enumerate(reqs):
-            r["name_expressions"] = tuple(r.get("name_expressions", ()))
             key, loaded = _l1_lookup(
                 shard,
                 r["code"],
