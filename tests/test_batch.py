@@ -10,7 +10,7 @@ import time
 
 import _batch_workers as bw
 import pytest
-from conftest import ARCH
+from conftest import ARCH, settle_timestamps
 from cuda.core import ProgramOptions
 from test_compile import HEAVY, TEMPLATE, needs_bundled_headers
 
@@ -154,6 +154,7 @@ def test_headers_are_tracked_per_request_when_compiled_on_threads(tmp_path) -> N
         (inc / f"h{i}.h").write_text(f"#define VALUE{i} {i}.0f\n")
         code = f'#include "h{i}.h"\nextern "C" __global__ void k{i}(float* a) {{ a[0] = VALUE{i}; }}\n'
         reqs.append({"code": code, "options": ProgramOptions(arch=ARCH, include_path=[str(inc)])})
+    settle_timestamps()  # the headers written just now are older than the compiles' start (else not stored)
     compile_many(reqs, cache=cache, max_workers=4)
     for i, r in enumerate(reqs):
         info = CompileInfo()

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import warnings
 
 import pytest
@@ -190,6 +191,9 @@ def test_verify_reports_a_tampered_sidecar_and_fix_removes_it(tmp_path) -> None:
     with open(sidecar, "r+b") as f:
         f.seek(at + 1)
         f.write(b"L")  # "Log": one byte of metadata changed, the artifact untouched
+    # Older than the scan: verify judges a file written just before it as possibly in flight.
+    old = time.time() - 60
+    os.utime(sidecar, (old, old))
     report = json.loads(kc("verify", "--json", cache=root, check=False).stdout)
     name = os.path.basename(sidecar)[: -len(".meta")]
     assert report["corrupt"] == [name]
