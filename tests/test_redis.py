@@ -423,3 +423,20 @@ def test_delete_while_unreachable_raises_oserror_not_keyerror(tmp_path) -> None:
             del rc[b"absent"]
     finally:
         srv.stop()
+
+
+def test_tiers_without_a_file_tier_make_no_lock_file_in_the_cwd(tmp_path, server, monkeypatch) -> None:
+    # TieredProgramCache.lock_path is None without a file tier: its str(), "None", became the
+    # one lock file of every key, in whatever the current directory was.
+    from cuda.core import ProgramOptions
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    cache = TieredProgramCache([InMemoryProgramCache(), RedisProgramCache(server.url, namespace=f"nf{time.time_ns()}")])
+    info = CompileInfo()
+    compile_program('extern "C" __global__ void nf(float* x) { x[0] = 1; }', options=ProgramOptions(arch=ARCH), cache=cache)
+    compile_program(
+        'extern "C" __global__ void nf(float* x) { x[0] = 1; }', options=ProgramOptions(arch=ARCH), cache=cache, info=info
+    )
+    assert info.hit and os.listdir(cwd) == []

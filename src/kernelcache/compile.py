@@ -73,9 +73,12 @@ def _lock_path(cache: ProgramCacheResource, key: bytes) -> str | None:
     if lock_path is None:
         return None
     try:
-        return str(lock_path(key.hex() + ".lock"))
+        path = lock_path(key.hex() + ".lock")
     except OSError:
         return None
+    # None: a store with no file tier (a TieredProgramCache of memory and Redis). str(None)
+    # made every key share one lock file named "None" in the current directory.
+    return None if path is None else str(path)
 
 
 # -- the lookup ------------------------------------------------------------------------------
