@@ -14,9 +14,12 @@ header, that header's own directory first; an angle-bracket name tries ``include
 only (then NVRTC's builtin and bundled headers, pinned by the toolchain in the key). An
 absolute name is just that path.
 
-Names computed by macros (``#include MACRO``, ``__has_include(MACRO)``) cannot be read
-from the text: the headers they found are still covered by the trace and the shadow rule
-in headers.py, but an absent one is not.
+The scan reads each text twice, as it is and with line splices joined and comments
+blanked (C's translation phases 2 and 3), so ``__has_include(/* c */ "opt.h")`` is read.
+A text that uses ``__has_include`` or ``#include`` with anything but a literal name (the
+``#define HAS(x) __has_include(x)`` idiom, ``#include NAME``) makes every name that a
+macro could be handed (a literal right after "(", or a ``#define``'s literal value) in
+every text a probe. A name spelled by macro pasting is still not seen.
 """
 
 from __future__ import annotations
@@ -37,22 +40,70 @@ _DIRECTIVE = re.compile(
 # allowed, as GCC and EDG do).
 _SPLICE = re.compile(rb"\\[ \t\f\v]*\r?\n")
 
+# Comments and string/character literals in one pass: a comment becomes one space (phase
+# 3), a literal stays whole (a "/*" inside a string starts no comment).
+_LEXEMES = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
+_HAS_INCLUDE_WORD = re.compile(rb"__has_include(?:_next)?\b")
+_INCLUDE_LINE = re.compile(rb"^[ \t]*#[ \t]*include(?:_next)?\b", re.M)
+# What a macro can hand to __has_include or #include: a literal name right after "(" (a
+# macro's argument) or as a #define's value.
+_MACRO_NAME = re.compile(
+    rb'(?:\(|^[ \t]*#[ \t]*define[ \t]+\w+(?:\([^)\n]*\))?)[ \t]*(?:"([^"\r\n]+)"|<([^>\r\n]+)>)', re.M
+)
+
 INCLUDE, HAS_INCLUDE = "i", "h"
+_MACRO_USE, _MACRO_NAME_SEEN = "u", "m"  # directives() markers that probes() resolves
+
+
+def _blanked(text: bytes) -> bytes:
+    text = _SPLICE.sub(b"", text)
+    return _LEXEMES.sub(lambda m: b" " if m.group(0)[:1] == b"/" else m.group(0), text)
 
 
 def directives(text: bytes) -> list[tuple[str, str, str]]:
-    """(how, kind, name) of every literal include and __has_include in ``text``, deduplicated.
+    """(how, kind, name) of every literal include and __has_include in ``text``, deduplicated,
+    plus markers for names a macro may hand to either (turn them into probes with probes()).
 
     how: INCLUDE or HAS_INCLUDE; kind: "q" for "name", "a" for <name>. Directives in
     comments or inactive #if branches are found too: recording one that was not used
     can only cost a miss, never a wrong hit.
     """
     found: dict[tuple[str, str, str], None] = {}
-    for m in _DIRECTIVE.finditer(text):
-        how = HAS_INCLUDE if m.group(1) else INCLUDE
-        kind = "q" if m.group(2) == b'"' else "a"
-        found[(how, kind, m.group(3).decode("utf-8", "surrogateescape").strip())] = None
+    for variant in (text, _blanked(text)):
+        literal = {INCLUDE: 0, HAS_INCLUDE: 0}
+        for m in _DIRECTIVE.finditer(variant):
+            how = HAS_INCLUDE if m.group(1) else INCLUDE
+            literal[how] += 1
+            kind = "q" if m.group(2) == b'"' else "a"
+            found[(how, kind, m.group(3).decode("utf-8", "surrogateescape").strip())] = None
+        if (
+            len(_HAS_INCLUDE_WORD.findall(variant)) > literal[HAS_INCLUDE]
+            or len(_INCLUDE_LINE.findall(variant)) > literal[INCLUDE]
+        ):
+            found[(_MACRO_USE, "", "")] = None
+        for m in _MACRO_NAME.finditer(variant):
+            name = (m.group(1) if m.group(1) is not None else m.group(2)).decode("utf-8", "surrogateescape").strip()
+            if name:
+                found[(_MACRO_NAME_SEEN, "q" if m.group(1) is not None else "a", name)] = None
     return list(found)
+
+
+def probes(texts: dict[str | None, list[tuple[str, str, str]]]) -> dict[str | None, list[tuple[str, str, str]]]:
+    """The probes of each text (includer -> directives() of its text).
+
+    A macro defined in one text can be used in another (a header defines HAS(x), the
+    source calls HAS("opt.h")), so one text with a non-literal use makes the names seen
+    for macros in every text probes; as __has_include ones, whose searched places are
+    checked too. Otherwise they are dropped.
+    """
+    macro = any(how == _MACRO_USE for found in texts.values() for how, _k, _n in found)
+    out: dict[str | None, list[tuple[str, str, str]]] = {}
+    for includer, found in texts.items():
+        kept = [d for d in found if d[0] in (INCLUDE, HAS_INCLUDE)]
+        if macro:
+            kept += [(HAS_INCLUDE, kind, name) for how, kind, name in found if how == _MACRO_NAME_SEEN]
+        out[includer] = list(dict.fromkeys(kept))
+    return out
 
 
 def may_read_files(code: str | bytes, options: Any) -> bool:

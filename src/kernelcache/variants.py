@@ -86,6 +86,7 @@ def build_variant(
             found = []
         texts[path] = found
 
+    texts = includes.probes(texts)
     # Probes, resolved now against the files as they are; the race checks below make sure
     # "now" is what NVRTC saw.
     probes: list[tuple[str | None, str, str, str, int, list[str]]] = []

@@ -1,0 +1,81 @@
+"""Probed header names the text hides from a plain scan: a stale hit after creating the file.
+
+``__has_include`` through a macro (the common ``#define HAS(x) __has_include(x)`` idiom, also
+defined in a header the source includes), with a comment or a line splice inside, and an
+``#include`` of a name held by a macro: real NVRTC, real files; a hit after the change
+must equal a compile without the cache.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import ARCH, settle_timestamps
+from cuda.core import ProgramOptions
+
+from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
+
+PICK = '#if {cond}\n#define V 1\n#else\n#define V 2\n#endif\nextern "C" __global__ void k(int* p) {{ *p = V; }}\n'
+
+CASES = {
+    "macro": '#define HAS(x) __has_include(x)\n' + PICK.format(cond='HAS("opt.h")'),
+    "macro_angle": '#define HAS(x) __has_include(x)\n' + PICK.format(cond="HAS(<opt.h>)"),
+    "macro_in_header": '#include "has.h"\n' + PICK.format(cond='HAS("opt.h")'),
+    "comment": PICK.format(cond='__has_include(/* c */ "opt.h")'),
+    "splice": PICK.format(cond='__has_include( \\\n"opt.h")'),
+}
+
+
+def _compile(cache, code: str, options: ProgramOptions) -> tuple[bytes, bool]:
+    settle_timestamps()
+    info = CompileInfo()
+    obj = compile_program(code, "c++", "ptx", options=options, cache=cache, info=info)
+    return bytes(obj.code), info.hit
+
+
+def _truth(code: str, options: ProgramOptions, monkeypatch: pytest.MonkeyPatch) -> bytes:
+    with monkeypatch.context() as m:
+        m.setenv("KERNELCACHE_DISABLE", "1")
+        return _compile(None, code, options)[0]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_has_include_the_scan_cannot_read_literally(tmp_path, monkeypatch, case):
+    work = tmp_path / "work"
+    (work / "inc").mkdir(parents=True)
+    (work / "has.h").write_text("#define HAS(x) __has_include(x)\n")
+    monkeypatch.chdir(work)
+    options = ProgramOptions(arch=ARCH, include_path=["inc"])
+    code = CASES[case]
+    with FileStreamProgramCache(str(tmp_path / "cache")) as cache:
+        first, hit = _compile(cache, code, options)
+        assert not hit and first == _truth(code, options, monkeypatch)
+        assert _compile(cache, code, options) == (first, True)  # stored, and a hit while nothing changed
+        (work / "inc" / "opt.h").write_text("\n")  # __has_include now true: V becomes 1
+        time.sleep(0.05)
+        after, _ = _compile(cache, code, options)
+        truth = _truth(code, options, monkeypatch)
+        assert truth != first
+        assert after == truth
+
+
+def test_include_of_a_macro_name_shadowed_in_the_includers_directory(tmp_path, monkeypatch):
+    """inc/sub/a.h has `#define B "b.h"` + `#include B`, found as inc/b.h through include_path;
+    a new inc/sub/b.h (the includer's directory, searched first) must not give the old result."""
+    work = tmp_path / "work"
+    (work / "inc" / "sub").mkdir(parents=True)
+    (work / "inc" / "sub" / "a.h").write_text('#define B "b.h"\n#include B\n')
+    (work / "inc" / "b.h").write_text("#define V 1\n")
+    monkeypatch.chdir(work)
+    options = ProgramOptions(arch=ARCH, include_path=["inc"])
+    code = '#include "sub/a.h"\nextern "C" __global__ void k(int* p) { *p = V; }\n'
+    with FileStreamProgramCache(str(tmp_path / "cache")) as cache:
+        first, _ = _compile(cache, code, options)
+        assert _compile(cache, code, options) == (first, True)
+        (work / "inc" / "sub" / "b.h").write_text("#define V 2\n")
+        time.sleep(0.05)
+        after, _ = _compile(cache, code, options)
+        truth = _truth(code, options, monkeypatch)
+        assert truth != first
+        assert after == truth
