@@ -19,8 +19,8 @@ from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
 PICK = '#if {cond}\n#define V 1\n#else\n#define V 2\n#endif\nextern "C" __global__ void k(int* p) {{ *p = V; }}\n'
 
 CASES = {
-    "macro": '#define HAS(x) __has_include(x)\n' + PICK.format(cond='HAS("opt.h")'),
-    "macro_angle": '#define HAS(x) __has_include(x)\n' + PICK.format(cond="HAS(<opt.h>)"),
+    "macro": "#define HAS(x) __has_include(x)\n" + PICK.format(cond='HAS("opt.h")'),
+    "macro_angle": "#define HAS(x) __has_include(x)\n" + PICK.format(cond="HAS(<opt.h>)"),
     "macro_in_header": '#include "has.h"\n' + PICK.format(cond='HAS("opt.h")'),
     "comment": PICK.format(cond='__has_include(/* c */ "opt.h")'),
     "splice": PICK.format(cond='__has_include( \\\n"opt.h")'),
