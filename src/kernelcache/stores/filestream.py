@@ -15,30 +15,28 @@ entry; a sidecar whose metadata was not checked) is never read: its entries are 
 ``kernelcache clear`` / ``prune`` remove its tree (remove_old_layouts).
 
 Every decision that concerns other processes is explained where it is made. The sidecar
-format is sidecar.py, size tracking and eviction sizecap.py, the file operations fileops.py,
-who may own and write the tree treesafety.py.
+format is sidecar.py, reading and judging an entry pair entryread.py, size tracking and
+eviction sizecap.py, the file operations fileops.py, who may own and write the tree
+treesafety.py.
 """
 
 from __future__ import annotations
 
 import os
 import stat as stat_mod
-import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from kernelcache import config
 from kernelcache.memo import remember
 from kernelcache.stats import FileStats
 from kernelcache.stores import lockfiles
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
+from kernelcache.stores.entryread import EntryReading, Verified
 from kernelcache.stores.fileops import (
     READ_CHUNK,
     TMP_SUFFIX,
-    NotRegularFileError,
-    StatKey,
     pair_lock,
     path_in,
     publish,
@@ -47,12 +45,11 @@ from kernelcache.stores.fileops import (
     scan_shards,
     size_of,
     stage_held,
-    stat_key,
     sweep_dead_temps,
     unlink_if_same,
 )
 from kernelcache.stores.naming import entry_name
-from kernelcache.stores.sidecar import MAX_SIZE, META_SUFFIX, make_sidecar, parse_sidecar, sidecar_info
+from kernelcache.stores.sidecar import MAX_SIZE, META_SUFFIX, make_sidecar, sidecar_info
 from kernelcache.stores.sizecap import SizeCap
 from kernelcache.stores.treesafety import UnsafeCacheDirError, make_root, make_tree
 
@@ -67,13 +64,9 @@ OLD_FORMAT_DIRS = ("v1",)
 DEFAULT_TMP_MAX_AGE_S = 15 * 60
 
 
-# Verified (entry, sidecar) pairs remembered per process (see _read); bounded.
-_VERIFIED_MEMO_SIZE = 4096
 # Entry paths by key remembered per store (see _entry_path); bounded.
 _PATH_MEMO_SIZE = 4096
 _PATH_MEMO_KEY_MAX = 256
-# entry identity, sidecar identity, payload CRC-32, parsed metadata
-_Verified = tuple[StatKey, StatKey, int, Meta]
 
 
 @dataclass(frozen=True)
@@ -87,7 +80,7 @@ class EntryInfo:
     meta: Meta | None  # the sidecar's record, None if missing/unreadable
 
 
-class FileStreamProgramCache(RecordStore):
+class FileStreamProgramCache(EntryReading, RecordStore):
     """A persistent, multi-process byte store in a directory.
 
     ``path``: the cache root (default: ``KERNELCACHE_DIR`` or the platformdirs user cache
@@ -139,7 +132,7 @@ class FileStreamProgramCache(RecordStore):
         # Files by umask in a team cache (ccache's model); 0600 in a private one.
         self._file_mode = 0o666 if self._allow_shared else 0o600
         self._stats = FileStats(os.path.join(base, "stats"), shared=self._allow_shared)
-        self._verified: dict[str, _Verified] = {}
+        self._verified: dict[str, Verified] = {}
         self._paths: dict[bytes, str] = {}
         self._sizecap = SizeCap(self._max_size, self._stats, self._entries, self._locks, self._tmp, self._tmp_max_age_s)
         self._sweep_stale_tmp()
@@ -203,128 +196,6 @@ class FileStreamProgramCache(RecordStore):
     @property
     def tmp_dir(self) -> str:
         return self._tmp
-
-    # -- reading ----------------------------------------------------------------------
-
-    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
-        path = self._entry_path(key)
-        previous = None
-        for attempt in range(3):
-            got = self._read_entry(path)
-            if got is None:
-                return None
-            payload, st_key = got
-            # Fast path: this process already verified this exact pair of files (same inode,
-            # size and mtime for both: any os.replace makes a new inode). A stat of the
-            # sidecar replaces its read and parse; the payload's CRC is still checked on
-            # every read, so damage to the entry itself is always caught.
-            known = self._verified.get(path)
-            if known is not None and known[0] == st_key and known[2] == zlib.crc32(payload):
-                try:
-                    if stat_key(os.lstat(path + META_SUFFIX)) == known[1]:
-                        return payload, known[3]
-                except OSError:
-                    pass
-            got_sidecar = self._read_sidecar(path)
-            if got_sidecar is False:
-                return None
-            sidecar, sidecar_key = got_sidecar
-            # The sidecar's own check covers its header AND its metadata: a flipped bit in the
-            # symbol mapping or a cut-off log is as much a mismatch as a damaged artifact.
-            header, meta = parse_sidecar(sidecar)
-            if meta is not None and header == (len(payload), zlib.crc32(payload)):
-                self._remember_verified(path, (st_key, sidecar_key, header[1], meta))
-                return payload, meta
-            if header is not None and header[0] < 0:
-                return None  # a sidecar format this version does not know: skip, do not judge
-            # A mismatch has two causes. (1) A writer replaced the sidecar and the entry of
-            # this key between our two reads (it replaces the sidecar first, then the entry,
-            # so a reader can pair the new sidecar with the old entry). Retrying resolves it.
-            # (2) The entry is corrupt. Only when two reads in a row saw the very same files
-            # do we call it corrupt and remove it.
-            identity = (st_key, sidecar)
-            if identity == previous:
-                if self._remove_corrupt(path, st_key, sidecar_key):
-                    return None
-                identity = None  # a writer replaced the pair meanwhile: judge it afresh
-            previous = identity
-            time.sleep(0.001 * attempt)
-        return None  # files kept changing under us: a miss, not a corruption
-
-    def _remember_verified(self, path: str, item: _Verified) -> None:
-        remember(self._verified, path, item, _VERIFIED_MEMO_SIZE)  # a miss costs one sidecar read
-
-    def _read_entry(self, path: str) -> tuple[bytes, StatKey] | None:
-        """(payload, file identity) of the entry at path, with its atime bumped; None if absent."""
-        try:
-            payload, st = read_regular(
-                path, chunk=self.read_chunk_bytes, touch=self._touch, keep_atime=not self._touch
-            )
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            self._unreadable(path, exc)
-            return None
-        return payload, stat_key(st)
-
-    def _read_sidecar(self, path: str) -> tuple[bytes | None, StatKey | None] | Literal[False]:
-        """(raw sidecar, its identity); (None, None) if missing (the entry is then
-        unusable); False when it cannot be read or is not a regular file (already warned)."""
-        try:
-            raw, st = read_regular(path + META_SUFFIX, max_size=MAX_SIZE)
-        except FileNotFoundError:
-            # The sidecar goes in before the entry and out after it, so an entry without a
-            # sidecar is damage (or a remover mid-way; the retry in _read tells them apart).
-            return None, None
-        except OSError as exc:
-            self._unreadable(path + META_SUFFIX, exc)
-            return False
-        return raw, stat_key(st)
-
-    def _unreadable(self, path: str, exc: OSError) -> None:
-        # Not proof of damage in our own format (a FIFO, a symlink, a permission problem):
-        # a miss, and the file is left where it is.
-        if isinstance(exc, NotRegularFileError):
-            self.warn_once(
-                "not-regular",
-                f"{path} {exc.strerror}; not read (treated as a miss) and left in place: "
-                "something other than kernelcache put it in the cache directory",
-            )
-        else:
-            self.warn_once(f"read-{exc.errno}", f"cannot read {path}: {exc}; treated as a miss")
-
-    def _remove_corrupt(self, path: str, entry_key: StatKey, sidecar_key: StatKey | None) -> bool:
-        """Remove a pair that failed its check twice; False if a writer replaced it meanwhile.
-
-        A reader takes no lock, so two reads can both fall between a writer's two renames
-        (new sidecar, old entry) and look like damage. Under the pair lock that writer has
-        finished; the pair is removed only if both files are still the versions we judged.
-        """
-        removed = 0
-        try:
-            with pair_lock(os.path.dirname(path)):
-                try:
-                    sidecar_now: StatKey | None = stat_key(os.lstat(path + META_SUFFIX))
-                except FileNotFoundError:
-                    sidecar_now = None
-                if sidecar_now != sidecar_key:
-                    return False
-                entry_freed = unlink_if_same(path, entry_key)
-                if entry_freed is None:
-                    return False  # replaced or removed meanwhile: not ours to judge now
-                removed = entry_freed + (unlink_if_same(path + META_SUFFIX, sidecar_key) or 0)
-        except OSError as exc:
-            self.warn_once(f"remove-{exc.errno}", f"could not remove the damaged cache entry {path}: {exc}")
-            return True
-        finally:
-            self._sizecap.freed(removed)
-            self._verified.pop(path, None)
-        self.warn_once(
-            "corrupt",
-            f"cache entry {os.path.basename(path)} failed its integrity check (truncated, "
-            "modified or missing its sidecar); removed it, it will be recompiled",
-        )
-        return True
 
     # -- writing ----------------------------------------------------------------------
 

@@ -1,0 +1,166 @@
+"""How FileStreamProgramCache reads an entry: the pair (artifact, sidecar) checked as one.
+
+A reader takes no lock. It reads the artifact, then its sidecar, and serves the pair only if
+the sidecar's check (header and metadata) matches the bytes read. A mismatch is either a
+writer caught between its two renames (retried) or damage (removed under the pair lock, and
+only if both files are still the ones judged). Pairs already verified by this process are
+remembered by file identity, so a hit re-reads the artifact's bytes but not the sidecar.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from typing import TYPE_CHECKING, Literal
+
+from kernelcache.memo import remember
+from kernelcache.stores.base import Meta
+from kernelcache.stores.fileops import (
+    NotRegularFileError,
+    StatKey,
+    pair_lock,
+    read_regular,
+    stat_key,
+    unlink_if_same,
+)
+from kernelcache.stores.sidecar import MAX_SIZE, META_SUFFIX, parse_sidecar
+from kernelcache.stores.sizecap import SizeCap
+
+# Verified (entry, sidecar) pairs remembered per process (see _read); bounded.
+_VERIFIED_MEMO_SIZE = 4096
+# entry identity, sidecar identity, payload CRC-32, parsed metadata
+Verified = tuple[StatKey, StatKey, int, Meta]
+
+
+class EntryReading:
+    """The read half of FileStreamProgramCache (a mixin: the store provides the state below)."""
+
+    read_chunk_bytes: int
+    _verified: dict[str, Verified]
+    _touch: bool
+    _sizecap: SizeCap
+
+    if TYPE_CHECKING:  # provided by the store (and RecordStore); not defined here, so not overridden
+
+        def _entry_path(self, key: bytes) -> str: ...
+
+        def warn_once(self, cause: str, message: str) -> None: ...
+
+    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+        path = self._entry_path(key)
+        previous = None
+        for attempt in range(3):
+            got = self._read_entry(path)
+            if got is None:
+                return None
+            payload, st_key = got
+            # Fast path: this process already verified this exact pair of files (same inode,
+            # size and mtime for both: any os.replace makes a new inode). A stat of the
+            # sidecar replaces its read and parse; the payload's CRC is still checked on
+            # every read, so damage to the entry itself is always caught.
+            known = self._verified.get(path)
+            if known is not None and known[0] == st_key and known[2] == zlib.crc32(payload):
+                try:
+                    if stat_key(os.lstat(path + META_SUFFIX)) == known[1]:
+                        return payload, known[3]
+                except OSError:
+                    pass
+            got_sidecar = self._read_sidecar(path)
+            if got_sidecar is False:
+                return None
+            sidecar, sidecar_key = got_sidecar
+            # The sidecar's own check covers its header AND its metadata: a flipped bit in the
+            # symbol mapping or a cut-off log is as much a mismatch as a damaged artifact.
+            header, meta = parse_sidecar(sidecar)
+            if meta is not None and header == (len(payload), zlib.crc32(payload)):
+                self._remember_verified(path, (st_key, sidecar_key, header[1], meta))
+                return payload, meta
+            if header is not None and header[0] < 0:
+                return None  # a sidecar format this version does not know: skip, do not judge
+            # A mismatch has two causes. (1) A writer replaced the sidecar and the entry of
+            # this key between our two reads (it replaces the sidecar first, then the entry,
+            # so a reader can pair the new sidecar with the old entry). Retrying resolves it.
+            # (2) The entry is corrupt. Only when two reads in a row saw the very same files
+            # do we call it corrupt and remove it.
+            identity = (st_key, sidecar)
+            if identity == previous:
+                if self._remove_corrupt(path, st_key, sidecar_key):
+                    return None
+                identity = None  # a writer replaced the pair meanwhile: judge it afresh
+            previous = identity
+            time.sleep(0.001 * attempt)
+        return None  # files kept changing under us: a miss, not a corruption
+
+    def _remember_verified(self, path: str, item: Verified) -> None:
+        remember(self._verified, path, item, _VERIFIED_MEMO_SIZE)  # a miss costs one sidecar read
+
+    def _read_entry(self, path: str) -> tuple[bytes, StatKey] | None:
+        """(payload, file identity) of the entry at path, with its atime bumped; None if absent."""
+        try:
+            payload, st = read_regular(path, chunk=self.read_chunk_bytes, touch=self._touch, keep_atime=not self._touch)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._unreadable(path, exc)
+            return None
+        return payload, stat_key(st)
+
+    def _read_sidecar(self, path: str) -> tuple[bytes | None, StatKey | None] | Literal[False]:
+        """(raw sidecar, its identity); (None, None) if missing (the entry is then
+        unusable); False when it cannot be read or is not a regular file (already warned)."""
+        try:
+            raw, st = read_regular(path + META_SUFFIX, max_size=MAX_SIZE)
+        except FileNotFoundError:
+            # The sidecar goes in before the entry and out after it, so an entry without a
+            # sidecar is damage (or a remover mid-way; the retry in _read tells them apart).
+            return None, None
+        except OSError as exc:
+            self._unreadable(path + META_SUFFIX, exc)
+            return False
+        return raw, stat_key(st)
+
+    def _unreadable(self, path: str, exc: OSError) -> None:
+        # Not proof of damage in our own format (a FIFO, a symlink, a permission problem):
+        # a miss, and the file is left where it is.
+        if isinstance(exc, NotRegularFileError):
+            self.warn_once(
+                "not-regular",
+                f"{path} {exc.strerror}; not read (treated as a miss) and left in place: "
+                "something other than kernelcache put it in the cache directory",
+            )
+        else:
+            self.warn_once(f"read-{exc.errno}", f"cannot read {path}: {exc}; treated as a miss")
+
+    def _remove_corrupt(self, path: str, entry_key: StatKey, sidecar_key: StatKey | None) -> bool:
+        """Remove a pair that failed its check twice; False if a writer replaced it meanwhile.
+
+        A reader takes no lock, so two reads can both fall between a writer's two renames
+        (new sidecar, old entry) and look like damage. Under the pair lock that writer has
+        finished; the pair is removed only if both files are still the versions we judged.
+        """
+        removed = 0
+        try:
+            with pair_lock(os.path.dirname(path)):
+                try:
+                    sidecar_now: StatKey | None = stat_key(os.lstat(path + META_SUFFIX))
+                except FileNotFoundError:
+                    sidecar_now = None
+                if sidecar_now != sidecar_key:
+                    return False
+                entry_freed = unlink_if_same(path, entry_key)
+                if entry_freed is None:
+                    return False  # replaced or removed meanwhile: not ours to judge now
+                removed = entry_freed + (unlink_if_same(path + META_SUFFIX, sidecar_key) or 0)
+        except OSError as exc:
+            self.warn_once(f"remove-{exc.errno}", f"could not remove the damaged cache entry {path}: {exc}")
+            return True
+        finally:
+            self._sizecap.freed(removed)
+            self._verified.pop(path, None)
+        self.warn_once(
+            "corrupt",
+            f"cache entry {os.path.basename(path)} failed its integrity check (truncated, "
+            "modified or missing its sidecar); removed it, it will be recompiled",
+        )
+        return True
