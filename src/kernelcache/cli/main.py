@@ -24,6 +24,7 @@ from kernelcache.cli.common import (
 from kernelcache.cli.common import console as _console
 from kernelcache.cli.common import emit as _emit
 from kernelcache.cli.common import open_cache as _open
+from kernelcache.cli.render import explain_text, ls_table, show_text, verify_text
 from kernelcache.materialized import KEEP_RECENT_S, remove_materialized
 from kernelcache.stores.filestream import FileStreamProgramCache
 
@@ -143,9 +144,6 @@ def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, ze
 # -- ls / show / export ---------------------------------------------------------------------
 
 
-_PREFIX = 12  # digits of an entry name that ls prints: unique in any real cache, short enough for 80 columns
-
-
 @main.command(name="ls")
 @CACHE_DIR_OPTION
 @click.option(
@@ -160,34 +158,7 @@ _PREFIX = 12  # digits of an entry name that ls prints: unique in any real cache
 def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, as_json: bool) -> None:
     """List entries: name prefix (show accepts it), types, arch, size, last used, compile time, kernels."""
     rows = ent.list_rows(_open(cache_dir), sort, limit)
-
-    def render(data: list[dict[str, Any]]) -> None:
-        from rich import box
-        from rich.table import Table
-
-        # Light borders, so that 80 columns hold every column; only the kernel names wrap.
-        table = Table(
-            title=f"kernelcache entries ({len(data)})", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True
-        )
-        # The key column is never shortened by the table: `show` and `export` accept what it prints.
-        table.add_column("key", no_wrap=True, min_width=_PREFIX)
-        for col in ("code", "target", "arch", "size", "last used", "compile s"):  # created: in --json
-            table.add_column(col, no_wrap=True)
-        table.add_column("kernels", overflow="fold", min_width=14)
-        for r in data:
-            table.add_row(
-                r["key"][:_PREFIX],
-                r["code_type"],
-                r["target_type"],
-                r["arch"],
-                str(r["size"]),
-                ent.when(r["last_used"], short=True),
-                "" if r["compile_seconds"] is None else f"{r['compile_seconds']:.3f}",
-                ", ".join(r["kernels"])[:60],
-            )
-        _console().print(table)
-
-    _emit(rows, as_json, render)
+    _emit(rows, as_json, lambda data: ls_table(data, _console()))
 
 
 @main.command()
@@ -199,26 +170,7 @@ def show(key_prefix: str, cache_dir: str | None, as_json: bool) -> None:
     cache = _open(cache_dir)
     entry = _resolve(cache, key_prefix)
     record = ent.describe(entry)
-
-    def render(data: dict[str, Any]) -> None:
-        for field in ("key", "path", "size", "sha256", "created", "last_used"):
-            click.echo(f"{field}: {data.get(field)}")
-        meta = data.get("meta") or {}
-        for field in ("code_type", "target_type", "name", "compile_seconds", "kernels"):
-            click.echo(f"{field}: {_plain(meta.get(field))}")
-        for section, sep in (("toolchain", ": "), ("options", " = ")):
-            click.echo(f"{section}:")
-            values = meta.get(section)
-            for k, v in (values.items() if isinstance(values, dict) else []):
-                click.echo(f"  {k}{sep}{_plain(v)}")
-        click.echo("headers:")
-        headers = meta.get("headers")
-        for h in headers if isinstance(headers, list) else []:
-            click.echo(f"  {_plain(h)}")
-        click.echo("log:")
-        click.echo(meta.get("log") or "  (empty)")
-
-    _emit(record, as_json, render)
+    _emit(record, as_json, show_text)
 
 
 @main.command()
@@ -245,13 +197,6 @@ def export(key_prefix: str, output: str, cache_dir: str | None, as_json: bool) -
     _emit(result, as_json, lambda r: click.echo(f"wrote {r['bytes']} bytes to {r['output']}"))
 
 
-def _plain(value: Any) -> str:
-    """A metadata value as a person reads it: lists joined, None as a dash, no quotes."""
-    if isinstance(value, list):
-        return ", ".join(_plain(v) for v in value)
-    return "-" if value is None else str(value)
-
-
 def _resolve(cache: FileStreamProgramCache, prefix: str) -> Any:
     try:
         return ent.find_by_prefix(cache, prefix)
@@ -270,19 +215,7 @@ def verify(cache_dir: str | None, fix: bool, as_json: bool) -> None:
     """Re-hash every entry; report corrupt entries, orphaned sidecars and stale temp files."""
     cache = _open(cache_dir, sweep=False)
     report = ent.verify(cache, fix=fix, progress=not as_json)
-
-    def render(data: dict[str, Any]) -> None:
-        click.echo(f"checked {data['checked']} entries and {data['manifests_checked']} header manifests")
-        for kind in ("corrupt", "orphaned_sidecars", "stale_temps"):
-            items = data[kind]
-            click.echo(f"{kind.replace('_', ' ')}: {len(items)}")
-            for item in items[:20]:
-                click.echo(f"  {item}")
-        if fix:
-            click.echo(f"fixed: {data['fixed']}")
-        click.echo("OK" if data["remaining"] == 0 else f"{data['remaining']} problem(s) remain")
-
-    _emit(report, as_json, render)
+    _emit(report, as_json, lambda data: verify_text(data, fix))
     if report["remaining"]:
         sys.exit(1)
 
@@ -405,24 +338,7 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
     from kernelcache.cli import explain as explain_mod
 
     result = explain_mod.explain(first, second, entry_name, cache_dir)
-
-    def render(data: dict[str, Any]) -> None:
-        if data.get("in_cache") is not None:
-            if data["key"] is None:  # a C++ miss: its key includes headers only a compile reveals
-                click.echo("NOT in the cache (no stored header set of this source+options matches)")
-            else:
-                click.echo(f"key {data['key'][:16]}: {'in the cache' if data['in_cache'] else 'NOT in the cache'}")
-            if data.get("closest"):
-                click.echo(f"closest cached entry: {data['closest']}")
-        for change, paths in (data.get("headers") or {}).items():
-            for path in paths:
-                click.echo(f"header {change}: {path}")
-        if not data["differences"] and not any((data.get("headers") or {}).values()):
-            click.echo("no differing key component")
-        for name, (a, b) in data["differences"].items():
-            click.echo(f"{name}:\n  - {a}\n  + {b}")
-
-    _emit(result, as_json, render)
+    _emit(result, as_json, explain_text)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,97 @@
+"""How a command's result reads for a person: the text form (``--json`` prints the data as it is)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from kernelcache.cli import entries as ent
+
+_PREFIX = 12  # digits of an entry name that ls prints: unique in any real cache, short enough for 80 columns
+
+
+def ls_table(data: list[dict[str, Any]], console: Any) -> None:
+    """``ls``: one row per entry, in 80 columns."""
+    from rich import box
+    from rich.table import Table
+
+    # Light borders, so that 80 columns hold every column; only the kernel names wrap.
+    table = Table(
+        title=f"kernelcache entries ({len(data)})", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True
+    )
+    # The key column is never shortened by the table: `show` and `export` accept what it prints.
+    table.add_column("key", no_wrap=True, min_width=_PREFIX)
+    for col in ("code", "target", "arch", "size", "last used", "compile s"):  # created: in --json
+        table.add_column(col, no_wrap=True)
+    table.add_column("kernels", overflow="fold", min_width=14)
+    for r in data:
+        table.add_row(
+            r["key"][:_PREFIX],
+            r["code_type"],
+            r["target_type"],
+            r["arch"],
+            str(r["size"]),
+            ent.when(r["last_used"], short=True),
+            "" if r["compile_seconds"] is None else f"{r['compile_seconds']:.3f}",
+            ", ".join(r["kernels"])[:60],
+        )
+    console.print(table)
+
+
+def show_text(data: dict[str, Any]) -> None:
+    """``show``: the sidecar of one entry, field by field."""
+    for field in ("key", "path", "size", "sha256", "created", "last_used"):
+        click.echo(f"{field}: {data.get(field)}")
+    meta = data.get("meta") or {}
+    for field in ("code_type", "target_type", "name", "compile_seconds", "kernels"):
+        click.echo(f"{field}: {_plain(meta.get(field))}")
+    for section, sep in (("toolchain", ": "), ("options", " = ")):
+        click.echo(f"{section}:")
+        values = meta.get(section)
+        for k, v in (values.items() if isinstance(values, dict) else []):
+            click.echo(f"  {k}{sep}{_plain(v)}")
+    click.echo("headers:")
+    headers = meta.get("headers")
+    for h in headers if isinstance(headers, list) else []:
+        click.echo(f"  {_plain(h)}")
+    click.echo("log:")
+    click.echo(meta.get("log") or "  (empty)")
+
+
+def _plain(value: Any) -> str:
+    """A metadata value as a person reads it: lists joined, None as a dash, no quotes."""
+    if isinstance(value, list):
+        return ", ".join(_plain(v) for v in value)
+    return "-" if value is None else str(value)
+
+
+def verify_text(data: dict[str, Any], fix: bool) -> None:
+    """``verify``: what was checked, found and (with --fix) fixed."""
+    click.echo(f"checked {data['checked']} entries and {data['manifests_checked']} header manifests")
+    for kind in ("corrupt", "orphaned_sidecars", "stale_temps"):
+        items = data[kind]
+        click.echo(f"{kind.replace('_', ' ')}: {len(items)}")
+        for item in items[:20]:
+            click.echo(f"  {item}")
+    if fix:
+        click.echo(f"fixed: {data['fixed']}")
+    click.echo("OK" if data["remaining"] == 0 else f"{data['remaining']} problem(s) remain")
+
+
+def explain_text(data: dict[str, Any]) -> None:
+    """``explain``: in the cache or not, the changed headers and key components."""
+    if data.get("in_cache") is not None:
+        if data["key"] is None:  # a C++ miss: its key includes headers only a compile reveals
+            click.echo("NOT in the cache (no stored header set of this source+options matches)")
+        else:
+            click.echo(f"key {data['key'][:16]}: {'in the cache' if data['in_cache'] else 'NOT in the cache'}")
+        if data.get("closest"):
+            click.echo(f"closest cached entry: {data['closest']}")
+    for change, paths in (data.get("headers") or {}).items():
+        for path in paths:
+            click.echo(f"header {change}: {path}")
+    if not data["differences"] and not any((data.get("headers") or {}).values()):
+        click.echo("no differing key component")
+    for name, (a, b) in data["differences"].items():
+        click.echo(f"{name}:\n  - {a}\n  + {b}")
