@@ -30,12 +30,12 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 from kernelcache.stores import redisfleet, redislock
 from kernelcache.stores import redisrecord as rec
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.naming import entry_name
+from kernelcache.stores.redisconn import check_binary, check_url, make_client, unreachable_errors
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
@@ -43,7 +43,6 @@ _BACKOFF_S = 5.0
 _BACKOFF_CAP_S = 300.0
 # About 31 years: beyond it a socket timeout overflows time_t and Redis refuses the PX.
 _MAX_SECONDS = 1e9
-_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 
 # Set the record unless the key holds one this writer must not replace: only an absent
 # key, a record of the previous format, one written under this writer's own prefix (same
@@ -76,63 +75,11 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
 
 
-def _make_client(url: str, socket_timeout: float) -> Any:
-    import redis
-
-    kw = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout}
-    if url.startswith(("redis+cluster://", "rediss+cluster://")):
-        from redis.cluster import RedisCluster
-
-        # Connects at once (it reads the slot map): done on first use, inside _call, so a
-        # down cluster degrades like a down server instead of raising here.
-        return RedisCluster.from_url(url.replace("+cluster", "", 1), **kw)
-    return redis.Redis.from_url(url, **kw)
-
-
-def check_url(url: str) -> None:
-    """ValueError naming what is wrong with Redis URL ``url`` (ImportError without redis-py)."""
-    from redis.connection import parse_url
-
-    if not url.startswith(_SCHEMES):
-        raise ValueError(f"Redis URL {url!r} must start with one of {', '.join(_SCHEMES)}")
-    plain = url.replace("+cluster", "", 1)
-    options = parse_url(plain)  # a malformed port or query value raises ValueError now
-    # redis-py silently ignores a database that is not a number (redis://host/cache is db 0).
-    db = urlsplit(plain).path.strip("/") if not plain.startswith("unix://") else ""
-    if db and not db.isdigit():
-        raise ValueError(f"the database {db!r} in Redis URL {url!r} is not a number (redis://host:port/0)")
-    if plain != url and int(options.get("db") or 0) != 0:
-        # Redis Cluster has database 0 only: the client would refuse it at every call, which
-        # reads as "Redis unreachable" (a miss and a back-off) instead of a bad URL.
-        raise ValueError(f"Redis URL {url!r}: Redis Cluster has only database 0")
-    _check_binary(options, f"Redis URL {url!r}")
-
-
-def _check_binary(options: dict[str, Any], what: str) -> None:
-    # A client that decodes answers to str cannot return artifacts (bytes): every hit would
-    # raise UnicodeDecodeError. Any value redis-py reads from a URL ("no" included) is true.
-    if options.get("decode_responses"):
-        raise ValueError(f"{what} has decode_responses set: kernelcache stores bytes, remove it")
-
-
 def _seconds_ok(value: object) -> bool:
     """A positive, finite number of seconds that Redis can take in milliseconds (PX)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return 0 < value < _MAX_SECONDS
-
-
-def _unreachable_errors() -> tuple[type[BaseException], ...]:
-    import redis.exceptions as e
-
-    return (
-        e.ConnectionError,
-        e.TimeoutError,
-        e.RedisClusterException,
-        e.ClusterDownError,
-        e.MasterDownError,
-        OSError,
-    )
 
 
 class RedisProgramCache(RecordStore):
@@ -197,7 +144,7 @@ class RedisProgramCache(RecordStore):
         elif hasattr(url, "get") and hasattr(url, "set"):
             connection_kwargs = getattr(url, "get_connection_kwargs", None)
             if connection_kwargs is not None:
-                _check_binary(connection_kwargs(), "this redis client")
+                check_binary(connection_kwargs(), "this redis client")
             self._client = url
             self._owns_client = False
             self.url = repr(url)
@@ -223,7 +170,7 @@ class RedisProgramCache(RecordStore):
     def _connect(self) -> Any:
         with self._client_lock:
             if self._client is None:
-                self._client = _make_client(self.url, self._socket_timeout)
+                self._client = make_client(self.url, self._socket_timeout)
             return self._client
 
     def _call(self, what: str, fn: Any) -> Any:
@@ -241,7 +188,7 @@ class RedisProgramCache(RecordStore):
                 self._probing = True
         try:
             result = fn(self._client if self._client is not None else self._connect())
-        except _unreachable_errors() as exc:
+        except unreachable_errors() as exc:
             self._unreachable(what, exc)
             return None
         except redis.exceptions.RedisError as exc:
