@@ -35,10 +35,11 @@ from kernelcache.compile import (
     CompileInfo,
     _flight,
     _hit,
-    _Lookup,
     _resolve_cache,
     compile_program,
 )
+from kernelcache.keys import _default_options
+from kernelcache.lookup import Lookup
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -108,7 +109,7 @@ class _Job:
 
     __slots__ = ("index", "look", "request", "info", "retry_at", "give_up_at")
 
-    def __init__(self, index: int, look: _Lookup | None, request: dict[str, Any]) -> None:
+    def __init__(self, index: int, look: Lookup | None, request: dict[str, Any]) -> None:
         self.index = index
         self.look = look  # None: the cache is disabled; compile_program does the whole call
         self.request = request
@@ -256,25 +257,19 @@ def run_batch(
     return batch
 
 
-def _default_options() -> Any:
-    from kernelcache.keys import _default_options as defaults
-
-    return defaults()
-
-
 def _lookup(
     index: int,
     store: ProgramCacheResource | None,
     request: dict[str, Any],
     what: str,
-) -> _Lookup | None:
+) -> Lookup | None:
     """The request's key material (None when the cache is disabled); its options filled in."""
     try:
         if request.get("options") is None:
             request["options"] = _default_options()
         if store is None:
             return None
-        return _Lookup(
+        return Lookup(
             store,
             request["code"],
             request.get("code_type", "c++"),

@@ -3,8 +3,9 @@
 On a hit no compiler runs: the stored bytes come back as an ObjectCode of the right kind,
 with the NVRTC symbol mapping (name expressions) and the compile log of the original miss.
 For C++ the key also covers every header the compile read (see manifests.py, headers.py).
-This module is the flow alone: the compilers run in compilers.py, what is stored beside an
-artifact is records.py, header manifests are manifests.py, the default store default_store.py.
+This module is the flow alone: the look-up (key material, the record found) is lookup.py, the
+compilers run in compilers.py, what is stored beside an artifact is records.py, header
+manifests are manifests.py, the default store default_store.py.
 """
 
 from __future__ import annotations
@@ -20,15 +21,13 @@ from kernelcache import config, includes, manifests, variants
 from kernelcache import headers as hdr
 from kernelcache.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state, run_compiler
 from kernelcache.default_store import default_cache, default_cache_or_none
-from kernelcache.keys import digest_components, key_components
+from kernelcache.keys import _default_options
 from kernelcache.log import key_prefix, logger
-from kernelcache.memo import remember
-from kernelcache.options import options_fingerprint
+from kernelcache.lookup import Lookup
 from kernelcache.records import (
     artifact_meta,
     count,
     object_from_record,
-    read_record,
     refuse_to_store,
     write_record,
 )
@@ -36,7 +35,6 @@ from kernelcache.singleflight import single_flight
 from kernelcache.stores.base import Meta, ProgramCacheResource, as_value_bytes
 from kernelcache.stores.foreign import as_store
 from kernelcache.stores.naming import entry_name
-from kernelcache.toolchain import toolchain_for
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
@@ -81,80 +79,6 @@ def _lock_path(cache: ProgramCacheResource, key: bytes) -> str | None:
     return None if path is None else str(path)
 
 
-# -- the lookup ------------------------------------------------------------------------------
-
-# call arguments -> (base components, manifest key, entry key, whether to trace headers)
-_base_memo: dict[Any, tuple[list[tuple[str, bytes]], bytes, bytes, bool]] = {}
-
-
-class _Lookup:
-    """One call's key material, computed once: base components, manifest key, toolchain."""
-
-    def __init__(
-        self,
-        cache: ProgramCacheResource,
-        code: str | bytes,
-        code_type: str,
-        target_type: str,
-        options: Any,
-        name_expressions: Sequence[str | bytes],
-        extra_digest: bytes | None,
-    ) -> None:
-        self.cache = cache
-        self.options = options
-        self.code_type = code_type.lower() if isinstance(code_type, str) else code_type
-        self.target_type = target_type.lower() if isinstance(target_type, str) else target_type
-        self.toolchain = toolchain_for(self.code_type) if self.code_type in ("c++", "ptx", "nvvm") else None
-        # Header tracking for every C++ compile, extra_digest or not (it adds to the key,
-        # it does not replace tracking): even with no include_path, NVRTC reads quoted
-        # includes from the current directory. A source that cannot name a file (no
-        # include, no pre_include: see includes.may_read_files) needs no trace and no
-        # manifest; its key is complete without headers.
-        self.headers_tracked = self.code_type == "c++"
-        # The key material of a repeated call is memoised by the call's own arguments (the
-        # options by their values: a mutated ProgramOptions is a new memo key), and so is
-        # ``track``, which depends on nothing else (the text and the options).
-        fingerprint = options_fingerprint(options)
-        memo_key: Any = None
-        if fingerprint is not None and type(code) in (str, bytes):
-            names = tuple(name_expressions)
-            memo_key = (code, code_type, target_type, fingerprint, names, extra_digest)
-            try:
-                found = _base_memo.get(memo_key)
-            except TypeError:  # an unhashable name expression: no memo
-                memo_key, found = None, None
-            if found is not None:
-                self.base, self.manifest_key, self.entry_key, self.track = found
-                return
-        self.track = self.headers_tracked and includes.may_read_files(code, options)
-        self.base = key_components(
-            code=code,
-            code_type=code_type,
-            options=options,
-            target_type=target_type,
-            name_expressions=name_expressions,
-            extra_digest=extra_digest,
-            headers_tracked=self.headers_tracked,
-            toolchain=self.toolchain,
-        )
-        # Tracked: the entry key depends on the headers, found through the manifest.
-        # Untracked: no manifest; the entry key is known now.
-        self.manifest_key = manifests.manifest_key(self.base) if self.track else b""
-        self.entry_key = b"" if self.track else digest_components(self.base)
-        if memo_key is not None:
-            remember(_base_memo, memo_key, (self.base, self.manifest_key, self.entry_key, self.track), 4096)
-
-    def find(self) -> tuple[bytes, tuple[bytes, Meta] | None, dict[str, Any] | None]:
-        """(key, record or None, header variant or None); key is b"" when no variant matches."""
-        if not self.track:
-            return self.entry_key, read_record(self.cache, self.entry_key, caller_counts=True), None
-        variant = manifests.matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.options))
-        if variant is None:
-            return b"", None, None
-        key = manifests.full_key(self.base, variant, self.manifest_key)
-        return key, read_record(self.cache, key, caller_counts=True), variant
-
-
 def probe(
     code: str | bytes,
     code_type: str = "c++",
@@ -166,12 +90,9 @@ def probe(
     extra_digest: bytes | None = None,
 ) -> CompileInfo:
     """Would compile_program hit? Looks up without compiling, storing or counting."""
-    if options is None:
-        from kernelcache.keys import _default_options
-
-        options = _default_options()
+    options = _default_options() if options is None else options
     store = as_store(cache) if cache is not None else default_cache()
-    look = _Lookup(store, code, code_type, target_type, options, name_expressions, extra_digest)
+    look = Lookup(store, code, code_type, target_type, options, name_expressions, extra_digest)
     key, record, variant = look.find()
     info = CompileInfo(hit=record is not None, key=key)
     if variant is not None:
@@ -211,10 +132,7 @@ def compile_program(
     start = time.perf_counter()
     want_headers = info is not None  # the list of tracked headers is built only when asked for
     info = info if info is not None else CompileInfo()
-    if options is None:
-        from kernelcache.keys import _default_options
-
-        options = _default_options()
+    options = _default_options() if options is None else options
     store = None if config.disabled() else _resolve_cache(cache)
     if store is None:
         obj, log_text, seconds = run_compiler(code, code_type, target_type, options, name_expressions, None)
@@ -223,7 +141,7 @@ def compile_program(
         info.seconds = time.perf_counter() - start
         return obj
     cache = store
-    look = _Lookup(cache, code, code_type, target_type, options, name_expressions, extra_digest)
+    look = Lookup(cache, code, code_type, target_type, options, name_expressions, extra_digest)
     key, record, variant = look.find()
     info.lookup_seconds = time.perf_counter() - start
     if record is not None:
@@ -255,7 +173,7 @@ def _resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource |
 
 
 def _flight(
-    look: _Lookup,
+    look: Lookup,
     code: str | bytes,
     name_expressions: Sequence[str | bytes],
     logs: Any,
@@ -302,7 +220,7 @@ def _flight(
 
 
 def _hit(
-    look: _Lookup,
+    look: Lookup,
     key: bytes,
     record: tuple[bytes, Meta],
     variant: dict[str, Any] | None,
@@ -339,7 +257,7 @@ def _emit_log(logs: Any, text: str) -> None:
 
 
 def _miss(
-    look: _Lookup,
+    look: Lookup,
     code: str | bytes,
     options: Any,
     name_expressions: Sequence[str | bytes],

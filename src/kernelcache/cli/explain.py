@@ -113,10 +113,10 @@ def _header_changes(item: WarmItem, cache: Any) -> dict[str, list[str]] | None:
     """Each header that changed, appeared or vanished since the stored compile of this source."""
     from kernelcache import headers as hdr
     from kernelcache import manifests
-    from kernelcache.compile import _Lookup
+    from kernelcache.lookup import Lookup
 
     options = program_options(item)
-    look = _Lookup(cache, item.code, item.code_type, item.target_type, options, item.name_expressions, None)
+    look = Lookup(cache, item.code, item.code_type, item.target_type, options, item.name_expressions, None)
     if not look.track:
         return None
     return manifests.header_changes(cache, look.manifest_key, hdr.search_dirs(options))
