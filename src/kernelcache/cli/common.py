@@ -93,8 +93,3 @@ def emit(data: Any, as_json: bool, render: Any) -> None:
     else:
         render(data)
 
-
-def console() -> Any:
-    from rich.console import Console
-
-    return Console()

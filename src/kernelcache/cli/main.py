@@ -21,7 +21,6 @@ from kernelcache.cli.common import (
     Group,
     UserError,
 )
-from kernelcache.cli.common import console as _console
 from kernelcache.cli.common import emit as _emit
 from kernelcache.cli.common import open_cache as _open
 from kernelcache.cli.render import explain_text, ls_table, show_text, verify_text
@@ -137,7 +136,7 @@ def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, ze
     _emit(
         {**per_store, "zeroed": True} if zero and as_json else per_store,
         as_json,
-        lambda data: stats_mod.render(data, zero, _console()),
+        lambda data: stats_mod.render(data, zero),
     )
 
 
@@ -158,7 +157,7 @@ def stats(cache_dir: str | None, redis_url: str | None, redis_namespace: str, ze
 def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, as_json: bool) -> None:
     """List entries: name prefix (show accepts it), types, arch, size, last used, compile time, kernels."""
     rows = ent.list_rows(_open(cache_dir), sort, limit)
-    _emit(rows, as_json, lambda data: ls_table(data, _console()))
+    _emit(rows, as_json, ls_table)
 
 
 @main.command()

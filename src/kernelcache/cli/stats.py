@@ -8,6 +8,7 @@ import click
 
 from kernelcache import config
 from kernelcache.cli import entries as ent
+from kernelcache.cli import table
 from kernelcache.stores.filestream import FileStreamProgramCache
 
 _ROWS = (
@@ -45,14 +46,9 @@ def collect(cache: FileStreamProgramCache, redis_url: str | None, namespace: str
     return per_store
 
 
-def render(data: dict[str, dict[str, Any]], zero: bool, console: Any) -> None:
+def render(data: dict[str, dict[str, Any]], zero: bool) -> None:
     """One table, a column per store, then where each store is."""
-    from rich.table import Table
-
-    table = Table(title="kernelcache stats")
-    table.add_column("counter")
-    for name in data:
-        table.add_column(name, justify="right")
+    rows = []
     for row in _ROWS:
         cells = []
         for store in data.values():
@@ -63,8 +59,9 @@ def render(data: dict[str, dict[str, Any]], zero: bool, console: Any) -> None:
             else:
                 v = store.get(row, "")
                 cells.append(f"{v:.1%}" if row == "hit_rate" else f"{v:.3f}" if isinstance(v, float) else str(v))
-        table.add_row(row, *cells)
-    console.print(table)
+        rows.append((row, *cells))
+    # Plain text like ls (cli/table.py): rich's import and layout were a sixth of the command.
+    click.echo(table.render("kernelcache stats", ("counter", *data), rows, right=range(1, len(data) + 1)))
     for name, store in data.items():
         where = store.get("path") or f"{store.get('url')} namespace {store.get('namespace')} (every host's counts)"
         click.echo(f"{name}: {where}")
