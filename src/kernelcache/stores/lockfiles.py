@@ -15,8 +15,10 @@ a remover unlinks only while it holds the flock itself, and only the file it loc
 whoever holds the flock of the file *at the path* is the one holder.
 
 Files are opened read-only (flock needs no write access: in a team cache, members lock files
-that another member created) and with O_NOFOLLOW (a symlink planted in locks/ must not make
-us create or lock a file elsewhere; such a link is unlinked and replaced by a real file).
+that another member created), with O_NOFOLLOW (a symlink planted in locks/ must not make
+us create or lock a file elsewhere; such a link is unlinked and replaced by a real file) and
+with O_NONBLOCK (a read-only open of a FIFO waits for a writer forever: a FIFO planted in
+locks/ hung every compile of its key, ``clear`` and ``verify --fix``; it is removed too).
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ import time
 from kernelcache.stores.fileops import path_in
 
 LOCK_SUFFIX = ".lock"
-_FLAGS = os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+_FLAGS = _OPEN | os.O_CREAT
+
+
+def _is_regular(fd: int) -> bool:
+    return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
 def mode_for(locks_dir: str) -> int:
@@ -57,18 +64,32 @@ def _open(path: str, mode: int) -> int:
 
 
 def _open_or_create(path: str, mode: int) -> int:
-    try:
-        return os.open(path, _FLAGS, mode)
-    except FileNotFoundError:
-        # locks/ was removed under a live cache: recreate it.
-        path_in(os.path.dirname(path), os.path.basename(path))
-        return os.open(path, _FLAGS, mode)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
+    for attempt in range(2):
+        try:
+            fd = os.open(path, _FLAGS, mode)
+        except FileNotFoundError:
+            # locks/ was removed under a live cache: recreate it.
+            path_in(os.path.dirname(path), os.path.basename(path))
+            fd = os.open(path, _FLAGS, mode)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP or attempt:
+                raise
+            # A symlink planted here is not ours: remove the link (never its target).
+            os.unlink(path)
+            continue
+        try:
+            if _is_regular(fd):
+                return fd
+        except BaseException:
+            os.close(fd)
             raise
-        # A symlink planted here is not ours: remove the link (never its target).
+        # A FIFO or socket planted here (O_NONBLOCK opened it without waiting): not a lock
+        # of ours either; remove it and create a real one.
+        os.close(fd)
+        if attempt:
+            break
         os.unlink(path)
-        return os.open(path, _FLAGS, mode)
+    raise OSError(errno.EINVAL, "is not a regular file", path)
 
 
 def _is_at_path(fd: int, path: str) -> bool:
@@ -113,7 +134,7 @@ def acquire(path: str, timeout: float, *, mode: int = 0o600, poll_s: float = 0.0
 def remove_if_idle(path: str) -> bool:
     """Remove the lock file at path if nobody holds it, under its own lock; True if removed."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, _OPEN)
     except FileNotFoundError:
         return False
     except OSError as exc:
@@ -122,6 +143,9 @@ def remove_if_idle(path: str) -> bool:
             return True
         raise
     try:
+        if not _is_regular(fd):  # a planted FIFO or socket (a directory: unlink refuses)
+            os.unlink(path)
+            return True
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
