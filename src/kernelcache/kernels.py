@@ -59,6 +59,19 @@ def _names(name_expressions: Any, where: str = "") -> tuple[str | bytes, ...]:
     return tuple(name_expressions)
 
 
+def _request_args(r: dict[str, Any]) -> dict[str, Any]:
+    """A get_kernels request as the keyword arguments of _l1_lookup and KernelCache._load
+    (options apart), defaults filled."""
+    return {
+        "code": r["code"],
+        "name": r["name"],
+        "code_type": r.get("code_type", "c++"),
+        "target_type": r.get("target_type", "cubin"),
+        "names": r["name_expressions"],
+        "extra_digest": r.get("extra_digest"),
+    }
+
+
 def _l1_lookup(
     shard: GuardedCache[LoadedKernel],
     code: str | bytes,
@@ -217,16 +230,7 @@ class KernelCache:
         out: list[Any] = [None] * len(reqs)
         missing: list[tuple[int, Any]] = []
         for i, r in enumerate(reqs):
-            key, loaded = _l1_lookup(
-                shard,
-                r["code"],
-                r["name"],
-                r.get("code_type", "c++"),
-                r.get("target_type", "cubin"),
-                r["name_expressions"],
-                r.get("extra_digest"),
-                r.get("options"),
-            )
+            key, loaded = _l1_lookup(shard, options=r.get("options"), **_request_args(r))
             kernel = loaded.kernel if loaded is not None else None
             if kernel is not None:
                 out[i] = kernel
@@ -268,16 +272,7 @@ class KernelCache:
         except Exception as exc:
             if info is None or not info.hit or not bad_bytes(exc, r["options"], dev):
                 raise
-        return self._load(
-            dev,
-            r["code"],
-            r["name"],
-            r["options"],
-            r.get("code_type", "c++"),
-            r.get("target_type", "cubin"),
-            r["name_expressions"],
-            r.get("extra_digest"),
-        )
+        return self._load(dev, options=r["options"], **_request_args(r))
 
     def _again(self, dev: Any, r: dict[str, Any]) -> Kernel:
         args = {k: v for k, v in r.items() if k not in ("code", "name")}

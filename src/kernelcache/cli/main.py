@@ -38,20 +38,23 @@ def main() -> None:
 # -- demo ---------------------------------------------------------------------------------
 
 
+def _choice(flag: str, choices: list[str], default: str, help: str) -> Any:
+    """An option taking one of ``choices``, its default shown in --help."""
+    return click.option(flag, type=click.Choice(choices), default=default, show_default=True, help=help)
+
+
 @main.command()
-@click.option(
+@_choice(
     "--tile-size",
-    type=click.Choice(["8", "16", "32"]),
-    default="16",
-    show_default=True,
-    help="Edge of the square tile each thread block computes (part of the generated source).",
+    ["8", "16", "32"],
+    "16",
+    "Edge of the square tile each thread block computes (part of the generated source).",
 )
-@click.option(
+@_choice(
     "--epilogue",
-    type=click.Choice(["relu", "identity", "gelu"]),
-    default="relu",
-    show_default=True,
-    help="Function applied to A @ B + bias (part of the generated source).",
+    ["relu", "identity", "gelu"],
+    "relu",
+    "Function applied to A @ B + bias (part of the generated source).",
 )
 @click.option("--m", "m", type=click.IntRange(min=1), default=512, show_default=True, help="Rows of A and C.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=512, show_default=True, help="Columns of B and C.")
