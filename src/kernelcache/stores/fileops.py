@@ -32,6 +32,7 @@ READ_CHUNK = 1 << 30
 # hit was about a tenth of a warm compile_program hit. A file whose atime is not after its
 # mtime (never read since written) or lies in the future is always touched.
 TOUCH_GRANULARITY_NS = 1_000_000_000
+PAIR_LOCK_WAIT_S = 5.0  # the most a writer or remover waits for a shard's pair lock (pair_lock)
 
 StatKey = tuple[int, int, int]
 
@@ -175,6 +176,11 @@ def pair_lock(directory: str) -> Iterator[None]:
     succeeded. Writers, removers and the evictor therefore hold this lock (on the entry's
     shard directory, so no lock file per key) for those few system calls; readers never
     take it. Where flock is not supported (some network filesystems) we go on unlocked.
+
+    The wait is bounded (PAIR_LOCK_WAIT_S): a holder keeps it for a few system calls, so
+    one that keeps it longer is stopped (SIGSTOP, a frozen cgroup) or not ours (any member
+    of a team cache can flock a shard); then OSError(ETIMEDOUT): a writer drops its write
+    with a warning, a remover reports "could not remove", nobody hangs.
     """
     flags = O_RDONLY | O_NOFOLLOW | getattr(os, "O_DIRECTORY", 0)
     try:
@@ -183,10 +189,19 @@ def pair_lock(directory: str) -> Iterator[None]:
         make_dirs(directory)
         fd = os.open(directory, flags)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass  # no flock here: the pre-lock behaviour (a rare race costs one recompile)
+        deadline, pause = time.monotonic() + PAIR_LOCK_WAIT_S, 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    why = f"its lock was held by another process for over {PAIR_LOCK_WAIT_S:g} s"
+                    raise OSError(errno.ETIMEDOUT, why, directory) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.02)
+            except OSError:
+                break  # no flock here: the pre-lock behaviour (a rare race costs one recompile)
         yield
     finally:
         os.close(fd)  # releases the flock

@@ -1,0 +1,62 @@
+"""A shard's pair lock held by a peer that never lets go (stopped with SIGSTOP, frozen, or a
+team member's process) must not block a writer, a remover or a reader forever.
+
+The holder is a real process flocking the shard directory, as a kernelcache writer does
+between its two renames; the store is used from another real process with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import run_python
+
+from kernelcache import FileStreamProgramCache
+from kernelcache.stores.naming import entry_name
+
+KEY = b"k" * 32
+
+HOLD = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_held_shard_lock_is_waited_for_with_a_bound(tmp_path):
+    root = str(tmp_path / "cache")
+    with FileStreamProgramCache(root) as cache:
+        cache[KEY] = b"old value"
+        shard = os.path.dirname(cache.entry_path(entry_name(KEY)))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, shard], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        out = run_python(
+            "import sys, warnings\n"
+            "from kernelcache import FileStreamProgramCache, KernelCacheWarning\n"
+            "c = FileStreamProgramCache(sys.argv[1])\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            f"    c[{KEY!r}] = b'new value'\n"  # the write is dropped with a warning
+            "print(sum(issubclass(x.category, KernelCacheWarning) for x in w))\n"
+            f"print(c.get({KEY!r}))\n"  # readers take no lock: the old pair is served
+            "try:\n"
+            f"    del c[{KEY!r}]\n"
+            "    print('deleted')\n"
+            "except KeyError:\n"
+            "    print('KeyError')\n"
+            "except OSError:\n"
+            "    print('OSError')\n",
+            root,
+            timeout=60,
+        )
+        assert out.split("\n")[:3] == ["1", "b'old value'", "OSError"]
+    finally:
+        holder.kill()
+        holder.wait()
+    with FileStreamProgramCache(root) as cache:
+        assert cache.get(KEY) == b"old value"  # nothing lost
