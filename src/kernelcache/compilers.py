@@ -1,8 +1,11 @@
-"""Running the real compilers: NVRTC, nvJitLink and NVVM through cuda.core, nothing cached here.
+"""Running the real compilers: NVRTC, nvJitLink and NVVM, nothing cached here.
 
-Two workarounds live here, each explained where it is made: C++ -> PTX without a CUDA driver
-(cuda.core asks the driver about PTX it produces), and the reset of NVRTC's time-trace state
-after a failed traced compile. So do the trace files themselves: where they go (the store's
+C++ -> cubin and LTO-IR run on NVRTC through cuda.bindings, exactly as cuda.core's Program
+would run them, because cuda.core 1.2 does not compile on several threads at once (see
+_nvrtc_directly); everything else goes through cuda.core. Two workarounds live here, each
+explained where it is made: C++ -> PTX without a CUDA driver (cuda.core asks the driver
+about PTX it produces), and the reset of NVRTC's time-trace state after a failed traced
+compile. So do the trace files themselves: where they go (the store's
 own tmp/), when there is no room for one, and when a failed compile was the trace's fault.
 """
 
@@ -58,12 +61,114 @@ def driver_available() -> bool:
         return False
 
 
-def _nvrtc_check(result: Any, what: str) -> None:
+# Options for which cuda.core's Program does more than hand ``options.as_bytes("nvrtc")`` to
+# NVRTC: with debug or lineinfo it writes the source to a temp file and compiles under that
+# name (the name ends up in the cubin), the PCH options get a status and a retry with a bigger
+# heap, and the rest are refused or handled by other backends. Those compiles go through it.
+_THROUGH_CUDA_CORE = (
+    "debug",
+    "lineinfo",
+    "pch",
+    "create_pch",
+    "use_pch",
+    "pch_dir",
+    "pch_verbose",
+    "pch_messages",
+    "instantiate_templates_in_pch",
+    "extra_sources",
+    "use_libdevice",
+    "numba_debug",
+)
+_OUTPUT = {
+    "ptx": ("nvrtcGetPTXSize", "nvrtcGetPTX", "from_ptx"),
+    "cubin": ("nvrtcGetCUBINSize", "nvrtcGetCUBIN", "from_cubin"),
+    "ltoir": ("nvrtcGetLTOIRSize", "nvrtcGetLTOIR", "from_ltoir"),
+}
+
+
+def _nvrtc_check(err: Any, prog: Any = None) -> None:
+    """Raise cuda.core's NVRTCError, in cuda.core's words, for a failed NVRTC call.
+
+    The message is cuda.core's ("6: NVRTC_ERROR_COMPILATION, compilation log:\\n\\n<log>");
+    its own check is not called because it reads the log into ``b" " * size``: for an empty
+    log (size 1) that is the interpreter's shared b" ", which NVRTC then overwrites.
+    """
     from cuda.bindings import nvrtc
 
-    err = result[0] if isinstance(result, tuple) else result
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"{what} failed: {err}")
+    if err == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return
+    from cuda.core._utils.cuda_utils import NVRTCError
+
+    text = f"{int(err)}: {nvrtc.nvrtcGetErrorString(err)[1].decode()}"
+    if prog is not None:
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        buf = bytearray(size)
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        text += f", compilation log:\n\n{buf.decode('utf-8', errors='backslashreplace')}"
+    raise NVRTCError(text)
+
+
+def _nvrtc_directly(code_type: str, target_type: str, options: Any) -> bool:
+    """Whether a compile runs on NVRTC here, the way cuda.core's Program would run it.
+
+    Why not through cuda.core: its Program.compile (1.2) does not compile in parallel on
+    threads (32 compiles on 16 threads take as long as a loop), while NVRTC, called through
+    cuda.bindings, does; compile_many's threads need that. PTX is left to cuda.core where
+    a driver exists: cuda.core asks the driver whether it can load the PTX and warns when not.
+    """
+    if code_type != "c++" or target_type not in ("cubin", "ltoir"):
+        return False
+    from cuda.core import ProgramOptions
+
+    if not isinstance(options, ProgramOptions) or not isinstance(getattr(options, "_name", None), bytes):
+        return False
+    return all(getattr(options, field, None) is None for field in _THROUGH_CUDA_CORE)
+
+
+def nvrtc_compile(
+    code: str,
+    target_type: str,
+    options: ProgramOptions,
+    name_expressions: Sequence[str | bytes],
+    log: LogCollector,
+) -> ObjectCode:
+    """C++ -> ``target_type`` on NVRTC through cuda.bindings: cuda.core's Program.compile, step
+    for step (same calls, flags, program name, lowered names, log, ObjectCode and NVRTCError),
+    minus its serialisation. Tests: test_nvrtc_direct.py compares the bytes with cuda.core's.
+    """
+    from cuda.bindings import nvrtc
+    from cuda.core import ObjectCode
+
+    size_of, get, make = _OUTPUT[target_type]
+    # cuda.core names the NVRTC program by the bytes ProgramOptions encoded at creation.
+    err, prog = nvrtc.nvrtcCreateProgram(code.encode(), options._name, 0, [], [])  # type: ignore[attr-defined]
+    _nvrtc_check(err)
+    try:
+        for expr in name_expressions:
+            _nvrtc_check(nvrtc.nvrtcAddNameExpression(prog, expr.encode() if isinstance(expr, str) else expr)[0], prog)
+        flags = options.as_bytes("nvrtc", target_type)
+        # The compile itself releases the GIL: this is what runs on all cores.
+        _nvrtc_check(nvrtc.nvrtcCompileProgram(prog, len(flags), flags)[0], prog)
+        err, size = getattr(nvrtc, size_of)(prog)
+        _nvrtc_check(err, prog)
+        # Output buffers are fresh bytearrays: NVRTC writes into them in place, and a bytes
+        # object such as b" " * 1 is an interpreter-wide singleton it would corrupt.
+        data = bytearray(size)
+        _nvrtc_check(getattr(nvrtc, get)(prog, data)[0], prog)
+        mapping: dict[str | bytes, bytes | None] = {}
+        for expr in name_expressions:
+            err, lowered = nvrtc.nvrtcGetLoweredName(prog, expr.encode() if isinstance(expr, str) else expr)
+            _nvrtc_check(err, prog)
+            mapping[expr] = lowered
+        err, log_size = nvrtc.nvrtcGetProgramLogSize(prog)
+        _nvrtc_check(err, prog)
+        if log_size > 1:  # as cuda.core: a log of just its NUL is no log
+            buf = bytearray(log_size)
+            _nvrtc_check(nvrtc.nvrtcGetProgramLog(prog, buf)[0], prog)
+            log.write(buf.decode("utf-8", errors="backslashreplace"))
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return getattr(ObjectCode, make)(bytes(data), name=options.name, symbol_mapping=mapping)  # type: ignore[no-any-return]
 
 
 def _nvrtc_ptx_without_driver(
@@ -72,43 +177,13 @@ def _nvrtc_ptx_without_driver(
     """C++ -> PTX with NVRTC alone, for machines with no driver.
 
     cuda.core 1.2's Program.compile("ptx") asks the driver whether the PTX can be loaded and
-    raises where there is none; PTX generation itself never needed a driver.
+    raises where there is none; PTX generation itself never needed a driver. The PTX is
+    stored without its terminating NUL, as this path always did.
     """
-    from cuda.bindings import nvrtc
     from cuda.core import ObjectCode
 
-    name = (options.name or "default_program").encode()
-    err, prog = nvrtc.nvrtcCreateProgram(code.encode("utf-8"), name, 0, [], [])
-    _nvrtc_check(err, "nvrtcCreateProgram")
-    try:
-        for expr in name_expressions:
-            raw = expr if isinstance(expr, bytes) else expr.encode()
-            _nvrtc_check(nvrtc.nvrtcAddNameExpression(prog, raw), "nvrtcAddNameExpression")
-        flags = options.as_bytes("nvrtc")
-        result = nvrtc.nvrtcCompileProgram(prog, len(flags), flags)
-        # Output buffers are fresh bytearrays: NVRTC writes into them in place, and a bytes
-        # object such as b" " * 1 is an interpreter-wide singleton it would corrupt.
-        err_log, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = bytearray(size)
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-        log.write(bytes(buf).decode(errors="replace"))
-        if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            from cuda.core._utils.cuda_utils import NVRTCError  # the error cuda.core raises
-
-            raise NVRTCError(f"{result[0]}: compile of {name.decode()} failed:\n{log.text()}")
-        err, size = nvrtc.nvrtcGetPTXSize(prog)
-        _nvrtc_check(err, "nvrtcGetPTXSize")
-        ptx = bytearray(size)
-        _nvrtc_check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
-        mapping = {}
-        for expr in name_expressions:
-            raw = expr if isinstance(expr, bytes) else expr.encode()
-            err, lowered = nvrtc.nvrtcGetLoweredName(prog, raw)
-            _nvrtc_check(err, "nvrtcGetLoweredName")
-            mapping[expr] = lowered
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    return ObjectCode.from_ptx(bytes(ptx).rstrip(b"\x00"), name=options.name or "", symbol_mapping=mapping)
+    obj = nvrtc_compile(code, "ptx", options, name_expressions, log)
+    return ObjectCode.from_ptx(bytes(obj.code).rstrip(b"\x00"), name=obj.name, symbol_mapping=obj.symbol_mapping)
 
 
 _RESET_SOURCE = 'extern "C" __global__ void kernelcache_trace_reset() {}\n'
@@ -168,7 +243,12 @@ def reset_nvrtc_trace_state(tmp_dir: str | None) -> None:
     """Work around an NVRTC bug seen with 13.5: after a compile that FAILS with
     -fdevice-time-trace, the process's next compile without that option still writes a trace,
     to ".json" in the current directory. A successful traced compile clears that state, so
-    after a failed one we run a trivial traced compile into our temp dir."""
+    after a failed one we run a trivial traced compile into our temp dir.
+
+    Race: compiles run on several threads at once (compile_many). The state is per thread
+    (LLVM's time-trace profiler is thread_local; measured: another thread's untraced compile
+    writes no ".json"), and this reset runs on the thread that failed before that thread
+    compiles again. Test: test_failed_traced_compiles_on_threads_leave_no_stray_trace."""
     from cuda.core import Program, ProgramOptions
 
     trace = new_trace_path(tmp_dir)
@@ -208,6 +288,8 @@ def run_compiler(
     source: str | bytes = code if code_type == "nvvm" else _as_source_text(code)
     if code_type == "c++" and target_type == "ptx" and not driver_available():
         obj = _nvrtc_ptx_without_driver(str(source), options, name_expressions, log)
+    elif _nvrtc_directly(code_type, target_type, options):
+        obj = nvrtc_compile(str(source), target_type, options, name_expressions, log)
     else:
         program = Program(source, code_type, options=options)
         try:
