@@ -1,12 +1,12 @@
 """Running the real compilers: NVRTC, nvJitLink and NVVM, nothing cached here.
 
 C++ -> cubin and LTO-IR run on NVRTC through cuda.bindings, exactly as cuda.core's Program
-would run them, because cuda.core 1.2 does not compile on several threads at once (see
-_nvrtc_directly); everything else goes through cuda.core. Two workarounds live here, each
-explained where it is made: C++ -> PTX without a CUDA driver (cuda.core asks the driver
-about PTX it produces), and the reset of NVRTC's time-trace state after a failed traced
-compile. So do the trace files themselves: where they go (the store's
-own tmp/), when there is no room for one, and when a failed compile was the trace's fault.
+would run them, so that compiles on threads run at once (see _nvrtc_directly); everything
+else goes through cuda.core. Two workarounds live here, each explained where it is made:
+C++ -> PTX without a CUDA driver (cuda.core asks the driver about PTX it produces), and the
+reset of NVRTC's time-trace state after a failed traced compile. So do the trace files
+themselves: where they go (the store's own tmp/), when there is no room for one, and when a
+failed compile was the trace's fault.
 """
 
 from __future__ import annotations
@@ -111,10 +111,12 @@ def _nvrtc_check(err: Any, prog: Any = None) -> None:
 def _nvrtc_directly(code_type: str, target_type: str, options: Any) -> bool:
     """Whether a compile runs on NVRTC here, the way cuda.core's Program would run it.
 
-    Why not through cuda.core: its Program.compile (1.2) does not compile in parallel on
-    threads (32 compiles on 16 threads take as long as a loop), while NVRTC, called through
-    cuda.bindings, does; compile_many's threads need that. PTX is left to cuda.core where
-    a driver exists: cuda.core asks the driver whether it can load the PTX and warns when not.
+    Why: compile_many needs compiles on threads to run at once. Issue 14 measured cuda.core's
+    Program.compile (1.2) not doing so on the H200 host; this path puts nothing between the
+    threads and NVRTC but cuda.bindings, whose calls release the GIL (benchmarks/
+    bench_parallel.py shows, per host, which layer runs in parallel). PTX is left to
+    cuda.core where a driver exists: it asks the driver whether it can load the PTX and
+    warns when not.
     """
     if code_type != "c++" or target_type not in ("cubin", "ltoir"):
         return False
