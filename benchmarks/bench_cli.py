@@ -11,7 +11,7 @@ present, stdout a pipe (as in a script) and, with ``--tty``, a pseudo-terminal t
 ``--repeat`` runs: wall clock (the budget's measure) and CPU time (user + system), which a
 machine busy with other work inflates less.
 
-    PYTHONPATH=src python3 benchmarks/bench_cli.py [--entries 2000] [--cache-dir DIR]
+    PYTHONPATH=src python3 benchmarks/bench_cli.py [--entries 2000] [--kernel saxpy|cub] [--cache-dir DIR] [--tty]
 """
 
 from __future__ import annotations
@@ -35,16 +35,31 @@ extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
 """
 
 
-def build(root: str, entries: int) -> None:
-    """A cache of ``entries`` entries at root, from one real compile re-stored under new keys."""
+_CUB = r"""
+#include <cub/block/block_reduce.cuh>
+extern "C" __global__ void block_sum(const float* in, float* out) {
+    using BlockReduce = cub::BlockReduce<float, 256>;
+    __shared__ typename BlockReduce::TempStorage tmp;
+    float s = BlockReduce(tmp).Sum(in[blockIdx.x * 256 + threadIdx.x]);
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+"""
+
+
+def build(root: str, entries: int, kernel: str = "saxpy") -> None:
+    """A cache of ``entries`` entries at root, from one real compile re-stored under new keys.
+
+    ``kernel="cub"``: a CUB block reduction, whose sidecar lists the hundreds of headers it
+    includes (the largest metadata a typical entry carries)."""
     from cuda.core import ProgramOptions
 
     from kernelcache import FileStreamProgramCache, compile_program
-    from kernelcache.compile import CompileInfo
 
     cache = FileStreamProgramCache(root)
-    info = CompileInfo()
-    compile_program(_SOURCE, options=ProgramOptions(arch="sm_90", std="c++17"), cache=cache, info=info)
+    if kernel == "cub":
+        compile_program(_CUB, options=ProgramOptions(arch="sm_90", std="c++17", use_bundled_headers=True), cache=cache)
+    else:
+        compile_program(_SOURCE, options=ProgramOptions(arch="sm_90", std="c++17"), cache=cache)
     record = next(e for e in cache.iter_entries() if (e.meta or {}).get("meta", {}).get("kind") != "manifest")
     with open(record.path, "rb") as f:
         payload = f.read()
@@ -101,6 +116,7 @@ def main() -> None:
     p.add_argument("--entries", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--cache-dir", default=None, help="reuse (and fill up to --entries) this cache")
+    p.add_argument("--kernel", choices=["saxpy", "cub"], default="saxpy", help="the compile every entry copies")
     p.add_argument("--tty", action="store_true", help="also time ls/stats with stdout on a terminal")
     a = p.parse_args()
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # as a person runs it: .pyc files written and used
@@ -111,8 +127,8 @@ def main() -> None:
         root = tmp.name
     try:
         t = time.perf_counter()
-        build(root, a.entries)
-        print(f"cache: {root}, {a.entries} entries (built/filled in {time.perf_counter() - t:.1f} s)")
+        build(root, a.entries, a.kernel)
+        print(f"cache: {root}, {a.entries} entries of {a.kernel} (built/filled in {time.perf_counter() - t:.1f} s)")
         base = _command()
         print(f"command: {' '.join(base)} <cmd> --cache-dir DIR, best of {a.repeat}, fresh process each")
         _run_pipe([*base, "--help"])  # bytecode caches written before timing
