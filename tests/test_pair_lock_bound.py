@@ -60,3 +60,39 @@ def test_a_held_shard_lock_is_waited_for_with_a_bound(tmp_path):
         holder.wait()
     with FileStreamProgramCache(root) as cache:
         assert cache.get(KEY) == b"old value"  # nothing lost
+
+
+HOLD_STATS = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+    "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_held_stats_file_lock_is_waited_for_with_a_bound(tmp_path):
+    """The counters file's lockf held by a stopped or foreign process (in a team cache every
+    member can lock it): opening the store, a write and a read still finish."""
+    root = str(tmp_path / "cache")
+    with FileStreamProgramCache(root) as cache:
+        cache[KEY] = b"value"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_STATS, os.path.join(root, "v2", "stats")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        out = run_python(
+            "import sys, warnings\n"
+            "warnings.simplefilter('ignore')\n"
+            "from kernelcache import FileStreamProgramCache\n"
+            "c = FileStreamProgramCache(sys.argv[1], max_size_bytes=1 << 20)\n"
+            f"c[{KEY!r} + b'2'] = b'other'\n"
+            f"print(c.get({KEY!r}), c.get({KEY!r} + b'2'))\n",
+            root,
+            timeout=60,
+        )
+        assert out.strip() == "b'value' b'other'"
+    finally:
+        holder.kill()
+        holder.wait()

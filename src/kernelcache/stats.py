@@ -106,6 +106,30 @@ class MemoryStats:
         pass
 
 
+# An update holds the file's lock for one pread and one pwrite. A holder that keeps it
+# longer is stopped (SIGSTOP, a frozen cgroup) or not ours (in a team cache every member
+# can lock the file): after this long the process counts in memory instead of hanging.
+_LOCK_WAIT_S = 5.0
+
+
+def _lock_bounded(fd: int) -> None:
+    """lockf(LOCK_EX) on fd, waiting at most _LOCK_WAIT_S; OSError(ETIMEDOUT) after."""
+    import fcntl
+
+    deadline, pause = time.monotonic() + _LOCK_WAIT_S, 0.0005
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            if time.monotonic() >= deadline:
+                raise OSError(errno.ETIMEDOUT, "the counters file stayed locked by another process") from None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+
+
 # Every open FileStats, so that deferred counts are written when the interpreter exits.
 _LIVE: weakref.WeakSet[FileStats] = weakref.WeakSet()
 # Deferred counts reach the file at least this often (and at every write, snapshot, close
@@ -185,7 +209,7 @@ class FileStats:
         assert self._fd is not None
         if not stat_mod.S_ISREG(os.fstat(self._fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", self._path)
-        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        _lock_bounded(self._fd)
         try:
             head = os.pread(self._fd, _FILE_SIZE, 0)
             if head[:_HEADER] != _MAGIC:
@@ -214,7 +238,7 @@ class FileStats:
             fd = self._fd
             if fd is not None:
                 try:
-                    fcntl.lockf(fd, fcntl.LOCK_EX)
+                    _lock_bounded(fd)
                     try:
                         slots = self._read_slots(fd)
                         for name, value in deltas.items():
