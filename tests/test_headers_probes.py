@@ -79,3 +79,23 @@ def test_include_of_a_macro_name_shadowed_in_the_includers_directory(tmp_path, m
         truth = _truth(code, options, monkeypatch)
         assert truth != first
         assert after == truth
+
+
+def test_absolute_angle_bracket_name(tmp_path, monkeypatch):
+    """`#include </abs/cfg.h>` opens that file whatever the include path: the source names a
+    file, so it needs the trace (it was compiled untracked, and a hit after editing cfg.h)."""
+    cfg = tmp_path / "abs" / "cfg.h"
+    cfg.parent.mkdir()
+    cfg.write_text("#define V 1\n")
+    monkeypatch.chdir(tmp_path)
+    options = ProgramOptions(arch=ARCH)
+    code = f'#include <{cfg}>\nextern "C" __global__ void k(int* p) {{ *p = V; }}\n'
+    with FileStreamProgramCache(str(tmp_path / "cache")) as cache:
+        first, _ = _compile(cache, code, options)
+        assert _compile(cache, code, options) == (first, True)
+        cfg.write_text("#define V 2\n")
+        time.sleep(0.05)
+        after, _ = _compile(cache, code, options)
+        truth = _truth(code, options, monkeypatch)
+        assert truth != first
+        assert after == truth

@@ -111,7 +111,7 @@ def may_read_files(code: str | bytes, options: Any) -> bool:
     (so no trace is needed: the trace could list nothing but toolchain headers).
 
     Conservative: any "include" in the text (comments and strings included) that is not
-    an angle-bracket name with a literal spelling, any include_path (angle names then
+    an angle-bracket name with a literal, relative spelling, any include_path (angle names then
     search it), a line continuation or trigraph that could splice "#inc\\<newline>lude"
     together, and pre_include or extra_sources mean True. Directives cannot come out of
     macro expansion and _Pragma cannot include, so the text shows every name. Without
@@ -130,7 +130,11 @@ def may_read_files(code: str | bytes, options: Any) -> bool:
         return False
     if _is_set(getattr(options, "include_path", None)):
         return True
-    return sum(1 for m in _DIRECTIVE.finditer(raw) if m.group(2) == b"<") != named
+    # An absolute angle-bracket name (<"/abs/cfg.h">) is opened as it is, wherever it is.
+    return (
+        sum(1 for m in _DIRECTIVE.finditer(raw) if m.group(2) == b"<" and not m.group(3).strip().startswith(b"/"))
+        != named
+    )
 
 
 def _is_set(value: Any) -> bool:
