@@ -60,12 +60,14 @@ def test_has_include_the_scan_cannot_read_literally(tmp_path, monkeypatch, case)
         assert after == truth
 
 
-def test_include_of_a_macro_name_shadowed_in_the_includers_directory(tmp_path, monkeypatch):
-    """inc/sub/a.h has `#define B "b.h"` + `#include B`, found as inc/b.h through include_path;
-    a new inc/sub/b.h (the includer's directory, searched first) must not give the old result."""
+@pytest.mark.parametrize("a_h", ['#define B "b.h"\n#include B\n', '%:include "b.h"\n'], ids=["macro", "digraph"])
+def test_include_shadowed_in_the_includers_directory(tmp_path, monkeypatch, a_h):
+    """inc/sub/a.h includes "b.h" through a macro (`#define B "b.h"` + `#include B`) or with
+    the digraph `%:` for `#`, found as inc/b.h through include_path; a new inc/sub/b.h (the
+    includer's directory, searched first) must not give the old result."""
     work = tmp_path / "work"
     (work / "inc" / "sub").mkdir(parents=True)
-    (work / "inc" / "sub" / "a.h").write_text('#define B "b.h"\n#include B\n')
+    (work / "inc" / "sub" / "a.h").write_text(a_h)
     (work / "inc" / "b.h").write_text("#define V 1\n")
     monkeypatch.chdir(work)
     options = ProgramOptions(arch=ARCH, include_path=["inc"])

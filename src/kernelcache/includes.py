@@ -29,10 +29,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-# One regex for both: "#include"/"#include_next" at the start of a line, and
+# One regex for both: "#include"/"#include_next" at the start of a line ("%:" is the
+# digraph of "#"), and
 # "__has_include"/"__has_include_next" anywhere (it may sit in any #if expression).
 _DIRECTIVE = re.compile(
-    rb'(?:^[ \t]*#[ \t]*include(?:_next)?[ \t]*|(__has_include)(?:_next)?[ \t]*\([ \t]*)([<"])([^>"\r\n]+)[>"]',
+    rb'(?:^[ \t]*(?:#|%:)[ \t]*include(?:_next)?[ \t]*|(__has_include)(?:_next)?[ \t]*\([ \t]*)([<"])([^>"\r\n]+)[>"]',
     re.M,
 )
 
@@ -44,11 +45,11 @@ _SPLICE = re.compile(rb"\\[ \t\f\v]*\r?\n")
 # 3), a literal stays whole (a "/*" inside a string starts no comment).
 _LEXEMES = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
 _HAS_INCLUDE_WORD = re.compile(rb"__has_include(?:_next)?\b")
-_INCLUDE_LINE = re.compile(rb"^[ \t]*#[ \t]*include(?:_next)?\b", re.M)
+_INCLUDE_LINE = re.compile(rb"^[ \t]*(?:#|%:)[ \t]*include(?:_next)?\b", re.M)
 # What a macro can hand to __has_include or #include: a literal name right after "(" (a
 # macro's argument) or as a #define's value.
 _MACRO_NAME = re.compile(
-    rb'(?:\(|^[ \t]*#[ \t]*define[ \t]+\w+(?:\([^)\n]*\))?)[ \t]*(?:"([^"\r\n]+)"|<([^>\r\n]+)>)', re.M
+    rb'(?:\(|^[ \t]*(?:#|%:)[ \t]*define[ \t]+\w+(?:\([^)\n]*\))?)[ \t]*(?:"([^"\r\n]+)"|<([^>\r\n]+)>)', re.M
 )
 
 INCLUDE, HAS_INCLUDE = "i", "h"
