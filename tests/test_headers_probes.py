@@ -101,3 +101,18 @@ def test_absolute_angle_bracket_name(tmp_path, monkeypatch):
         truth = _truth(code, options, monkeypatch)
         assert truth != first
         assert after == truth
+
+
+def test_a_directory_named_like_the_header_earlier_on_the_path_is_no_shadow(tmp_path, monkeypatch):
+    """NVRTC passes over a directory inc1/b.h and reads inc2/b.h; the shadow check took the
+    directory for a header found first, so the compile was stored and never hit again."""
+    (tmp_path / "inc1" / "b.h").mkdir(parents=True)
+    (tmp_path / "inc2").mkdir()
+    (tmp_path / "inc2" / "b.h").write_text("#define V 1\n")
+    monkeypatch.chdir(tmp_path)
+    options = ProgramOptions(arch=ARCH, include_path=["inc1", "inc2"])
+    code = '#include "b.h"\nextern "C" __global__ void k(int* p) { *p = V; }\n'
+    with FileStreamProgramCache(str(tmp_path / "cache")) as cache:
+        first, hit = _compile(cache, code, options)
+        assert not hit and first == _truth(code, options, monkeypatch)
+        assert _compile(cache, code, options) == (first, True)

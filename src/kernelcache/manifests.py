@@ -126,7 +126,7 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
         path = rel if index < 0 or index >= len(dirs) else os.path.join(dirs[index], rel)
         paths.append(path)
         for earlier in dirs[:index] if index >= 0 else ():
-            if os.path.exists(os.path.join(earlier, rel)):
+            if os.path.isfile(os.path.join(earlier, rel)):
                 changes["added"].append(os.path.join(earlier, rel))
                 break
         now = file_digest(path)

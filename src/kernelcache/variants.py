@@ -193,10 +193,11 @@ def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
                 path = rel
             elif index < len(dirs):
                 path = f"{dirs[index]}{os.sep}{rel}"
-                # Shadowing: an earlier search dir that now holds the same relative name wins.
+                # Shadowing: an earlier search dir that now holds the same relative name wins
+                # (a file: NVRTC passes over a directory of that name, as includes.resolve does).
                 for earlier in dirs[:index]:
                     shadow = f"{earlier}{os.sep}{rel}"
-                    if os.path.exists(shadow):
+                    if os.path.isfile(shadow):
                         return False
                     absent.add(shadow)
             else:
