@@ -116,3 +116,35 @@ def test_a_directory_named_like_the_header_earlier_on_the_path_is_no_shadow(tmp_
         first, hit = _compile(cache, code, options)
         assert not hit and first == _truth(code, options, monkeypatch)
         assert _compile(cache, code, options) == (first, True)
+
+
+@pytest.mark.parametrize(
+    ("files", "code", "created"),
+    [
+        ({}, PICK.format(cond="__has_include(OPT)"), ("opt.h", "\n")),
+        (
+            {"sub/a.h": "#include OPT\n", "opt.h": "#define V 1\n"},
+            '#include "sub/a.h"\nextern "C" __global__ void k(int* p) { *p = V; }\n',
+            ("sub/opt.h", "#define V 2\n"),
+        ),
+    ],
+    ids=["has_include", "includer_dir"],
+)
+def test_header_name_held_by_an_option_macro(tmp_path, monkeypatch, files, code, created):
+    """define_macro=("OPT", '"opt.h"'): the name is in the options, not in any text; used by
+    __has_include(OPT) or by `#include OPT` in a header, a new opt.h changes the compile."""
+    work = tmp_path / "work"
+    (work / "inc" / "sub").mkdir(parents=True)
+    for rel, text in files.items():
+        (work / "inc" / rel).write_text(text)
+    monkeypatch.chdir(work)
+    options = ProgramOptions(arch=ARCH, include_path=["inc"], define_macro=("OPT", '"opt.h"'))
+    with FileStreamProgramCache(str(tmp_path / "cache")) as cache:
+        first, _ = _compile(cache, code, options)
+        assert _compile(cache, code, options) == (first, True)
+        (work / "inc" / created[0]).write_text(created[1])
+        time.sleep(0.05)
+        after, _ = _compile(cache, code, options)
+        truth = _truth(code, options, monkeypatch)
+        assert truth != first
+        assert after == truth

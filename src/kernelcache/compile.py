@@ -310,6 +310,7 @@ def _miss(
                     includes.pre_includes(options),
                     started_ns,
                     before,
+                    includes.option_macros(options),
                 )
                 if changed:
                     not_stored = "a header changed during the compile: " + ", ".join(changed[:3])

@@ -89,20 +89,42 @@ def directives(text: bytes) -> list[tuple[str, str, str]]:
     return list(found)
 
 
-def probes(texts: dict[str | None, list[tuple[str, str, str]]]) -> dict[str | None, list[tuple[str, str, str]]]:
-    """The probes of each text (includer -> directives() of its text).
+def option_macros(options: Any) -> list[tuple[str, str, str]]:
+    """directives() of the macros the options define (``define_macro``), read as #define lines.
+
+    Such a macro can name a header (``-DCFG="cfg.h"`` with ``#include CFG``) or be a
+    __has_include itself, in any text: what it names is probed from every includer.
+    """
+    try:
+        flags = options.as_bytes("nvrtc")
+    except Exception:
+        return []
+    lines = []
+    for flag in flags:
+        raw = flag if isinstance(flag, bytes) else str(flag).encode()
+        if raw.startswith(b"--define-macro="):
+            name, _, value = raw[len(b"--define-macro=") :].partition(b"=")
+            lines.append(b"#define " + name + b" " + value + b"\n")
+    return directives(b"".join(lines)) if lines else []
+
+
+def probes(
+    texts: dict[str | None, list[tuple[str, str, str]]], shared: Sequence[tuple[str, str, str]] = ()
+) -> dict[str | None, list[tuple[str, str, str]]]:
+    """The probes of each text (includer -> directives() of its text); ``shared``: the
+    directives() of macros every text sees (option_macros).
 
     A macro defined in one text can be used in another (a header defines HAS(x), the
     source calls HAS("opt.h")), so one text with a non-literal use makes the names seen
     for macros in every text probes; as __has_include ones, whose searched places are
     checked too. Otherwise they are dropped.
     """
-    macro = any(how == _MACRO_USE for found in texts.values() for how, _k, _n in found)
+    macro = any(how == _MACRO_USE for found in [*texts.values(), shared] for how, _k, _n in found)
     out: dict[str | None, list[tuple[str, str, str]]] = {}
     for includer, found in texts.items():
         kept = [d for d in found if d[0] in (INCLUDE, HAS_INCLUDE)]
         if macro:
-            kept += [(HAS_INCLUDE, kind, name) for how, kind, name in found if how == _MACRO_NAME_SEEN]
+            kept += [(HAS_INCLUDE, kind, name) for how, kind, name in [*found, *shared] if how == _MACRO_NAME_SEEN]
         out[includer] = list(dict.fromkeys(kept))
     return out
 

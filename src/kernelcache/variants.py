@@ -62,8 +62,11 @@ def build_variant(
     pre_include: Sequence[str],
     start_ns: int,
     before: Mapping[str, str],
+    option_macros: Sequence[tuple[str, str, str]] = (),
 ) -> tuple[dict[str, Any], list[str]]:
-    """(the variant for the headers one compile read, the paths that changed during it)."""
+    """(the variant for the headers one compile read, the paths that changed during it).
+
+    ``option_macros``: includes.option_macros(options), names the options' macros hold."""
     changed: list[str] = []
     digests: dict[str, str] = {}
     texts: dict[str | None, list[tuple[str, str, str]]] = {None: includes.directives(source)}
@@ -86,7 +89,7 @@ def build_variant(
             found = []
         texts[path] = found
 
-    texts = includes.probes(texts)
+    texts = includes.probes(texts, option_macros)
     # Probes, resolved now against the files as they are; the race checks below make sure
     # "now" is what NVRTC saw.
     probes: list[tuple[str | None, str, str, str, int, list[str]]] = []
