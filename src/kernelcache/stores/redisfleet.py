@@ -1,15 +1,17 @@
 """Fleet-wide counters kept in Redis itself: what every host sharing a namespace did.
 
 One hash per namespace, ``<namespace>:stats``, with the fields of ``FLEET_COUNTERS``. Each
-store adds its own counts to a local tally and sends the tally with HINCRBY at most once
-a second (on the next counted event after that) and at close or interpreter exit: a
-hit never costs a round trip of its own. A tally that cannot be sent (Redis down) is
-kept and sent with the next flush. Read-only stores send nothing.
+store adds its own counts to a local tally; one daemon thread per process (started with the
+first tally) sends every store's tally with HINCRBY about once a second, and at close or
+interpreter exit. A hit never makes a round trip, nor waits for one: a stalled server
+stalls the sender thread only. A tally that cannot be sent (Redis down) is kept and sent
+with the next flush. Read-only stores send nothing.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import weakref
@@ -20,14 +22,78 @@ from kernelcache.stats import MemoryStats
 
 FLEET_COUNTERS = ("hits", "misses", "stores", "compiles", "compile_us_saved")
 FLUSH_EVERY_S = 1.0
+# Interpreter exit waits at most this long for the last flush: a stopped server (SIGSTOP,
+# a dead host) must not hold up exit for a socket timeout the user set to minutes.
+EXIT_WAIT_S = 2.0
 
 _LIVE: weakref.WeakSet[FleetStats] = weakref.WeakSet()
 
 
-@atexit.register
-def _flush_all() -> None:
+class _Sender:
+    """The one thread per process that sends the tallies of every live store."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        self.wake = threading.Event()
+        self.exiting = False
+        self.done = threading.Event()
+
+    def ensure_started(self) -> None:
+        if self.thread is not None:
+            return
+        with self.lock:
+            if self.thread is None and not self.exiting:
+                thread = threading.Thread(target=self._run, name="kernelcache-fleet-counters", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # interpreter shutting down: the exit flush sends it
+                    return
+                self.thread = thread
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait(FLUSH_EVERY_S)
+            exiting = self.exiting
+            for stats in list(_LIVE):
+                try:
+                    stats.flush()
+                except Exception:  # pragma: no cover - a warning filter set to "error", say
+                    pass  # counting must never end the thread that counts for every store
+            if exiting:
+                self.done.set()
+                return
+
+    def flush_at_exit(self) -> None:
+        with self.lock:
+            self.exiting = True
+            thread = self.thread
+        if thread is not None and thread.is_alive():
+            self.wake.set()
+            # Bounded: a sender stuck on a stopped server is abandoned (it is a daemon).
+            self.done.wait(EXIT_WAIT_S)
+            return
+        for stats in list(_LIVE):  # no sender ever started here (nothing counted, or no threads)
+            stats.flush()
+
+    def reset_in_child(self) -> None:
+        # fork() copies the calling thread only: the child has no sender, and locks held
+        # by the parent's threads at the fork would stay held forever in the child.
+        self.__init__()  # type: ignore[misc]
+
+
+_SENDER = _Sender()
+atexit.register(_SENDER.flush_at_exit)
+
+
+def _after_fork_in_child() -> None:
+    _SENDER.reset_in_child()
     for stats in list(_LIVE):
-        stats.flush()
+        stats._forget_parents_tally()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def stats_key(namespace: str) -> str:
@@ -48,7 +114,8 @@ class FleetStats(MemoryStats):
     """This process's counters, plus a tally of the fleet counters bound for Redis.
 
     ``send(tally)`` writes the tally and returns False when it could not; ``send`` None
-    (read_only) keeps the local counters only.
+    (read_only) keeps the local counters only. Counting never calls ``send``: the process's
+    sender thread does, about once a second, and ``flush()`` (close, fleet_stats) does.
     """
 
     def __init__(self, send: Callable[[dict[str, int]], bool] | None) -> None:
@@ -57,7 +124,6 @@ class FleetStats(MemoryStats):
         self._tally: dict[str, int] = {}
         self._tally_lock = threading.Lock()
         self._flushing = threading.Lock()
-        self._last = time.monotonic()
         if send is not None:
             _LIVE.add(self)
 
@@ -68,9 +134,7 @@ class FleetStats(MemoryStats):
             for name in FLEET_COUNTERS:
                 if name in deltas:
                     self._tally[name] = self._tally.get(name, 0) + deltas[name]
-            due = time.monotonic() - self._last >= FLUSH_EVERY_S
-        if due:
-            self.flush()
+        _SENDER.ensure_started()
 
     def add(self, **deltas: int) -> dict[str, int]:
         out = super().add(**deltas)
@@ -82,25 +146,41 @@ class FleetStats(MemoryStats):
         self._note(deltas)
 
     def flush(self) -> None:
-        """Send the tally now (one pipelined round trip); keep it if Redis failed."""
-        if self._send is None or not self._flushing.acquire(blocking=False):
-            return  # another thread is sending: its tally will carry ours next time
-        try:
+        """Send the tally now (one pipelined round trip); keep it if Redis failed.
+
+        Race: the sender thread and an explicit flush (close, fleet_stats) may run at once;
+        the second waits for the first, so that a tally in flight has reached Redis before
+        fleet_stats reads the counters back.
+        """
+        if self._send is None:
+            return
+        with self._flushing:
             with self._tally_lock:
                 tally, self._tally = self._tally, {}
-                self._last = time.monotonic()
             tally = {k: v for k, v in tally.items() if v}
-            if tally and not self._send(tally):
-                with self._tally_lock:
-                    for name, value in tally.items():
-                        self._tally[name] = self._tally.get(name, 0) + value
-        finally:
-            self._flushing.release()
+            if not tally:
+                return
+            sent = False
+            try:
+                sent = self._send(tally)
+            finally:
+                if not sent:  # also when send raised (a warning turned into an error)
+                    with self._tally_lock:
+                        for name, value in tally.items():
+                            self._tally[name] = self._tally.get(name, 0) + value
 
     def drop_tally(self) -> None:
         """Forget the counts not yet sent (the fleet counters are being zeroed)."""
         with self._tally_lock:
             self._tally = {}
+
+    def _forget_parents_tally(self) -> None:
+        # In a forked child: the parent sends what it counted; sending it here too (at the
+        # child's exit) would count it twice. The locks may have been held by a parent's
+        # thread at the fork: new ones (the child has one thread).
+        self._tally = {}
+        self._tally_lock = threading.Lock()
+        self._flushing = threading.Lock()
 
     def close(self) -> None:
         self.flush()
