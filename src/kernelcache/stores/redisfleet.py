@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
