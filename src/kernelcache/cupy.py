@@ -213,24 +213,29 @@ class KernelCacheBackend(_CupyBackend):  # type: ignore[misc, valid-type]
 
     _DOMAIN = b"kernelcache.cupy.backend/1\x00"
 
-    def __init__(self) -> None:
+    @staticmethod
+    def _current() -> Any:
+        """The default store, looked up per call as compile_program does; None (an empty
+        cache that keeps nothing) under KERNELCACHE_DISABLE, or when the default cache
+        directory cannot be used (warned once): CuPy then compiles as without a cache."""
+        from kernelcache import config
         from kernelcache.default_store import default_cache_or_none
 
-        # None: the default cache directory cannot be used (warned once); CuPy compiles as
-        # it would without a cache instead of failing.
-        self._store = default_cache_or_none()
+        return None if config.disabled() else default_cache_or_none()
 
     def load(self, name: str) -> bytes | None:
-        if self._store is None:
+        store = self._current()
+        if store is None:
             return None
-        record = self._store.get_record(self._DOMAIN + name.encode("utf-8"))
+        record = store.get_record(self._DOMAIN + name.encode("utf-8"))
         return None if record is None else record[0]
 
     def save(self, name: str, cubin: bytes, source: str) -> None:
-        if self._store is None:
+        store = self._current()
+        if store is None:
             return
         meta = {"kind": "cupy", "code_type": "cupy", "target_type": name.rsplit(".", 1)[-1], "kernels": [name]}
-        self._store.set_record(self._DOMAIN + name.encode("utf-8"), cubin, meta)
+        store.set_record(self._DOMAIN + name.encode("utf-8"), cubin, meta)
 
 
 def install_backend() -> None:

@@ -36,6 +36,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised where triton is absent
     raise ImportError("kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`") from exc
 
+from kernelcache import config
 from kernelcache.log import logger
 from kernelcache.materialized import check_file_name, materialize
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
@@ -87,7 +88,6 @@ def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
     None when the default cache directory cannot be used (a read-only HOME, a root another
     user owns): warned once by default_cache_or_none; Triton then compiles as without us.
     """
-    from kernelcache import config
     from kernelcache.default_store import default_cache_or_none
 
     store = default_cache_or_none()
@@ -196,7 +196,9 @@ class KernelCacheManager(CacheManager):
         self.key = key
         check_file_name(key)
         self._delegate: FileCacheManager | None = None
-        if override or dump:
+        if override or dump or config.disabled():
+            # KERNELCACHE_DISABLE: kernelcache's store is neither read nor written; Triton
+            # caches as it would without us.
             self._delegate = FileCacheManager(key, override=override, dump=dump)
             return
         store, self._root = _store_and_root()
@@ -285,8 +287,9 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
 
     def __init__(self, key: str) -> None:
         self.key = key
-        store, _ = _store_and_root()
-        # No usable cache (warned once): a backend that holds nothing, so Triton compiles.
+        # KERNELCACHE_DISABLE, or no usable cache (warned once): a backend that holds
+        # nothing and stores nothing, so Triton compiles.
+        store = None if config.disabled() else _store_and_root()[0]
         self._files = _TritonFiles(key, store) if store is not None else None
         self._from_group: dict[str, bytes] = {}  # members of the groups read by this backend
         self._written: dict[str, bytes] = {}  # files put by this backend (a group's members)
