@@ -153,3 +153,22 @@ def test_sender_is_one_daemon_thread(server, ns) -> None:
     assert len(senders) == 1 and senders[0].daemon
     for rc in stores:
         rc.close()
+
+
+def test_sender_thread_failures_are_logged_not_warned_into_the_program(tmp_path, ns) -> None:
+    """Warnings filters are process-wide: a "failed to count" raised on the sender thread
+    landed in whatever the program ran meanwhile (a test counting its own warnings saw it)."""
+    need_redis()
+    s = RedisServer(str(tmp_path))
+    rc = RedisProgramCache(s.url, namespace=ns)
+    rc["k"] = b"v"  # a tally is pending
+    s.kill()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        deadline = time.monotonic() + 60
+        while rc.stats()["errors"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the program does nothing with the store: only the sender fails
+    assert rc.stats()["errors"] >= 1
+    assert [str(w.message) for w in seen] == []
+    rc.get("k")  # the program's own call warns as before
+    assert rc.last_error

@@ -82,7 +82,9 @@ def test_after_the_back_off_one_thread_probes_the_stopped_server(tmp_path) -> No
     s = RedisServer(str(tmp_path))
     try:
         s.pause()
-        rc = RedisProgramCache(s.url, socket_timeout=0.5, retry_after_s=0.3)
+        # read_only: no fleet counters, so the process's counter thread never calls this
+        # store; only the program's threads below do.
+        rc = RedisProgramCache(s.url, socket_timeout=0.5, retry_after_s=0.3, read_only=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert rc.get("k") is None

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from kernelcache.log import logger
 from kernelcache.stores import redisfleet, redislock
 from kernelcache.stores import redisrecord as rec
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
@@ -205,6 +206,20 @@ class RedisProgramCache(RecordStore):
         self._healthy()
         return result
 
+    def warn_once(self, cause: str, message: str) -> None:
+        if not redisfleet.on_sender_thread():
+            super().warn_once(cause, message)
+            return
+        # Warnings filters and catch_warnings are process-wide: a warning raised on the
+        # counter thread would land in whatever the program runs meanwhile. Count and log it
+        # only; the program's own next call to this store warns if Redis is still down.
+        self._stats.add(errors=1)
+        with self._warn_lock:
+            first = "sender-" + cause not in self._warned
+            self._warned.add("sender-" + cause)
+        if first:
+            logger.warning("%s: %s", type(self).__name__, message)
+
     def _healthy(self) -> None:
         with self._health_lock:
             self._down_until = 0.0
@@ -343,6 +358,9 @@ class RedisProgramCache(RecordStore):
     # -- counters ----------------------------------------------------------------------------
 
     def _send_tally(self, tally: dict[str, int]) -> bool:
+        with self._health_lock:
+            if self._down_until and (time.monotonic() < self._down_until or self._probing):
+                return False  # backing off: the tally waits, and is no call the program skipped
         key = redisfleet.stats_key(self._ns)
 
         def send(c: Any) -> bool:

@@ -82,6 +82,11 @@ class _Sender:
 
 
 _SENDER = _Sender()
+
+
+def on_sender_thread() -> bool:
+    """Whether the caller is the process's counter-sending thread."""
+    return _SENDER.thread is threading.current_thread()
 atexit.register(_SENDER.flush_at_exit)
 
 
