@@ -202,6 +202,63 @@ def test_redis_secret_and_read_only(tmp_path, redis_url) -> None:
         assert len(rc) == before
 
 
+# A host whose disk cache directory cannot be used still shares through Redis: the default
+# cache skips only the broken tier (memory -> Redis), with one warning naming the directory.
+SHARE = f"""
+import json, warnings
+from cuda.core import ProgramOptions
+from kernelcache import CompileInfo, KernelCacheWarning, compile_program
+from kernelcache.default_store import default_cache_or_none
+hits = []
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(2):
+        info = CompileInfo()
+        compile_program({KERNEL % (7, 7)!r}, options=ProgramOptions(arch={ARCH!r}), info=info)
+        hits.append(info.hit)
+c = default_cache_or_none()  # the store compile_program used (None: it compiled uncached)
+print(json.dumps({{"hits": hits, "compiles": c.stats()["compiles"] if c is not None else None,
+                  "tiers": [type(t).__name__ for t in getattr(c, "tiers", [])],
+                  "warnings": [str(w.message) for w in caught if w.category is KernelCacheWarning]}}))
+"""
+
+
+def _unusable_dir(kind: str, tmp_path, stack) -> str:
+    if kind == "other-user":  # a directory that another real user (nobody) owns: refused
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chown(theirs, 65534, 65534)
+        return str(theirs)
+    from conftest import mounted_tmpfs, remount_read_only
+
+    point = stack.enter_context(mounted_tmpfs("1m"))  # a real read-only mount: nothing can be created
+    remount_read_only(point)
+    return os.path.join(point, "kernelcache")
+
+
+@pytest.mark.parametrize("kind", ["other-user", "read-only-mount"])
+def test_unusable_disk_dir_still_shares_through_redis(tmp_path, redis_url, kind) -> None:
+    import contextlib
+
+    writer = {"KERNELCACHE_DIR": str(tmp_path / "a"), "KERNELCACHE_REDIS_URL": redis_url}
+    first = ok(py(SHARE, env=writer))
+    assert first["hits"] == [False, True] and first["compiles"] == 1 and first["warnings"] == []
+    with contextlib.ExitStack() as stack:
+        broken = _unusable_dir(kind, tmp_path, stack)
+        reader = {"KERNELCACHE_DIR": broken, "KERNELCACHE_REDIS_URL": redis_url}
+        got = ok(py(SHARE, env=reader))
+        assert got["hits"] == [True, True] and got["compiles"] == 0, got
+        assert got["tiers"] == ["InMemoryProgramCache", "RedisProgramCache"]
+        assert len(got["warnings"]) == 1 and broken in got["warnings"][0] and "Redis" in got["warnings"][0]
+        # a bad value is still an error, not a degraded store
+        proc = py(SHARE, env={**reader, "KERNELCACHE_REDIS_READ_ONLY": "maybe"})
+        assert proc.returncode != 0 and "ConfigError: KERNELCACHE_REDIS_READ_ONLY" in proc.stderr
+        # without Redis the same directory still compiles uncached, with one warning
+        alone = ok(py(SHARE, env={"KERNELCACHE_DIR": broken}))
+        assert alone["hits"] == [False, False] and alone["tiers"] == []
+        assert len(alone["warnings"]) == 1 and "uncached" in alone["warnings"][0]
+
+
 # -- KERNELCACHE_ALLOW_SHARED and --allow-shared -----------------------------------------------
 
 

@@ -18,7 +18,9 @@ _default_lock = threading.Lock()
 _default_caches: dict[tuple[object, ...], ProgramCacheResource] = {}
 # The memory tier in front of disk when the default cache is tiered (KERNELCACHE_REDIS_URL).
 _DEFAULT_MEMORY_TIER_BYTES = 256 * 2**20
-_unusable_roots: set[str] = set()  # default roots already warned about (default_cache_or_none)
+_unusable_roots: set[str] = set()  # default roots already warned about (_warn_unusable)
+# Its own lock: _warn_unusable also runs inside _make_default_cache, under _default_lock.
+_unusable_lock = threading.Lock()
 
 
 def default_cache() -> ProgramCacheResource:
@@ -27,8 +29,11 @@ def default_cache() -> ProgramCacheResource:
     A FileStreamProgramCache at ``KERNELCACHE_DIR`` (or the platformdirs user cache dir),
     capped at ``KERNELCACHE_MAX_SIZE`` (default 10 GB). With ``KERNELCACHE_REDIS_URL`` set it
     is a TieredProgramCache: memory -> that disk cache -> Redis (``KERNELCACHE_REDIS_SECRET``
-    signs entries, ``KERNELCACHE_REDIS_READ_ONLY=1`` never writes). One instance per
-    configuration; a bad variable raises config.ConfigError before anything is created.
+    signs entries, ``KERNELCACHE_REDIS_READ_ONLY=1`` never writes); if the directory cannot
+    be used (OSError) it is memory -> Redis, with one KernelCacheWarning naming it. Without
+    Redis such a directory raises the OSError (default_cache_or_none turns it into None).
+    One instance per configuration; a bad variable raises config.ConfigError before
+    anything is created.
     """
     # Per call: the raw values only (a few microseconds); they are parsed and checked once
     # per distinct configuration, when its cache is made.
@@ -62,18 +67,24 @@ def default_cache_or_none() -> ProgramCacheResource | None:
     try:
         return default_cache()
     except OSError as exc:
-        root = config.cache_dir()
-        with _default_lock:
-            first = root not in _unusable_roots
-            _unusable_roots.add(root)
-        if first:
-            message = (
-                f"the default cache directory {root} cannot be used ({exc}); compiling "
-                "uncached (set KERNELCACHE_DIR to a writable directory, or pass cache=)"
-            )
-            logger.warning("%s", message)
-            warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=4)
+        _warn_unusable(config.cache_dir(), exc, "compiling uncached")
         return None
+
+
+def _warn_unusable(root: str, exc: OSError, fallback: str) -> None:
+    """One warning (and log line) per default root that cannot be used, saying what we do instead."""
+    with _unusable_lock:
+        first = root not in _unusable_roots
+        _unusable_roots.add(root)
+    if first:
+        message = (
+            f"the default cache directory {root} cannot be used ({exc}); {fallback} "
+            "(set KERNELCACHE_DIR to a writable directory, or pass cache=)"
+        )
+        logger.warning("%s", message)
+        # stacklevel: warnings.warn <- here <- default_cache_or_none or _make_default_cache
+        # <- ... <- compile_program's caller; close enough to point at the user's code.
+        warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=5)
 
 
 def configured_cache(root: str | None, redis_url: str | None = None) -> ProgramCacheResource:
@@ -88,15 +99,21 @@ def configured_cache(root: str | None, redis_url: str | None = None) -> ProgramC
         redis_url or config.redis_url(),
         config.redis_secret(),
         config.redis_read_only(),
+        skip_unusable_disk=False,  # warm --cache-dir: a directory the user named must work
     )
 
 
 def _make_default_cache(
-    root: str, max_size: int | None, allow_shared: bool, url: str | None, secret: str | None, read_only: bool
+    root: str,
+    max_size: int | None,
+    allow_shared: bool,
+    url: str | None,
+    secret: str | None,
+    read_only: bool,
+    skip_unusable_disk: bool = True,
 ) -> ProgramCacheResource:
-    disk = FileStreamProgramCache(root, max_size, allow_shared=allow_shared)
     if url is None:
-        return disk
+        return FileStreamProgramCache(root, max_size, allow_shared=allow_shared)
     try:
         from kernelcache.stores.redis import RedisProgramCache
     except ImportError as exc:
@@ -106,6 +123,17 @@ def _make_default_cache(
     from kernelcache.stores.memory import InMemoryProgramCache
     from kernelcache.stores.tiered import TieredProgramCache
 
+    tiers: list[ProgramCacheResource] = []
     memory_cap = _DEFAULT_MEMORY_TIER_BYTES if max_size is None else min(max_size, _DEFAULT_MEMORY_TIER_BYTES)
-    remote = RedisProgramCache(url, secret=secret, read_only=read_only)
-    return TieredProgramCache([InMemoryProgramCache(memory_cap), disk, remote])
+    tiers.append(InMemoryProgramCache(memory_cap))
+    try:
+        tiers.append(FileStreamProgramCache(root, max_size, allow_shared=allow_shared))
+    except OSError as exc:
+        # A broken local disk (read-only HOME, another user's directory, a full disk) must
+        # not cut a fleet host off from Redis: skip only that tier. This store is kept for
+        # the process's life (one per configuration), so the disk is not retried later.
+        if not skip_unusable_disk:
+            raise
+        _warn_unusable(root, exc, "using memory -> Redis only")
+    tiers.append(RedisProgramCache(url, secret=secret, read_only=read_only))
+    return TieredProgramCache(tiers)
