@@ -84,3 +84,14 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout
     if proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real redis-server (tests/redis_servers.py) shared by the tests of one module; skips without one."""
+    from redis_servers import RedisServer, need_redis
+
+    need_redis()
+    s = RedisServer(str(tmp_path_factory.mktemp("redis")))
+    yield s
+    s.stop()

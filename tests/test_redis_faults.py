@@ -31,14 +31,6 @@ from kernelcache import RedisProgramCache  # noqa: E402 - needs the redis client
 TRIVIAL = 'extern "C" __global__ void fill(float* a, float v) { a[threadIdx.x] = v; }\n'
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    need_redis()
-    s = RedisServer(str(tmp_path_factory.mktemp("redis")))
-    yield s
-    s.stop()
-
-
 @pytest.fixture
 def ns() -> str:
     return f"faults{time.time_ns()}"

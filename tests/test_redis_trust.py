@@ -11,21 +11,12 @@ import time
 import warnings
 
 import pytest
-from redis_servers import RedisServer, need_redis
 
 from kernelcache import KernelCacheWarning
 from kernelcache.stores.naming import entry_name
 
 redis = pytest.importorskip("redis", reason="the redis client is the 'redis' extra: pip install -e '.[dev]'")
 from kernelcache import RedisProgramCache  # noqa: E402 - needs the redis client checked above
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    need_redis()
-    s = RedisServer(str(tmp_path_factory.mktemp("redis")))
-    yield s
-    s.stop()
 
 
 @pytest.fixture
