@@ -80,9 +80,11 @@ def write_forever(root: str, size: int) -> None:
         i += 1
 
 
-def compile_heavy(root: str, code: str, arch: str) -> tuple[bool, bytes]:
-    """compile_program in a separate process; (hit, artifact bytes)."""
+def compile_heavy(root: str, code: str, arch: str, store: str = "kernelcache") -> tuple[bool, bytes]:
+    """compile_program in a separate process into kernelcache's (or, store="cuda.core", cuda.core's own)
+    FileStreamProgramCache at root; (hit, artifact bytes)."""
     from cuda.core import ProgramOptions
+    from cuda.core.utils import FileStreamProgramCache as CudaCoreFileStream
 
     from kernelcache import CompileInfo, compile_program
 
@@ -90,7 +92,7 @@ def compile_heavy(root: str, code: str, arch: str) -> tuple[bool, bytes]:
     obj = compile_program(
         code,
         options=ProgramOptions(arch=arch, use_bundled_headers=True, std="c++17"),
-        cache=FileStreamProgramCache(root),
+        cache=CudaCoreFileStream(root) if store == "cuda.core" else FileStreamProgramCache(root),
         info=info,
     )
     return info.hit, bytes(obj.code)

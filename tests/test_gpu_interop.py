@@ -5,36 +5,13 @@ Run: PYTHONPATH=src python3 -m pytest -q -m gpu tests/test_gpu_interop.py
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
+from test_gpu_kernels import SRC, _scale_on
 
 from kernelcache import FileStreamProgramCache, InMemoryProgramCache, TieredProgramCache
 
 pytestmark = pytest.mark.gpu
-
-SRC = r"""
-extern "C" __global__ void scale(float* x, float a, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= a;
-}
-"""
-
-
-def _run_scale(dev, kernel, n: int = 1024) -> np.ndarray:
-    from cuda.core import LaunchConfig, LegacyPinnedMemoryResource, launch
-
-    stream = dev.create_stream()
-    host = LegacyPinnedMemoryResource().allocate(4 * n, stream=stream)
-    view = np.frombuffer((ctypes.c_float * n).from_address(int(host.handle)), dtype=np.float32)
-    view[:] = np.arange(n, dtype=np.float32)
-    buf = dev.allocate(4 * n, stream=stream)
-    buf.copy_from(host, stream=stream)
-    launch(stream, LaunchConfig(grid=(n + 127) // 128, block=128), kernel, buf, np.float32(3.0), np.int32(n))
-    buf.copy_to(host, stream=stream)
-    stream.sync()
-    return view.copy()
 
 
 @pytest.mark.parametrize("target", ["cubin", "ptx"])
@@ -64,5 +41,5 @@ def test_program_compile_hit_from_a_kernelcache_store_loads_and_runs(tmp_path, k
     stats = store.stats()
     assert (stats["misses"], stats["hits"], stats["stores"]) == (1, 1, 1), stats
     assert bytes(hit.code) == bytes(miss.code)
-    out = _run_scale(dev, hit.get_kernel("scale"))  # the kernel of the HIT, loaded and launched
+    out = _scale_on(0, hit.get_kernel("scale"), 1024)  # the kernel of the HIT, loaded and launched
     np.testing.assert_array_equal(out, np.arange(1024, dtype=np.float32) * 3.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 
-import _interop_workers as iw
+import _workers as w
 import pytest
 from conftest import ARCH, run_python, settle_timestamps
 from cuda.core import Program, ProgramOptions
@@ -241,7 +241,7 @@ def test_processes_sharing_a_cuda_core_file_store_compile_once(tmp_path) -> None
     root = str(tmp_path / "cc")
     ctx = mp.get_context("spawn")
     with ctx.Pool(4) as pool:
-        results = pool.starmap(iw.compile_heavy_into_cuda_core_store, [(root, HEAVY, ARCH)] * 4)
+        results = pool.starmap(w.compile_heavy, [(root, HEAVY, ARCH, "cuda.core")] * 4)
     assert sorted(hit for hit, _ in results) == [False, True, True, True]
     assert len({code for _, code in results}) == 1
     assert os.listdir(os.path.join(root, "kernelcache-locks"))  # the flock lived beside entries/
