@@ -55,7 +55,7 @@ def write_forever(root: str, prefix: str, size: int, cap: int | None, ready: str
 def hold_single_flight(root: str, key_hex: str, hold_s: float) -> None:
     """Hold the single-flight lock of key_hex for hold_s seconds (as compile_program would)."""
     from kernelcache import FileStreamProgramCache
-    from kernelcache.singleflight import single_flight
+    from kernelcache.compile.flight import single_flight
 
     cache = FileStreamProgramCache(root)
     with single_flight(bytes.fromhex(key_hex), cache.lock_path(key_hex + ".lock"), 30.0) as outcome:
@@ -68,7 +68,7 @@ def contend(root: str, key_hex: str, rounds: int, marker: str) -> None:
     """Take one key's single-flight lock rounds times; inside, check nobody else is inside
     (an O_EXCL marker file). Print {"overlaps": n}: two holders at once."""
     from kernelcache import FileStreamProgramCache
-    from kernelcache.singleflight import single_flight
+    from kernelcache.compile.flight import single_flight
 
     cache = FileStreamProgramCache(root)
     overlaps = 0

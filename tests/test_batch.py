@@ -22,7 +22,7 @@ from kernelcache import (
     compile_many,
     compile_program,
 )
-from kernelcache.compile import probe
+from kernelcache.compile.flow import probe
 
 BROKEN = 'extern "C" __global__ void broken(float* a) { a[threadIdx.x] = undefined_name; }\n'
 

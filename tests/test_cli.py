@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kernelcache import FileStreamProgramCache
-from kernelcache.stores.filestream import FORMAT_DIR
+from kernelcache.stores.file.store import FORMAT_DIR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "warm.toml")

@@ -227,7 +227,7 @@ def test_ls_survives_unusual_metadata(tmp_path) -> None:
     manifest = tmp_path / "m.toml"
     manifest.write_text('[[kernel]]\nname = "k"\ncode = "extern \\"C\\" __global__ void k() {}"\n')
     ok(kc("warm", str(manifest), "--cache-dir", cache))
-    from kernelcache.stores.sidecar import META_SUFFIX  # the sidecar: header line + JSON
+    from kernelcache.stores.file.sidecar import META_SUFFIX  # the sidecar: header line + JSON
 
     sidecars = [os.path.join(d, f) for d, _, fs in os.walk(cache) for f in fs if f.endswith(META_SUFFIX)]
     for path in sidecars:

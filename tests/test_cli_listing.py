@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from kernelcache.cli import table
-from kernelcache.stores.filestream import FORMAT_DIR
+from kernelcache.stores.file.store import FORMAT_DIR
 
 # fill<float[n]>: a real name expression with brackets, which rich's markup read as a style tag.
 SOURCE = """constexpr int n = 4;

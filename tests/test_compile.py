@@ -20,7 +20,7 @@ from kernelcache import (
     KernelCacheWarning,
     compile_program,
 )
-from kernelcache.stores.filestream import FORMAT_DIR
+from kernelcache.stores.file.store import FORMAT_DIR
 
 TRIVIAL = 'extern "C" __global__ void fill(float* a, float v) { a[threadIdx.x] = v; }\n'
 TEMPLATE = r"""
@@ -326,7 +326,7 @@ def test_processes_single_flight_one_compile(tmp_path) -> None:
 
 
 def test_different_keys_do_not_wait_for_each_other(tmp_path) -> None:
-    from kernelcache.singleflight import single_flight
+    from kernelcache.compile.flight import single_flight
 
     held = threading.Event()
     release = threading.Event()
@@ -354,7 +354,7 @@ def test_dead_lock_holder_releases_at_once(tmp_path) -> None:
     import sys
     import time
 
-    from kernelcache.singleflight import single_flight
+    from kernelcache.compile.flight import single_flight
 
     lock = str(tmp_path / "k.lock")
     holder = subprocess.Popen(

@@ -139,7 +139,7 @@ def test_kernelcache_dir_pointing_at_a_file(tmp_path) -> None:
     proc = py(COMPILE, env=env)  # raises in compile_program: a bad value is not degraded to a warning
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("kernelcache.config.ConfigError: KERNELCACHE_DIR=") and "not a directory" in last
-    assert "kernelcache/compile.py" in proc.stderr  # raised by the compile itself, not by default_cache() after it
+    assert "kernelcache/compile/flow.py" in proc.stderr  # raised by the compile itself, not by default_cache() after it
     line = one_line(kc("stats", env=env))
     assert "KERNELCACHE_DIR" in line and "not a directory" in line
     line = one_line(kc("stats", "--cache-dir", str(afile)))
@@ -208,7 +208,7 @@ SHARE = f"""
 import json, warnings
 from cuda.core import ProgramOptions
 from kernelcache import CompileInfo, KernelCacheWarning, compile_program
-from kernelcache.default_store import default_cache_or_none
+from kernelcache.stores.default import default_cache_or_none
 hits = []
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

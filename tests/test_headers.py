@@ -24,7 +24,7 @@ from conftest import ARCH, run_python, settle_timestamps
 from cuda.core import ProgramOptions
 
 from kernelcache import CompileInfo, FileStreamProgramCache, KernelCacheWarning, compile_program
-from kernelcache import headers as hdr
+from kernelcache.headers import digests as hdr
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 

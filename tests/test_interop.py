@@ -26,7 +26,7 @@ from kernelcache import (
     TieredProgramCache,
     compile_program,
 )
-from kernelcache.compilers import driver_available
+from kernelcache.compile.compilers import driver_available
 from kernelcache.stores import interop
 
 SRC = 'extern "C" __global__ void fill(float* a, float v) { a[threadIdx.x] = v; }\n'

@@ -10,9 +10,10 @@ from cuda.core import ProgramOptions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelcache import explain_program_cache_key, make_program_cache_key, toolchain
-from kernelcache import keys as keys_mod
-from kernelcache import options as options_mod
+from kernelcache import explain_program_cache_key, make_program_cache_key
+from kernelcache.keys import derive as keys_mod
+from kernelcache.keys import options as options_mod
+from kernelcache.keys import toolchain
 
 SRC = 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = 1.0f; }'
 

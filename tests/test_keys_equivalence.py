@@ -15,10 +15,10 @@ import pytest
 from conftest import ARCH
 from cuda.core import Program, ProgramOptions
 
-from kernelcache import keys as keys_mod
 from kernelcache import make_program_cache_key
-from kernelcache import options as options_mod
-from kernelcache.toolchain import Toolchain, toolchain_for
+from kernelcache.keys import derive as keys_mod
+from kernelcache.keys import options as options_mod
+from kernelcache.keys.toolchain import Toolchain, toolchain_for
 
 SRC = 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = 1.0f; }'
 NVVM_SRC = 'target triple = "nvptx64-nvidia-cuda"\n'

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kernelcache.compilers import LogCollector, _nvrtc_check, _nvrtc_directly, nvrtc_compile, run_compiler
+from kernelcache.compile.compilers import LogCollector, _nvrtc_check, _nvrtc_directly, nvrtc_compile, run_compiler
 
 TEMPLATE = r"""
 #include "scale.h"

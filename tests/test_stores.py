@@ -17,8 +17,8 @@ from kernelcache import (
     ProgramCacheResource,
     UnsafeCacheDirError,
 )
-from kernelcache.stores.filestream import FORMAT_DIR
-from kernelcache.stores.sidecar import SIDECAR_FORMAT
+from kernelcache.stores.file.sidecar import SIDECAR_FORMAT
+from kernelcache.stores.file.store import FORMAT_DIR
 
 
 @pytest.fixture(params=["memory", "file"])

@@ -17,7 +17,7 @@ import pytest
 from conftest import mounted_tmpfs, remount_read_only
 
 from kernelcache import FileStreamProgramCache, KernelCacheWarning
-from kernelcache.stores.filestream import FORMAT_DIR
+from kernelcache.stores.file.store import FORMAT_DIR
 
 CTX = mp.get_context("spawn")
 # Children import the kernelcache this test runs against (PYTHONPATH), else this checkout's.
@@ -208,7 +208,7 @@ def test_a_symlinked_evict_lock_neither_truncates_its_target_nor_stops_eviction(
 
 
 def test_a_symlinked_single_flight_lock_is_not_followed(tmp_path) -> None:
-    from kernelcache.singleflight import single_flight
+    from kernelcache.compile.flight import single_flight
 
     cache = FileStreamProgramCache(tmp_path / "c")
     elsewhere = tmp_path / "elsewhere"

@@ -29,7 +29,7 @@ from kernelcache import (
     TieredProgramCache,
     compile_program,
 )
-from kernelcache.stores.filestream import FORMAT_DIR
+from kernelcache.stores.file.store import FORMAT_DIR
 
 AXPY = "template <typename T> __global__ void axpy(T a, T* x) { x[threadIdx.x] *= a; }"
 EXPRS = ("axpy<float>", "axpy<double>")

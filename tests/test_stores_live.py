@@ -115,7 +115,7 @@ def test_verify_fix_still_removes_old_damage(tmp_path: Path) -> None:
 
 
 def _stats_path(root: Path) -> str:
-    from kernelcache.stores.filestream import FORMAT_DIR
+    from kernelcache.stores.file.store import FORMAT_DIR
 
     return os.path.join(root, FORMAT_DIR, "stats")
 
@@ -161,7 +161,7 @@ def test_tracked_size_never_exceeds_cap_by_more_than_one_value_per_writer(tmp_pa
 
 
 def _tmp_files(root: Path) -> list[Path]:
-    from kernelcache.stores.filestream import FORMAT_DIR
+    from kernelcache.stores.file.store import FORMAT_DIR
 
     return [p for p in (root / FORMAT_DIR / "tmp").iterdir() if p.is_file()]
 
@@ -199,7 +199,7 @@ def test_killed_writers_temp_files_are_counted_and_swept_by_eviction(tmp_path: P
 
 
 def _lock_files(root: Path) -> list[Path]:
-    from kernelcache.stores.filestream import FORMAT_DIR
+    from kernelcache.stores.file.store import FORMAT_DIR
 
     return sorted(p for p in (root / FORMAT_DIR / "locks").glob("*.lock"))
 
@@ -208,7 +208,7 @@ def _lock_files(root: Path) -> list[Path]:
 def test_maintenance_removes_lock_files_nobody_holds(tmp_path: Path, command: tuple[str, ...]) -> None:
     """locks/*.lock grow by one per key: clear, prune and verify --fix remove the idle ones
     and keep the one a live process holds (its holder still excludes every newcomer)."""
-    from kernelcache.singleflight import single_flight
+    from kernelcache.compile.flight import single_flight
 
     root = tmp_path / "cache"
     cache = FileStreamProgramCache(root)
@@ -260,8 +260,8 @@ def test_sweeping_never_takes_a_live_writers_staged_file(tmp_path: Path) -> None
     (1) between creating it and locking it (hence the born-as-*.new rename in stage_held:
     this test dropped writes under load without it), (2) writing it, (3) publishing it.
     """
-    from kernelcache.stores.fileops import sweep_dead_temps
-    from kernelcache.stores.filestream import FORMAT_DIR
+    from kernelcache.stores.file.ops import sweep_dead_temps
+    from kernelcache.stores.file.store import FORMAT_DIR
 
     root = tmp_path / "cache"
     FileStreamProgramCache(root).close()

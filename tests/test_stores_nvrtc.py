@@ -11,7 +11,7 @@ from conftest import ARCH
 from cuda.core import ObjectCode, Program, ProgramOptions
 
 from kernelcache import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
-from kernelcache.stores.filestream import FORMAT_DIR
+from kernelcache.stores.file.store import FORMAT_DIR
 
 SRC = r"""
 extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {

@@ -12,7 +12,7 @@ import pytest
 
 from kernelcache import FileStreamProgramCache
 from kernelcache.cli.entries import read_verified
-from kernelcache.stores.filestream import FORMAT_DIR
+from kernelcache.stores.file.store import FORMAT_DIR
 
 CTX = mp.get_context("spawn")  # a fresh interpreter per process, as separate programs would be
 

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from kernelcache import FileStreamProgramCache, UnsafeCacheDirError
-from kernelcache.singleflight import single_flight
-from kernelcache.stores.filestream import FORMAT_DIR
+from kernelcache.compile.flight import single_flight
+from kernelcache.stores.file.store import FORMAT_DIR
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("useradd") is None,

@@ -7,7 +7,7 @@ from importlib import metadata
 
 import pytest
 
-from kernelcache import toolchain
+from kernelcache.keys import toolchain
 
 
 @pytest.mark.parametrize("dist_name", ["cuda-core", "cuda-bindings", "nvidia-cuda-nvrtc", "nvidia-nvjitlink"])

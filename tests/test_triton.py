@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 from redis_servers import RedisServer, need_redis  # noqa: E402
 from triton.runtime import cache as triton_cache  # noqa: E402
 
-from kernelcache.stores.filestream import FORMAT_DIR, FileStreamProgramCache  # noqa: E402
+from kernelcache.stores.file.store import FORMAT_DIR, FileStreamProgramCache  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "_triton_worker.py")
 NAMES = ["kern.source", "kern.ttir", "kern.ptx", "kern.cubin", "kern.json"]
@@ -359,7 +359,7 @@ def test_copies_handed_out_while_prune_runs_are_always_placed(tmp_path):
     # to be renamed into included: that copy failed (FileNotFoundError), so Triton's put fell
     # back to its own directory and get_group missed, with a warning that the cache root
     # "cannot be written" (a few in a thousand here).
-    from kernelcache.materialized import materialize
+    from kernelcache.integrations.materialized import materialize
 
     root = tmp_path / "kc"
     pruner = subprocess.Popen(
@@ -367,7 +367,7 @@ def test_copies_handed_out_while_prune_runs_are_always_placed(tmp_path):
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from kernelcache.materialized import KEEP_RECENT_S, remove_materialized\n"
+            "from kernelcache.integrations.materialized import KEEP_RECENT_S, remove_materialized\n"
             "end = time.time() + 3\n"
             "while time.time() < end:\n"
             "    remove_materialized(sys.argv[1], KEEP_RECENT_S)  # what `kernelcache prune` runs\n",
@@ -393,7 +393,7 @@ def test_a_group_naming_a_path_is_a_miss_and_writes_nothing_outside(tmp_path, mo
     # own directory: it wrote outside it; KernelCacheManager.get_group raised ValueError.
     from triton.runtime.cache import RemoteCacheManager
 
-    from kernelcache.default_store import default_cache
+    from kernelcache.stores.default import default_cache
     from kernelcache.triton import KernelCacheManager, KernelCacheRemoteBackend, _TritonFiles
 
     triton_dir = tmp_path / "triton" / "cache"

@@ -16,25 +16,25 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "CacheClearedDuringBuild": "kernelcache.guarded",
-    "CompileInfo": "kernelcache.compile",
-    "CompileManyError": "kernelcache.batch",
-    "DeviceDestroyedDuringBuild": "kernelcache.guarded",
-    "FileStreamProgramCache": "kernelcache.stores.filestream",
-    "GuardedCache": "kernelcache.guarded",
+    "CacheClearedDuringBuild": "kernelcache.kernels.guarded",
+    "CompileInfo": "kernelcache.compile.flow",
+    "CompileManyError": "kernelcache.compile.batch",
+    "DeviceDestroyedDuringBuild": "kernelcache.kernels.guarded",
+    "FileStreamProgramCache": "kernelcache.stores.file.store",
+    "GuardedCache": "kernelcache.kernels.guarded",
     "InMemoryProgramCache": "kernelcache.stores.memory",
-    "KernelCache": "kernelcache.kernels",
+    "KernelCache": "kernelcache.kernels.cache",
     "KernelCacheWarning": "kernelcache.stores.base",
     "ProgramCacheResource": "kernelcache.stores.base",
-    "RedisProgramCache": "kernelcache.stores.redis",  # needs the optional redis client
+    "RedisProgramCache": "kernelcache.stores.redis.store",  # needs the optional redis client
     "TieredProgramCache": "kernelcache.stores.tiered",
-    "UnsafeCacheDirError": "kernelcache.stores.treesafety",
-    "compile_many": "kernelcache.batch",
-    "compile_program": "kernelcache.compile",
-    "default_cache": "kernelcache.default_store",
-    "explain_program_cache_key": "kernelcache.keys",
-    "make_program_cache_key": "kernelcache.keys",
-    "probe": "kernelcache.compile",
+    "UnsafeCacheDirError": "kernelcache.stores.file.treesafety",
+    "compile_many": "kernelcache.compile.batch",
+    "compile_program": "kernelcache.compile.flow",
+    "default_cache": "kernelcache.stores.default",
+    "explain_program_cache_key": "kernelcache.keys.derive",
+    "make_program_cache_key": "kernelcache.keys.derive",
+    "probe": "kernelcache.compile.flow",
 }
 
 __all__ = [
@@ -74,15 +74,15 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
-    from kernelcache.batch import CompileManyError, compile_many
-    from kernelcache.compile import CompileInfo, compile_program, probe
-    from kernelcache.default_store import default_cache
-    from kernelcache.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
-    from kernelcache.kernels import KernelCache
-    from kernelcache.keys import explain_program_cache_key, make_program_cache_key
+    from kernelcache.compile.batch import CompileManyError, compile_many
+    from kernelcache.compile.flow import CompileInfo, compile_program, probe
+    from kernelcache.kernels.cache import KernelCache
+    from kernelcache.kernels.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
+    from kernelcache.keys.derive import explain_program_cache_key, make_program_cache_key
     from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
-    from kernelcache.stores.filestream import FileStreamProgramCache
+    from kernelcache.stores.default import default_cache
+    from kernelcache.stores.file.store import FileStreamProgramCache
+    from kernelcache.stores.file.treesafety import UnsafeCacheDirError
     from kernelcache.stores.memory import InMemoryProgramCache
-    from kernelcache.stores.redis import RedisProgramCache
+    from kernelcache.stores.redis.store import RedisProgramCache
     from kernelcache.stores.tiered import TieredProgramCache
-    from kernelcache.stores.treesafety import UnsafeCacheDirError

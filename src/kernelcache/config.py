@@ -172,7 +172,7 @@ def redis_url() -> str | None:
             f"KERNELCACHE_REDIS_URL={_shown(raw)} is not a Redis URL: use redis://host:port/db, "
             "rediss:// (TLS), unix:///path.sock or redis+cluster://host:port"
         )
-    from kernelcache.stores.redis import check_url
+    from kernelcache.stores.redis.store import check_url
 
     try:
         check_url(raw)

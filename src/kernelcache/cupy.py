@@ -30,7 +30,7 @@ except ImportError as exc:  # pragma: no cover - exercised where cupy is absent
         "kernelcache.cupy needs CuPy: install it with `pip install 'kernelcache[cupy]'` (the CUDA 13 wheel)"
     ) from exc
 
-from kernelcache.nvrtc_flags import option_fields, program_options
+from kernelcache.integrations.nvrtc_flags import option_fields, program_options
 
 __all__ = ["KernelCacheBackend", "RawKernel", "RawModule", "install_backend"]
 
@@ -69,7 +69,7 @@ class _Compiled:
         self._lock = threading.Lock()
 
     def module(self, log_stream: Any = None) -> Any:
-        from kernelcache.compile import compile_program
+        from kernelcache.compile.flow import compile_program
 
         device = cupy.cuda.runtime.getDevice()
         mod = self._modules.get(device)
@@ -219,7 +219,7 @@ class KernelCacheBackend(_CupyBackend):  # type: ignore[misc, valid-type]
         cache that keeps nothing) under KERNELCACHE_DISABLE, or when the default cache
         directory cannot be used (warned once): CuPy then compiles as without a cache."""
         from kernelcache import config
-        from kernelcache.default_store import default_cache_or_none
+        from kernelcache.stores.default import default_cache_or_none
 
         return None if config.disabled() else default_cache_or_none()
 

@@ -12,7 +12,7 @@ or, to keep Triton's own manager and use kernelcache as its remote tier::
 Files go to ``kernelcache.default_cache()`` (configured by ``KERNELCACHE_DIR`` and the other
 ``KERNELCACHE_*`` variables), one entry per (Triton key, file name), checked on every read
 like any entry. Triton wants paths back; those are copies under the cache root
-(kernelcache.materialized), never the entries themselves.
+(kernelcache.integrations.materialized), never the entries themselves.
 
 Groups (Triton stores a compiled kernel as a group: IRs, cubin, metadata JSON) are all or
 nothing. A group is one manifest entry naming each member and the SHA-256 of its bytes,
@@ -37,8 +37,8 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
     raise ImportError("kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`") from exc
 
 from kernelcache import config
+from kernelcache.integrations.materialized import check_file_name, materialize
 from kernelcache.log import logger
-from kernelcache.materialized import check_file_name, materialize
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
 
 __all__ = ["KernelCacheManager", "KernelCacheRemoteBackend"]
@@ -88,7 +88,7 @@ def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
     None when the default cache directory cannot be used (a read-only HOME, a root another
     user owns): warned once by default_cache_or_none; Triton then compiles as without us.
     """
-    from kernelcache.default_store import default_cache_or_none
+    from kernelcache.stores.default import default_cache_or_none
 
     store = default_cache_or_none()
     if store is None:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from kernelcache import config
-from kernelcache.stores.filestream import FileStreamProgramCache
+from kernelcache.stores.file.store import FileStreamProgramCache
 
 
 def _allow_shared(ctx: click.Context, param: click.Parameter, value: bool) -> None:

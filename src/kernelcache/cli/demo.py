@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from kernelcache.compile import CompileInfo, compile_program
-from kernelcache.stores.filestream import FileStreamProgramCache
+from kernelcache.compile.flow import CompileInfo, compile_program
+from kernelcache.stores.file.store import FileStreamProgramCache
 
 EPILOGUES = {
     "identity": ("return x;", lambda x: x),

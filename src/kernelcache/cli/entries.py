@@ -9,8 +9,8 @@ import re
 import time
 from typing import Any
 
-from kernelcache.stores.fileops import open_regular, read_fd, read_regular, sweep_dead_temps
-from kernelcache.stores.filestream import DEFAULT_TMP_MAX_AGE_S, EntryInfo, FileStreamProgramCache
+from kernelcache.stores.file.ops import open_regular, read_fd, read_regular, sweep_dead_temps
+from kernelcache.stores.file.store import DEFAULT_TMP_MAX_AGE_S, EntryInfo, FileStreamProgramCache
 
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

@@ -24,8 +24,8 @@ def _pick(items: list[WarmItem], entry_name: str | None, path: str) -> WarmItem:
 
 def _components(item: WarmItem) -> dict[str, str]:
     """The source+options key's components (before headers: compile_program adds those)."""
-    from kernelcache.keys import explain_program_cache_key
-    from kernelcache.manifests import tracks_headers
+    from kernelcache.headers.manifests import tracks_headers
+    from kernelcache.keys.derive import explain_program_cache_key
 
     options = program_options(item)
     # include_path/pre_include: the key derivation needs extra_digest or header tracking;
@@ -55,9 +55,9 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
         diffs = {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and k != "key"}
         return {"source_key": a["key"], "other_source_key": b["key"], "in_cache": None, "differences": diffs}
     from kernelcache import config
-    from kernelcache.compile import probe
-    from kernelcache.records import options_summary
-    from kernelcache.stores.filestream import FileStreamProgramCache
+    from kernelcache.compile.flow import probe
+    from kernelcache.compile.metadata import options_summary
+    from kernelcache.stores.file.store import FileStreamProgramCache
     from kernelcache.stores.naming import entry_name as name_of
 
     root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
@@ -111,9 +111,9 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
 
 def _header_changes(item: WarmItem, cache: Any) -> dict[str, list[str]] | None:
     """Each header that changed, appeared or vanished since the stored compile of this source."""
-    from kernelcache import headers as hdr
-    from kernelcache import manifests
-    from kernelcache.lookup import Lookup
+    from kernelcache.compile.lookup import Lookup
+    from kernelcache.headers import digests as hdr
+    from kernelcache.headers import manifests
 
     options = program_options(item)
     look = Lookup(cache, item.code, item.code_type, item.target_type, options, item.name_expressions, None)

@@ -24,8 +24,8 @@ from kernelcache.cli.common import (
 from kernelcache.cli.common import emit as _emit
 from kernelcache.cli.common import open_cache as _open
 from kernelcache.cli.render import explain_text, ls_table, show_text, verify_text
-from kernelcache.materialized import KEEP_RECENT_S, remove_materialized
-from kernelcache.stores.filestream import FileStreamProgramCache
+from kernelcache.integrations.materialized import KEEP_RECENT_S, remove_materialized
+from kernelcache.stores.file.store import FileStreamProgramCache
 
 
 @click.group(cls=Group)
@@ -237,7 +237,7 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, d
     cache = _open(cache_dir)
     result = ent.prune(cache, size_cap, max_age, now=time.time(), dry_run=dry_run)
     if not dry_run:
-        # Copies handed to Triton (kernelcache.materialized) are not entries: idle ones go too.
+        # Copies handed to Triton (kernelcache.integrations.materialized) are not entries: idle ones go too.
         result["materialized_removed"] = remove_materialized(cache.path, KEEP_RECENT_S)[0]
         result["old_layouts_removed"] = cache.remove_old_layouts()  # never read: only space
         result["lock_files_removed"] = cache.remove_idle_locks()  # each under its own lock

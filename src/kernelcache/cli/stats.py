@@ -9,7 +9,7 @@ import click
 from kernelcache import config
 from kernelcache.cli import entries as ent
 from kernelcache.cli import table
-from kernelcache.stores.filestream import FileStreamProgramCache
+from kernelcache.stores.file.store import FileStreamProgramCache
 
 _ROWS = (
     "hits",
@@ -37,7 +37,7 @@ def collect(cache: FileStreamProgramCache, redis_url: str | None, namespace: str
     if redis_url:
         per_store["redis"] = _redis_fleet(redis_url, namespace)
         if zero:
-            from kernelcache.stores.redis import RedisProgramCache
+            from kernelcache.stores.redis.store import RedisProgramCache
 
             with RedisProgramCache(redis_url, namespace=namespace) as rc:
                 rc.zero_stats()
@@ -73,7 +73,7 @@ def _redis_fleet(url: str, namespace: str) -> dict[str, Any]:
     """The fleet counters in Redis; a Redis that cannot be reached is one clear error (ValueError)."""
     import warnings
 
-    from kernelcache.stores.redis import RedisProgramCache
+    from kernelcache.stores.redis.store import RedisProgramCache
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the store's warning would repeat the error below

@@ -167,8 +167,8 @@ def run(
     thread at all, so ``-j 8`` costs what ``-j 1`` does there. A failing item is reported
     as its own error; the others are compiled and stored all the same.
     """
-    from kernelcache.batch import run_batch
-    from kernelcache.default_store import configured_cache
+    from kernelcache.compile.batch import run_batch
+    from kernelcache.stores.default import configured_cache
 
     results: list[dict[str, Any]] = [
         {"name": item.name, "arch": item.arch, "target_type": item.target_type} for item in items

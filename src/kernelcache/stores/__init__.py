@@ -1,16 +1,16 @@
 """Byte stores: every one implements ProgramCacheResource (bytes in, the same bytes out)."""
 
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
-from kernelcache.stores.filestream import FileStreamProgramCache
+from kernelcache.stores.file.store import FileStreamProgramCache
+from kernelcache.stores.file.treesafety import UnsafeCacheDirError
 from kernelcache.stores.memory import InMemoryProgramCache
 from kernelcache.stores.tiered import TieredProgramCache
-from kernelcache.stores.treesafety import UnsafeCacheDirError
 
 
 def __getattr__(name: str) -> object:
     # RedisProgramCache needs the optional redis client: imported on first use only.
     if name == "RedisProgramCache":
-        from kernelcache.stores.redis import RedisProgramCache
+        from kernelcache.stores.redis.store import RedisProgramCache
 
         return RedisProgramCache
     raise AttributeError(name)

@@ -27,8 +27,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernelcache import includes
-from kernelcache.headers import changed_since, file_digest
+from kernelcache.headers import scan as includes
+from kernelcache.headers.digests import changed_since, file_digest
 from kernelcache.memo import remember
 
 MANIFEST_FORMAT = 2  # 2: probes and first_include (format 1 manifests are a miss)

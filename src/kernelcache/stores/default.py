@@ -12,7 +12,7 @@ import warnings
 from kernelcache import config
 from kernelcache.log import logger
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
-from kernelcache.stores.filestream import FileStreamProgramCache
+from kernelcache.stores.file.store import FileStreamProgramCache
 
 _default_lock = threading.Lock()
 _default_caches: dict[tuple[object, ...], ProgramCacheResource] = {}
@@ -115,7 +115,7 @@ def _make_default_cache(
     if url is None:
         return FileStreamProgramCache(root, max_size, allow_shared=allow_shared)
     try:
-        from kernelcache.stores.redis import RedisProgramCache
+        from kernelcache.stores.redis.store import RedisProgramCache
     except ImportError as exc:
         raise config.ConfigError(
             f"KERNELCACHE_REDIS_URL is set but the redis client is missing ({exc}): pip install 'kernelcache[redis]'"

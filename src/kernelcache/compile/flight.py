@@ -97,7 +97,7 @@ def _file_lock(path: str, deadline: float) -> _Held | str | None:
     A lock that cannot be created at all (read-only cache dir) is not a reason to fail:
     we then compile without cross-process coordination.
     """
-    from kernelcache.stores import lockfiles
+    from kernelcache.stores.file import locks as lockfiles
 
     try:
         # The file stays after release (unlinking it on release would race with waiters);

@@ -22,7 +22,7 @@ import hashlib
 import os
 import time
 
-from kernelcache.stores.fileops import make_dirs, stage
+from kernelcache.stores.file.ops import make_dirs, stage
 
 MATERIALIZED_DIR = "materialized"
 # A copy handed out less than this long ago is kept by prune: the process that got its path

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.records import kernel_names
+from kernelcache.compile.metadata import kernel_names
 
 if TYPE_CHECKING:
     from cuda.core import Kernel, ObjectCode

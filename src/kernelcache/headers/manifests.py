@@ -18,12 +18,13 @@ import os
 import threading
 from typing import Any
 
-from kernelcache import includes, variants
-from kernelcache.headers import file_digest
-from kernelcache.keys import digest_components
+from kernelcache.compile.metadata import read_record, write_record
+from kernelcache.headers import scan as includes
+from kernelcache.headers import variants
+from kernelcache.headers.digests import file_digest
+from kernelcache.keys.derive import digest_components
+from kernelcache.keys.options import OPTION_POLICY, TRACKED, _is_set
 from kernelcache.memo import remember
-from kernelcache.options import OPTION_POLICY, TRACKED, _is_set
-from kernelcache.records import read_record, write_record
 from kernelcache.stores.base import ProgramCacheResource
 
 _MEMO_LIMIT = 4096

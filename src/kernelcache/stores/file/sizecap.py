@@ -23,8 +23,8 @@ from collections import deque
 
 from kernelcache.log import logger
 from kernelcache.stats import FileStats
-from kernelcache.stores import lockfiles
-from kernelcache.stores.fileops import (
+from kernelcache.stores.file import locks as lockfiles
+from kernelcache.stores.file.ops import (
     StatKey,
     pair_lock,
     path_in,
@@ -33,7 +33,7 @@ from kernelcache.stores.fileops import (
     sweep_dead_temps,
     unlink_if_same,
 )
-from kernelcache.stores.sidecar import META_SUFFIX
+from kernelcache.stores.file.sidecar import META_SUFFIX
 
 # Evict down to this fraction of the cap, not just below it: each eviction pass then frees
 # room for many writes, so a full cache pays for a directory scan once per ~10% of its size

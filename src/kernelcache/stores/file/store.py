@@ -31,10 +31,9 @@ from typing import Any
 from kernelcache import config
 from kernelcache.memo import remember
 from kernelcache.stats import FileStats
-from kernelcache.stores import lockfiles
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
-from kernelcache.stores.entryread import EntryReading, Verified
-from kernelcache.stores.fileops import (
+from kernelcache.stores.file import locks as lockfiles
+from kernelcache.stores.file.ops import (
     READ_CHUNK,
     TMP_SUFFIX,
     pair_lock,
@@ -48,10 +47,11 @@ from kernelcache.stores.fileops import (
     sweep_dead_temps,
     unlink_if_same,
 )
+from kernelcache.stores.file.read import EntryReading, Verified
+from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, make_sidecar, sidecar_info
+from kernelcache.stores.file.sizecap import SizeCap
+from kernelcache.stores.file.treesafety import UnsafeCacheDirError, make_root, make_tree
 from kernelcache.stores.naming import entry_name
-from kernelcache.stores.sidecar import MAX_SIZE, META_SUFFIX, make_sidecar, sidecar_info
-from kernelcache.stores.sizecap import SizeCap
-from kernelcache.stores.treesafety import UnsafeCacheDirError, make_root, make_tree
 
 __all__ = ["DEFAULT_TMP_MAX_AGE_S", "EntryInfo", "FileStreamProgramCache", "UnsafeCacheDirError"]
 

@@ -23,7 +23,7 @@ from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResour
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
 
-    from kernelcache.toolchain import Toolchain
+    from kernelcache.keys.toolchain import Toolchain
 
 
 # -- metadata -----------------------------------------------------------------------------

@@ -17,22 +17,30 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernelcache import config, includes, manifests, variants
-from kernelcache import headers as hdr
-from kernelcache.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state, run_compiler
-from kernelcache.default_store import default_cache, default_cache_or_none
-from kernelcache.keys import _default_options
-from kernelcache.log import key_prefix, logger
-from kernelcache.lookup import Lookup
-from kernelcache.records import (
+from kernelcache import config
+from kernelcache.compile.compilers import (
+    lost_trace,
+    new_trace_path,
+    remove_trace,
+    reset_nvrtc_trace_state,
+    run_compiler,
+)
+from kernelcache.compile.flight import single_flight
+from kernelcache.compile.lookup import Lookup
+from kernelcache.compile.metadata import (
     artifact_meta,
     count,
     object_from_record,
     refuse_to_store,
     write_record,
 )
-from kernelcache.singleflight import single_flight
+from kernelcache.headers import digests as hdr
+from kernelcache.headers import manifests, variants
+from kernelcache.headers import scan as includes
+from kernelcache.keys.derive import _default_options
+from kernelcache.log import key_prefix, logger
 from kernelcache.stores.base import Meta, ProgramCacheResource, as_value_bytes
+from kernelcache.stores.default import default_cache, default_cache_or_none
 from kernelcache.stores.foreign import as_store
 from kernelcache.stores.naming import entry_name
 

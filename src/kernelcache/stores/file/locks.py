@@ -29,7 +29,7 @@ import os
 import stat
 import time
 
-from kernelcache.stores.fileops import path_in
+from kernelcache.stores.file.ops import path_in
 
 LOCK_SUFFIX = ".lock"
 _OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)

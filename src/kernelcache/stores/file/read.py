@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from kernelcache.memo import remember
 from kernelcache.stores.base import Meta
-from kernelcache.stores.fileops import (
+from kernelcache.stores.file.ops import (
     NotRegularFileError,
     StatKey,
     pair_lock,
@@ -24,8 +24,8 @@ from kernelcache.stores.fileops import (
     stat_key,
     unlink_if_same,
 )
-from kernelcache.stores.sidecar import MAX_SIZE, META_SUFFIX, parse_sidecar
-from kernelcache.stores.sizecap import SizeCap
+from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, parse_sidecar
+from kernelcache.stores.file.sizecap import SizeCap
 
 # Verified (entry, sidecar) pairs remembered per process (see _read); bounded.
 _VERIFIED_MEMO_SIZE = 4096

@@ -7,14 +7,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kernelcache import headers as hdr
-from kernelcache import includes, manifests
-from kernelcache.keys import digest_components, key_components
+from kernelcache.compile.metadata import read_record
+from kernelcache.headers import digests as hdr
+from kernelcache.headers import manifests
+from kernelcache.headers import scan as includes
+from kernelcache.keys.derive import digest_components, key_components
+from kernelcache.keys.options import options_fingerprint
+from kernelcache.keys.toolchain import toolchain_for
 from kernelcache.memo import remember
-from kernelcache.options import options_fingerprint
-from kernelcache.records import read_record
 from kernelcache.stores.base import Meta, ProgramCacheResource
-from kernelcache.toolchain import toolchain_for
 
 # call arguments -> (base components, manifest key, entry key, whether to trace headers)
 _base_memo: dict[Any, tuple[list[tuple[str, bytes]], bytes, bytes, bool]] = {}

@@ -15,8 +15,8 @@ import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.options import _HASHED_FIELDS, _encode, option_components
-from kernelcache.toolchain import Toolchain, toolchain_for
+from kernelcache.keys.options import _HASHED_FIELDS, _encode, option_components
+from kernelcache.keys.toolchain import Toolchain, toolchain_for
 
 if TYPE_CHECKING:
     from cuda.core import ProgramOptions

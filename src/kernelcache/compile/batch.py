@@ -31,15 +31,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
-from kernelcache.compile import (
+from kernelcache.compile.flow import (
     CompileInfo,
     _flight,
     _hit,
     _resolve_cache,
     compile_program,
 )
-from kernelcache.keys import _default_options
-from kernelcache.lookup import Lookup
+from kernelcache.compile.lookup import Lookup
+from kernelcache.keys.derive import _default_options
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode

@@ -16,11 +16,11 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.batch import REQUEST_FIELDS, CompileManyError, normalize_requests, run_batch
-from kernelcache.compile import CompileInfo, compile_program
-from kernelcache.guarded import GuardedCache
-from kernelcache.loader import bad_bytes, device_options, kernel_of, on_device
-from kernelcache.options import options_fingerprint
+from kernelcache.compile.batch import REQUEST_FIELDS, CompileManyError, normalize_requests, run_batch
+from kernelcache.compile.flow import CompileInfo, compile_program
+from kernelcache.kernels.guarded import GuardedCache
+from kernelcache.kernels.loader import bad_bytes, device_options, kernel_of, on_device
+from kernelcache.keys.options import options_fingerprint
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
 from kernelcache.stores.foreign import as_store
 
@@ -319,8 +319,8 @@ class KernelCache:
     def _heal(store: ProgramCacheResource | None, key: bytes, exc: BaseException) -> None:
         import warnings
 
-        from kernelcache.default_store import default_cache
         from kernelcache.log import logger
+        from kernelcache.stores.default import default_cache
 
         target = store if store is not None else default_cache()
         message = f"the driver refused a cached artifact's bytes ({exc}); evicted it and recompiling"

@@ -1,0 +1,1 @@
+"""What the Triton and CuPy entry points need: materialized copies, CuPy's NVRTC flag translation."""

@@ -1,0 +1,1 @@
+"""Loaded kernels: KernelCache (per device, over compiled bytes), GuardedCache, the module loader."""

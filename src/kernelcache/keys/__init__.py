@@ -1,0 +1,1 @@
+"""Cache keys: make_program_cache_key, the option policy table, the toolchain identity."""

@@ -1,0 +1,1 @@
+"""FileStreamProgramCache: layout, read path, atomic writes, size cap, locks, tree safety."""

@@ -1,0 +1,1 @@
+"""RedisProgramCache: connection, record format, cross-host lock, fleet counters."""
