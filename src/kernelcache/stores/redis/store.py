@@ -32,11 +32,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from kernelcache.log import logger
+from kernelcache.stores import record as rec
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.naming import entry_name
 from kernelcache.stores.redis import fleet as redisfleet
 from kernelcache.stores.redis import lock as redislock
-from kernelcache.stores.redis import record as rec
 from kernelcache.stores.redis.conn import check_binary, check_url, make_client, unreachable_errors
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"

@@ -1,15 +1,19 @@
-"""The Redis record format: one Redis string per entry, artifact and metadata checked as one.
+"""The record format: one entry as one byte string, artifact and metadata checked as one.
+
+Redis stores a record as one string, a bundle as one slice of its file, the object store as
+one object; each passes the name it stores the record under as ``name`` (the Redis key name,
+the entry's name in a bundle).
 
 ::
 
     b"KCR2" | flags (1 byte) | key id (8 bytes) | u32 head length | head JSON | payload | tag (32 bytes)
 
 The head JSON holds the metadata (``{"size", "created", "meta"}``). The tag covers the
-Redis key name and every byte before it, so the metadata that chooses the kernel (symbol
+record's name and every byte before it, so the metadata that chooses the kernel (symbol
 mapping, log, toolchain) is verified on every hit, not only the payload:
 
-* unsigned (flags 0, key id zeros): tag = SHA-256(key name, NUL, record);
-* signed (flags 1): tag = HMAC-SHA256(secret, key name, NUL, record), and the key id is a
+* unsigned (flags 0, key id zeros): tag = SHA-256(name, NUL, record);
+* signed (flags 1): tag = HMAC-SHA256(secret, name, NUL, record), and the key id is a
   fingerprint of the secret (an HMAC of a constant: it reveals nothing about the secret).
 
 The key id is what lets a reader tell "signed with another secret" (not ours to judge:
@@ -61,21 +65,21 @@ def writer_prefix(secret: bytes | None) -> bytes:
     return MAGIC + bytes([_SIGNED if secret is not None else 0]) + key_id(secret)
 
 
-def _tag(secret: bytes | None, redis_key: str, body: bytes | memoryview) -> bytes:
+def _tag(secret: bytes | None, name: str, body: bytes | memoryview) -> bytes:
     h: Any = hashlib.sha256() if secret is None else hmac.new(secret, digestmod=hashlib.sha256)
-    h.update(redis_key.encode() + b"\0")
+    h.update(name.encode() + b"\0")
     h.update(body)  # a memoryview of the record: no copy of a large artifact
     return h.digest()
 
 
-def encode(redis_key: str, payload: bytes, meta: dict[str, Any], secret: bytes | None) -> bytes:
-    """The record for ``payload`` and ``meta`` under ``redis_key``."""
+def encode(name: str, payload: bytes, meta: dict[str, Any], secret: bytes | None) -> bytes:
+    """The record for ``payload`` and ``meta`` under ``name``."""
     head = json.dumps({"size": len(payload), "created": time.time(), "meta": meta}, separators=(",", ":")).encode()
     body = _HEAD.pack(MAGIC, _SIGNED if secret is not None else 0, key_id(secret), len(head)) + head + payload
-    return body + _tag(secret, redis_key, body)
+    return body + _tag(secret, name, body)
 
 
-def decode(redis_key: str, raw: bytes, secret: bytes | None) -> tuple[Verdict, tuple[bytes, dict[str, Any]] | None]:
+def decode(name: str, raw: bytes, secret: bytes | None) -> tuple[Verdict, tuple[bytes, dict[str, Any]] | None]:
     """(OK, (payload, meta)) for a record that passes its check, else (why not, None)."""
     magic = raw[:4]
     if magic != MAGIC:
@@ -93,7 +97,7 @@ def decode(redis_key: str, raw: bytes, secret: bytes | None) -> tuple[Verdict, t
     elif secret is not None:
         return Verdict.UNSIGNED, None
     view = memoryview(raw)
-    if not hmac.compare_digest(raw[-_TAG_SIZE:], _tag(secret, redis_key, view[:-_TAG_SIZE])):
+    if not hmac.compare_digest(raw[-_TAG_SIZE:], _tag(secret, name, view[:-_TAG_SIZE])):
         return Verdict.DAMAGED, None
     try:
         head = json.loads(raw[_HEAD.size : _HEAD.size + head_len])
