@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from kernelcache.cli.warm import WarmItem, load_manifest, program_options
+from kernelcache.compile.schema import meta_is_usable
 
 
 def _pick(items: list[WarmItem], entry_name: str | None, path: str) -> WarmItem:
@@ -90,8 +91,8 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
     best = None
     for entry in cache.iter_entries():
         meta = (entry.meta or {}).get("meta") or {}
-        if not meta.get("kernels") or not set(meta["kernels"]) & {a_item.name, *a_item.name_expressions}:
-            continue
+        if not meta_is_usable(meta) or not set(meta["kernels"]) & {a_item.name, *a_item.name_expressions}:
+            continue  # another version's record (or a manifest): not comparable
         theirs = {f"options.{k}": v for k, v in (meta.get("options") or {}).items()}
         theirs.update({f"toolchain.{k}": v for k, v in (meta.get("toolchain") or {}).items()})
         theirs.update({"code_type": meta.get("code_type"), "target_type": meta.get("target_type")})

@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernelcache.compile.schema import META_SCHEMA, SCHEMA_FIELD, meta_is_usable
 from kernelcache.log import logger
 from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore
 
@@ -110,9 +111,10 @@ def artifact_meta(
     toolchain: Toolchain | None,
     headers: Sequence[str],
 ) -> Meta:
-    """The metadata stored beside a freshly compiled artifact."""
+    """The metadata stored beside a freshly compiled artifact (of schema META_SCHEMA)."""
     mapping = getattr(obj, "symbol_mapping", None)
     return {
+        SCHEMA_FIELD: META_SCHEMA,
         "code_type": code_type,
         "target_type": target_type,
         "name": options.name or "",
@@ -156,6 +158,16 @@ def read_record(cache: ProgramCacheResource, key: bytes, *, caller_counts: bool 
     except Exception as exc:
         warn_store(cache, "read", exc)
         return None
+
+
+def read_artifact(cache: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta] | None:
+    """An artifact's record for a hit (the caller counts it), or None.
+
+    A record whose metadata is of another schema or shape (schema.py) is a miss like an
+    absent one: no warning, no error count, the record stays where it is.
+    """
+    record = read_record(cache, key, caller_counts=True)
+    return record if record is not None and meta_is_usable(record[1]) else None
 
 
 def write_record(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Meta, internal: bool = False) -> None:
