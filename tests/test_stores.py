@@ -15,6 +15,7 @@ from kernelcache import (
     InMemoryProgramCache,
     KernelCacheWarning,
     ProgramCacheResource,
+    TieredProgramCache,
     UnsafeCacheDirError,
 )
 from kernelcache.stores.file.sidecar import SIDECAR_FORMAT
@@ -427,3 +428,25 @@ def test_object_code_values_memory_and_path_backed(tmp_path, store: ProgramCache
     store["path"] = ObjectCode.from_cubin(str(path))
     path.write_bytes(b"changed later")  # read at write time: the cache keeps what it saw
     assert store["path"] == b"\x7fELF-on-disk"
+
+
+def test_capabilities_are_declared_and_a_tiered_store_answers_for_its_tiers(tmp_path) -> None:
+    """What single flight, the header trace and tiered writes use is stated by every store:
+    none by default, a file store's own, and a tiered store's from the tier that has it."""
+    memory = InMemoryProgramCache()
+    disk = FileStreamProgramCache(tmp_path / "c")
+    assert (memory.read_only, memory.lock_path("k.lock"), memory.has_remote_lock, memory.tmp_dir) == (
+        False,
+        None,
+        False,
+        None,
+    )
+    with memory.remote_lock("k", time.monotonic() + 1, lambda: False) as outcome:
+        assert outcome == "unavailable"
+    tiered = TieredProgramCache([memory, disk])
+    assert tiered.lock_path("k.lock") == disk.lock_path("k.lock") == str(tmp_path / "c" / FORMAT_DIR / "locks" / "k.lock")
+    assert tiered.tmp_dir == disk.tmp_dir and os.path.isdir(disk.tmp_dir)
+    assert tiered.file_root == disk.file_root == str(tmp_path / "c")
+    assert not tiered.read_only and not tiered.has_remote_lock
+    assert TieredProgramCache([InMemoryProgramCache()]).lock_path("k.lock") is None
+    tiered.close()

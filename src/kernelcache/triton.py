@@ -93,11 +93,8 @@ def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
     store = default_cache_or_none()
     if store is None:
         return None, ""
-    for tier in [store, *getattr(store, "tiers", ())]:
-        path = getattr(tier, "path", None)
-        if isinstance(path, str):
-            return store, path
-    return store, config.cache_dir()
+    root = store.file_root
+    return store, root if root is not None else config.cache_dir()
 
 
 class _TritonFiles:

@@ -39,7 +39,7 @@ from kernelcache.compile.flow import (
     compile_program,
 )
 from kernelcache.compile.lookup import Lookup
-from kernelcache.keys.derive import _default_options
+from kernelcache.keys.derive import default_options
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -266,7 +266,7 @@ def _lookup(
     """The request's key material (None when the cache is disabled); its options filled in."""
     try:
         if request.get("options") is None:
-            request["options"] = _default_options()
+            request["options"] = default_options()
         if store is None:
             return None
         return Lookup(

@@ -37,7 +37,7 @@ from kernelcache.compile.metadata import (
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests, variants
 from kernelcache.headers import scan as includes
-from kernelcache.keys.derive import _default_options
+from kernelcache.keys.derive import default_options
 from kernelcache.log import key_prefix, logger
 from kernelcache.stores.base import Meta, ProgramCacheResource, as_value_bytes
 from kernelcache.stores.default import default_cache, default_cache_or_none
@@ -75,16 +75,10 @@ class CompileInfo:
 
 
 def _lock_path(cache: ProgramCacheResource, key: bytes) -> str | None:
-    lock_path = getattr(cache, "lock_path", None)
-    if lock_path is None:
-        return None
     try:
-        path = lock_path(key.hex() + ".lock")
+        return cache.lock_path(key.hex() + ".lock")
     except OSError:
-        return None
-    # None: a store with no file tier (a TieredProgramCache of memory and Redis). str(None)
-    # made every key share one lock file named "None" in the current directory.
-    return None if path is None else str(path)
+        return None  # locks/ cannot be made: threads of this process still meet
 
 
 def probe(
@@ -98,7 +92,7 @@ def probe(
     extra_digest: bytes | None = None,
 ) -> CompileInfo:
     """Would compile_program hit? Looks up without compiling, storing or counting."""
-    options = _default_options() if options is None else options
+    options = default_options() if options is None else options
     store = as_store(cache) if cache is not None else default_cache()
     look = Lookup(store, code, code_type, target_type, options, name_expressions, extra_digest)
     key, record, variant = look.find()
@@ -140,7 +134,7 @@ def compile_program(
     start = time.perf_counter()
     want_headers = info is not None  # the list of tracked headers is built only when asked for
     info = info if info is not None else CompileInfo()
-    options = _default_options() if options is None else options
+    options = default_options() if options is None else options
     store = None if config.disabled() else _resolve_cache(cache)
     if store is None:
         obj, log_text, seconds = run_compiler(code, code_type, target_type, options, name_expressions, None)
@@ -207,14 +201,13 @@ def _flight(
         if outcome == "acquired":
             key, record, variant = look.find()  # a peer may have compiled it meanwhile
             info.waited = record is not None
-        remote_lock = getattr(cache, "remote_lock", None)
-        if record is None and remote_lock is not None:
+        if record is None and cache.has_remote_lock:
             # The Redis lock is taken inside the file lock and released before it: so a
             # Redis lock held under the file lock we hold now was left by a dead holder
             # of this host, and the Redis tier takes it over at once (stores/redislock).
             held = lock_path if outcome == "acquired" else None
             ready = lambda: look.find()[1] is not None  # noqa: E731
-            with remote_lock(flight_key.hex(), deadline, ready, local_lock=held) as remote:
+            with cache.remote_lock(flight_key.hex(), deadline, ready, local_lock=held) as remote:
                 if remote == "timeout" and not wait:
                     return None  # another host is compiling it: come back to it later
                 if remote in ("acquired", "ready"):
@@ -275,7 +268,7 @@ def _miss(
 ) -> ObjectCode:
     cache, code_type, target_type, track = look.cache, look.code_type, look.target_type, look.track
     count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
-    tmp_dir = getattr(cache, "tmp_dir", None)
+    tmp_dir = cache.tmp_dir
     trace_path = new_trace_path(tmp_dir) if track else None
     not_stored = ""  # why this compile's result cannot be stored, when it cannot
     if track and trace_path is None:

@@ -42,7 +42,8 @@ def _normalize_kind(value: object, what: str, allowed: frozenset[str]) -> str:
     return v
 
 
-def _default_options() -> ProgramOptions:
+def default_options() -> ProgramOptions:
+    """cuda.core's ProgramOptions() for the current device; ValueError naming the fix without one."""
     from cuda.core import ProgramOptions
 
     try:
@@ -64,7 +65,8 @@ def _check_extra_digest(extra_digest: object) -> bytes | None:
     return bytes(extra_digest)
 
 
-def _code_bytes(code: object) -> bytes:
+def code_bytes(code: object) -> bytes:
+    """A source as the bytes its key hashes: str as UTF-8, bytes-likes as given; else TypeError."""
     if isinstance(code, str):
         # surrogatepass: a str that came from decoding bytes with surrogateescape still
         # encodes; valid text encodes exactly as UTF-8.
@@ -116,7 +118,7 @@ def key_components(
         )
     extra = _check_extra_digest(extra_digest)
     if options is None:
-        options = _default_options()
+        options = default_options()
     tc = toolchain if toolchain is not None else toolchain_for(ct)
     if ct == "nvvm" and extra is None and getattr(options, "use_libdevice", None) and not _pins_libdevice(tc):
         raise ValueError(
@@ -127,7 +129,7 @@ def key_components(
         ("schema", b"%d" % KEY_SCHEMA_VERSION),
         ("code_type", ct.encode()),
         ("target_type", tt.encode()),
-        ("code", _code_bytes(code)),
+        ("code", code_bytes(code)),
         ("options", option_components(options, ct, extra is not None, headers_tracked, _driver_links(ct, tc))),
         # Only NVRTC reads name expressions; PTX and NVVM compiles ignore them.
         ("name_expressions", _name_expressions_bytes(name_expressions) if ct == "c++" else b"l0:"),
@@ -246,7 +248,7 @@ def explain_program_cache_key(
 
 def _explain_options(options: Any) -> dict[str, str]:
     if options is None:
-        options = _default_options()
+        options = default_options()
     out = {}
     for name in _HASHED_FIELDS:
         value = getattr(options, name, None)

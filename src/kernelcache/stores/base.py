@@ -13,9 +13,10 @@ miss itself (compile_program).
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
 from kernelcache.log import logger
@@ -169,6 +170,44 @@ class ProgramCacheResource(abc.ABC):
                 del self[k]
             except KeyError:
                 pass
+
+    # -- declared capabilities: what a layer above may use beyond the mapping ---------------
+    # Every store states them here (the defaults: none of them), so callers never probe
+    # for attributes; a tiered store answers for its tiers.
+
+    @property
+    def read_only(self) -> bool:
+        """True: this store never writes or deletes (a tiered store skips it for writes and clear)."""
+        return False
+
+    def lock_path(self, name: str) -> str | None:
+        """The lock file ``name`` that this host's processes flock for single flight; None: no
+        file locks (threads of one process still meet). OSError: locks/ cannot be made."""
+        return None
+
+    @property
+    def has_remote_lock(self) -> bool:
+        """True: ``remote_lock`` makes the hosts sharing this store meet for single flight."""
+        return False
+
+    def remote_lock(
+        self, name: str, deadline: float, ready: Callable[[], bool], local_lock: str | None = None
+    ) -> contextlib.AbstractContextManager[str]:
+        """Hold lock ``name`` across hosts until ``deadline`` (time.monotonic): yields
+        "acquired", "ready" (``ready()`` said a peer published the result), "timeout" or
+        "unavailable" (no remote lock: this default). ``local_lock``: the file lock held."""
+        return contextlib.nullcontext("unavailable")
+
+    @property
+    def tmp_dir(self) -> str | None:
+        """A directory on this store's filesystem for scratch files (NVRTC's header trace);
+        None: the system temp directory serves."""
+        return None
+
+    @property
+    def file_root(self) -> str | None:
+        """The root directory of this store's file tier (a root it accepted); None: none."""
+        return None
 
     def add_stats(self, **deltas: int) -> None:  # noqa: B027 - optional hook
         """Count events seen by a layer above (compile_program's compiles and savings)."""

@@ -57,10 +57,10 @@ class ForeignStore(ProgramCacheResource):
         interop.write_record(self.store, as_key_bytes(key), as_value_bytes(payload), dict(meta or {}))
         return True
 
-    def lock_path(self, name: str) -> str:
+    def lock_path(self, name: str) -> str | None:
         """A lock file for single flight across processes sharing the store's directory."""
         if self._locks is None:
-            raise OSError("this store has no directory: single flight stays in-process")
+            return None  # no directory: single flight stays in-process
         os.makedirs(self._locks, mode=0o700, exist_ok=True)
         return os.path.join(self._locks, name)
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from kernelcache.stores.base import (
     Meta,
@@ -114,7 +113,7 @@ class TieredProgramCache(RecordStore):
     def _remove(self, key: bytes) -> bool:
         removed, failure = False, None
         for tier in self.tiers:
-            if getattr(tier, "read_only", False):
+            if tier.read_only:
                 continue
             try:
                 del tier[key]
@@ -132,23 +131,43 @@ class TieredProgramCache(RecordStore):
 
     def clear(self) -> None:
         for tier in self.tiers:
-            if not getattr(tier, "read_only", False):
+            if not tier.read_only:
                 tier.clear()
+
+    # Capabilities: a tiered store offers what its tiers do. Single flight uses the first
+    # tier with file locks (processes of this host) and the first with a remote lock (every
+    # host sharing the server).
+
+    @property
+    def read_only(self) -> bool:
+        return all(tier.read_only for tier in self.tiers)
 
     def lock_path(self, name: str) -> str | None:
         for tier in self.tiers:
-            if hasattr(tier, "lock_path"):
-                return tier.lock_path(name)
+            path = tier.lock_path(name)
+            if path is not None:
+                return path
         return None
 
-    @contextlib.contextmanager
-    def remote_lock(self, name: str, deadline: float, ready: Any, local_lock: str | None = None) -> Iterator[str]:
+    @property
+    def has_remote_lock(self) -> bool:
+        return any(tier.has_remote_lock for tier in self.tiers)
+
+    def remote_lock(
+        self, name: str, deadline: float, ready: Callable[[], bool], local_lock: str | None = None
+    ) -> contextlib.AbstractContextManager[str]:
         for tier in self.tiers:
-            if hasattr(tier, "remote_lock"):
-                with tier.remote_lock(name, deadline, ready, local_lock=local_lock) as outcome:
-                    yield outcome
-                return
-        yield "unavailable"
+            if tier.has_remote_lock:
+                return tier.remote_lock(name, deadline, ready, local_lock=local_lock)
+        return contextlib.nullcontext("unavailable")
+
+    @property
+    def tmp_dir(self) -> str | None:
+        return next((tier.tmp_dir for tier in self.tiers if tier.tmp_dir is not None), None)
+
+    @property
+    def file_root(self) -> str | None:
+        return next((tier.file_root for tier in self.tiers if tier.file_root is not None), None)
 
     def tier_stats(self) -> list[dict[str, float | int]]:
         return [t.stats() for t in self.tiers]

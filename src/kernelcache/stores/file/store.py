@@ -142,6 +142,10 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         return self._root
 
     @property
+    def file_root(self) -> str:
+        return self._root
+
+    @property
     def max_size_bytes(self) -> int | None:
         return self._max_size
 

@@ -164,6 +164,10 @@ class RedisProgramCache(RecordStore):
     def read_only(self) -> bool:
         return self._read_only
 
+    @property
+    def has_remote_lock(self) -> bool:
+        return not self._read_only  # a read_only store must not make others wait for it
+
     def _entry_key(self, key: bytes) -> str:
         return f"{self._ns}:e:{entry_name(key)}"
 
