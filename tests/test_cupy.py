@@ -70,7 +70,7 @@ def test_flags_give_the_options_and_the_key_of_the_equivalent_program_options():
         (("--frobnicate",), "not one kernelcache can pass"),
         (("-rdc=true",), "relocatable device code"),
         (("-dc",), "relocatable device code"),
-        (("-ftz=maybe",), "expected true/false"),
+        (("-ftz=maybe",), "expected true or false"),
         (("-arch",), "needs a value"),
         ((42,), "must be str"),
         ("-std=c++17", r"sequence of str, not one str: use \('-std=c\+\+17',\)"),  # not read letter by letter

@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernelcache.integrations.nvrtc_argv import nvrtc_argv
+
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
 
@@ -118,6 +120,8 @@ def _nvrtc_directly(code_type: str, target_type: str, options: Any) -> bool:
     cuda.core where a driver exists: it asks the driver whether it can load the PTX and
     warns when not.
     """
+    if code_type == "c++" and target_type in _OUTPUT and nvrtc_argv(options) is not None:
+        return True  # a verbatim command line (CuPy's): only this path hands NVRTC exactly it
     if code_type != "c++" or target_type not in ("cubin", "ltoir"):
         return False
     from cuda.core import ProgramOptions

@@ -13,12 +13,13 @@ from typing import Any
 
 
 def _bool(value: str) -> bool:
-    v = value.strip().lower()
-    if v in ("true", "1", "on", "yes"):
+    # NVRTC takes exactly "true" or "false" (-ftz=yes, -ftz=1, -fmad=on, -ftz=True are its
+    # INVALID_OPTION): anything else would be a compile NVRTC refuses.
+    if value == "true":
         return True
-    if v in ("false", "0", "off", "no"):
+    if value == "false":
         return False
-    raise ValueError(f"expected true/false, got {value!r}")
+    raise ValueError(f"expected true or false (as NVRTC), got {value!r}")
 
 
 def _on(value: str) -> bool:
@@ -61,6 +62,7 @@ for _names, _field, _parse, _many in (
     (("-builtin-move-forward", "--builtin-move-forward"), "builtin_move_forward", _bool, False),
     (("-builtin-initializer-list", "--builtin-initializer-list"), "builtin_initializer_list", _bool, False),
     (("-split-compile", "--split-compile"), "split_compile", int, False),
+    (("-rdc", "--relocatable-device-code"), "relocatable_device_code", _bool, False),
 ):
     for _n in _names:
         _VALUED[_n] = (_field, _parse, _many)
@@ -82,9 +84,10 @@ for _names, _field in (
     for _n in _names:
         _SWITCHES[_n] = _field
 
-# Relocatable code needs linking with the device runtime after the compile, which CuPy does
-# and compile_program does not: refuse rather than hand back an unlinkable image.
-_REFUSED = {"-rdc", "--relocatable-device-code", "-dc", "--device-c"}
+# Relocatable code needs linking with the device runtime after the compile: kernelcache.cupy
+# does that link (as CuPy does), a plain translation does not, so program_options refuses
+# these rather than hand back an unlinkable image.
+RELOCATABLE = frozenset({"-rdc", "--relocatable-device-code", "-dc", "--device-c"})
 
 
 def program_options(flags: Sequence[str]) -> Any:
@@ -92,9 +95,13 @@ def program_options(flags: Sequence[str]) -> Any:
 
     Accepts ``-X=v``, ``-X v`` (two items) and, for ``-I``/``-D``/``-U``, ``-Xv``.
     Repeated single-valued flags: the last one wins, as on NVRTC's command line.
+    Relocatable device code (``-dc``, ``-rdc=true``) is refused: it needs a link.
     """
     from cuda.core import ProgramOptions
 
+    for flag in flags if not isinstance(flags, (str, bytes)) else ():
+        if isinstance(flag, str) and flag.partition("=")[0] in RELOCATABLE:
+            raise ValueError(f"compiler option {flag!r} (relocatable device code) is not supported by kernelcache")
     return ProgramOptions(**option_fields(flags))
 
 
@@ -112,8 +119,9 @@ def option_fields(flags: Sequence[str]) -> dict[str, Any]:
             raise TypeError(f"compiler options must be str, not {type(flag).__name__}: {flag!r}")
         i += 1
         name, eq, value = flag.partition("=")
-        if name in _REFUSED:
-            raise ValueError(f"compiler option {flag!r} (relocatable device code) is not supported by kernelcache")
+        if name in ("-dc", "--device-c") and not eq:
+            fields["relocatable_device_code"] = True
+            continue
         if name in _SWITCHES and not eq:
             fields[_SWITCHES[name]] = True
             continue
