@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import pytest
 from conftest import ARCH, run_python
@@ -142,25 +143,83 @@ def test_package_works_without_the_extra_and_says_which_to_install(extra, tmp_pa
     assert f"pip install 'kernelcache[{extra}]'" in out
 
 
-def test_cupy_classes_refuse_what_they_cannot_compile_at_construction():
+def test_cupy_classes_refuse_flags_they_cannot_vouch_for_at_construction():
     kcupy = pytest.importorskip("kernelcache.cupy")  # CuPy imports without a GPU
     module = kcupy.RawModule(code=TEMPLATED, options=("-std=c++17",), name_expressions=("scale<float>",))
+    assert isinstance(module, kcupy.RawModule)
     assert (module.code, module.options, module.name_expressions) == (TEMPLATED, ("-std=c++17",), ("scale<float>",))
     kernel = kcupy.RawKernel(TEMPLATED, "scale", ("-DN_OFFSET=1",))
     assert (kernel.name, kernel.options) == ("scale", ("-DN_OFFSET=1",))
-    for kwargs, message in (
-        ({"backend": "nvcc"}, "backend='nvcc'"),
-        ({"jitify": True}, "jitify=True"),
-        ({"translate_cucomplex": True}, "translate_cucomplex"),
-        ({"options": ("--bogus",)}, "--bogus"),
-    ):
-        with pytest.raises(ValueError, match=message):
-            kcupy.RawModule(code=TEMPLATED, **kwargs)
-    with pytest.raises(ValueError, match="relocatable"):
-        kcupy.RawKernel(TEMPLATED, "scale", ("-rdc=true",))
+    assert kcupy.RawKernel(TEMPLATED, "scale", translate_cucomplex=True)._compiled.translate_cucomplex is True
+    assert isinstance(kcupy.RawKernel(TEMPLATED, "scale", ("-rdc=true",)), kcupy.RawKernel)  # linked at compile
+    with pytest.raises(ValueError, match="--bogus"):
+        kcupy.RawModule(code=TEMPLATED, options=("--bogus",))
+    with pytest.raises(ValueError, match="-ftz=yes"):
+        kcupy.RawKernel(TEMPLATED, "scale", ("-ftz=yes",))  # NVRTC refuses it too
     for make in (lambda: kcupy.RawKernel(TEMPLATED, "scale", "-std=c++17"), lambda: kcupy.RawModule(code=TEMPLATED, options="-w")):
         with pytest.raises(TypeError, match="sequence of str, not one str"):  # CuPy's own raise TypeError too
             make()
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda k: k.RawModule(code=TEMPLATED, backend="nvcc"), "backend='nvcc'"),
+        (lambda k: k.RawModule(code=TEMPLATED, jitify=True), "jitify=True"),
+        (lambda k: k.RawKernel(TEMPLATED, "scale", ("-std=c++17",), "nvcc"), "backend='nvcc'"),
+        (lambda k: k.RawKernel(TEMPLATED, "scale", jitify=True), "jitify=True"),
+        (lambda k: k.RawKernel(TEMPLATED, "scale", ("-DCUPY_USE_JITIFY",)), "jitify=True"),
+    ],
+)
+def test_what_kernelcache_does_not_compile_is_cupys_own_object_with_one_warning(make, reason):
+    kcupy = pytest.importorskip("kernelcache.cupy")
+    import cupy
+
+    from kernelcache import KernelCacheWarning
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        obj = make(kcupy)
+    ours = [w for w in seen if issubclass(w.category, KernelCacheWarning)]
+    assert len(ours) == 1 and reason in str(ours[0].message) and "not by kernelcache" in str(ours[0].message)
+    assert type(obj) in (cupy.RawModule, cupy.RawKernel)  # CuPy's class itself: compiled and cached by CuPy
+    assert obj.code == TEMPLATED
+
+
+def test_a_failed_compile_raises_cupys_compile_exception_with_nvrtcs_log(tmp_path):
+    pytest.importorskip("kernelcache.cupy")
+    from cuda.core._utils.cuda_utils import NVRTCError
+    from cupy.cuda.compiler import CompileException
+
+    from kernelcache import FileStreamProgramCache, compile_program
+    from kernelcache.integrations import cupy_build
+    from kernelcache.integrations.nvrtc_argv import argv_options
+
+    argv = (f"-arch={ARCH}", "-DN_OFFSET=1")
+    broken = 'extern "C" __global__ void k(float* x) { x[0] = undeclared_name; }\n'
+    with pytest.raises(NVRTCError) as raised:
+        compile_program(broken, options=argv_options(argv), cache=FileStreamProgramCache(tmp_path))
+    exc = cupy_build.compile_exception(raised.value, broken, argv)
+    assert isinstance(exc, CompileException)
+    message = str(exc)
+    assert 'identifier "undeclared_name" is undefined' in message
+    assert not message.startswith("6:") and "NVRTC_ERROR" not in message  # NVRTC's log, as CuPy words it
+    assert (exc.source, exc.options, exc.backend) == (broken, argv, "nvrtc")
+
+
+def test_translate_cucomplex_rewrites_the_include_and_prepends_cupys_headers():
+    pytest.importorskip("kernelcache.cupy")
+    from cupy._core import core
+
+    from kernelcache.integrations import cupy_build
+
+    code = "#include <cuComplex.h>\n  #  include  < cuComplex.h >\n#include <cuComplex.hpp>\nint x;\n"
+    out = cupy_build.source_for_nvrtc(code, True)
+    header = "".join(f"#include <{n}>\n" for n in core._cupy_header_list if n != "cupy/cuComplex_bridge.h")
+    bridge = "#include <cupy/cuComplex_bridge.h>  // translate_cucomplex\n"
+    # CuPy's pattern: at the start of a line, spaces allowed anywhere, up to the ">"
+    assert out == header + bridge * 2 + "#include <cuComplex.hpp>\nint x;\n"
+    assert cupy_build.source_for_nvrtc(code, False) == code
 
 
 def test_cupy_backend_hook_round_trips_between_processes(tmp_path):

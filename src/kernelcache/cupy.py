@@ -6,10 +6,16 @@ Set-up::
 
 Same arguments as CuPy's. The source is compiled by ``kernelcache.compile_program`` (header
 tracking, one compile per key across threads, processes and hosts, the default store with
-its Redis tier) with the options CuPy itself would pass NVRTC: CuPy's include paths and
-default C++ standard, ``-ftz=true``, the current device's architecture and
-``--device-as-default-execution-space``. The bytes are loaded into a CuPy module with the
-symbol mapping stored beside the entry, so ``get_function("kern<float>")`` works on a hit.
+its Redis tier) with exactly the NVRTC command line CuPy itself would pass, in CuPy's order
+(integrations/cupy_build.py: CuPy's include paths and default standard, your flags,
+``-ftz=true``, the debug flags under ``CUPY_CUDA_COMPILE_WITH_DEBUG``, the device's arch,
+``--device-as-default-execution-space``); the key hashes that command line in order. The
+bytes are loaded into a CuPy module with the symbol mapping stored beside the entry, so
+``get_function("kern<float>")`` works on a hit. As in CuPy: ``translate_cucomplex=True``
+translates the source, ``-dc``/``-rdc=true`` link the compile against cudadevrt (the linked
+cubin is cached too), a failed compile raises ``cupy.cuda.compiler.CompileException`` with
+NVRTC's log. ``backend='nvcc'`` and ``jitify=True`` give CuPy's own object, compiled and
+cached by CuPy, with one ``KernelCacheWarning``.
 
 ``KernelCacheBackend`` plugs kernelcache's store under every kernel CuPy compiles itself
 (elementwise, reductions, its own RawModule) through CuPy 14's experimental, private hook
@@ -19,6 +25,7 @@ symbol mapping stored beside the entry, so ``get_function("kern<float>")`` works
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,47 +37,45 @@ except ImportError as exc:  # pragma: no cover - exercised where cupy is absent
         "kernelcache.cupy needs CuPy: install it with `pip install 'kernelcache[cupy]'` (the CUDA 13 wheel)"
     ) from exc
 
-from kernelcache.integrations.nvrtc_flags import option_fields, program_options
+from kernelcache.integrations import cupy_build
+from kernelcache.integrations.nvrtc_flags import option_fields
 
 __all__ = ["KernelCacheBackend", "RawKernel", "RawModule", "install_backend"]
 
 
-def _refuse_unsupported(backend: str, translate_cucomplex: bool, jitify: bool) -> None:
-    what = None
-    if backend != "nvrtc":
-        what = f"backend={backend!r} (kernelcache compiles with NVRTC)"
-    elif translate_cucomplex:
-        what = "translate_cucomplex=True"
-    elif jitify:
-        what = "jitify=True"
-    if what is not None:
-        raise ValueError(f"kernelcache.cupy does not support {what}; use cupy.RawModule/cupy.RawKernel for it")
+def _handed_off(reason: str | None, make: Any) -> Any:
+    """CuPy's own object for what kernelcache does not compile, with one warning saying so."""
+    if reason is None:
+        return None
+    from kernelcache.stores.base import KernelCacheWarning
+
+    warnings.warn(
+        f"kernelcache.cupy: {reason} is compiled and cached by CuPy itself, not by kernelcache",
+        KernelCacheWarning,
+        stacklevel=3,
+    )
+    return make()
 
 
-def _cupy_options(options: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
-    """The NVRTC options CuPy would use for ``options`` on the current device, and the
-    target type (cubin, or ptx where NVRTC cannot build the device's SASS)."""
-    from cupy._core import core
-    from cupy.cuda import compiler
-
-    arch_opt, method = compiler._get_arch_for_options_for_nvrtc(compiler._get_arch())
-    full = core.assemble_cupy_compiler_options(tuple(options))
-    return (*full, "-ftz=true", arch_opt, "--device-as-default-execution-space"), method
+def _check_options(options: Any) -> tuple[str, ...]:
+    option_fields(options)  # a flag kernelcache cannot vouch for raises now, naming it
+    return tuple(options)
 
 
 class _Compiled:
     """One compile per (source, options, name expressions, device): the CuPy module."""
 
-    def __init__(self, code: str, options: tuple[str, ...], name_expressions: tuple[str, ...] | None) -> None:
+    def __init__(
+        self, code: str, options: tuple[str, ...], name_expressions: tuple[str, ...] | None, translate_cucomplex: bool
+    ) -> None:
         self.code = code
         self.options = options
         self.name_expressions = name_expressions
+        self.translate_cucomplex = translate_cucomplex
         self._modules: dict[int, Any] = {}
         self._lock = threading.Lock()
 
     def module(self, log_stream: Any = None) -> Any:
-        from kernelcache.compile.flow import compile_program
-
         device = cupy.cuda.runtime.getDevice()
         mod = self._modules.get(device)
         if mod is not None:
@@ -78,21 +83,42 @@ class _Compiled:
         with self._lock:  # one compile per instance and device; compile_program does the rest
             mod = self._modules.get(device)
             if mod is None:
-                nvrtc_options, target = _cupy_options(self.options)
-                obj = compile_program(
-                    self.code,
-                    "c++",
-                    target,
-                    options=program_options(nvrtc_options),
-                    name_expressions=self.name_expressions or (),
-                    logs=log_stream,
-                )
+                cubin, mapping = self._build(log_stream)
                 mod = _function.Module()
-                mod.load(bytes(obj.code))
-                mapping = getattr(obj, "symbol_mapping", None) or {}
+                mod.load(cubin)
                 mod._set_mapping({_text(k): _text(v) for k, v in mapping.items()})
                 self._modules[device] = mod
         return mod
+
+    def _build(self, log_stream: Any) -> tuple[bytes, dict[Any, Any]]:
+        from cuda.core._utils.cuda_utils import NVRTCError
+
+        from kernelcache.compile.flow import CompileInfo, compile_program
+        from kernelcache.integrations.nvrtc_argv import argv_options
+
+        source = cupy_build.source_for_nvrtc(self.code, self.translate_cucomplex)
+        argv, target = cupy_build.command_line(self.options)
+        info = CompileInfo()
+        try:
+            obj = compile_program(
+                source,
+                "c++",
+                target,
+                options=argv_options(argv),
+                name_expressions=self.name_expressions or (),
+                logs=log_stream,
+                info=info,
+            )
+        except NVRTCError as exc:
+            raise cupy_build.compile_exception(exc, source, argv) from None
+        mapping = getattr(obj, "symbol_mapping", None) or {}
+        code = bytes(obj.code)
+        if cupy_build.needs_cudadevrt(argv):
+            from kernelcache.stores.default import default_cache_or_none
+
+            store = default_cache_or_none() if info.cached else None
+            code = cupy_build.link_cudadevrt(store, info.key, code, sorted(_text(v) for v in mapping.values()))
+        return code, mapping
 
 
 def _text(value: str | bytes) -> str:
@@ -100,10 +126,38 @@ def _text(value: str | bytes) -> str:
 
 
 class RawKernel(cupy.RawKernel):
-    """``cupy.RawKernel(code, name, options=(), backend="nvrtc", *, ...)`` compiled by kernelcache.
+    """``cupy.RawKernel(code, name, options=(), backend="nvrtc", *, translate_cucomplex=False,
+    enable_cooperative_groups=False, jitify=None)`` compiled by kernelcache.
 
     Launch, attributes and ``compile()`` are CuPy's; only where the binary comes from differs.
+    ``backend='nvcc'`` and ``jitify=True`` return CuPy's own RawKernel (one KernelCacheWarning).
     """
+
+    def __new__(
+        cls,
+        code: str = "",
+        name: str = "",
+        options: tuple[str, ...] = (),
+        backend: str = "nvrtc",
+        *,
+        translate_cucomplex: bool = False,
+        enable_cooperative_groups: bool = False,
+        jitify: Any = None,
+    ) -> Any:
+        def make() -> Any:
+            extra = {} if jitify is None else {"jitify": jitify}
+            return cupy.RawKernel(
+                code,
+                name,
+                options,
+                backend,
+                translate_cucomplex=translate_cucomplex,
+                enable_cooperative_groups=enable_cooperative_groups,
+                **extra,
+            )
+
+        own = _handed_off(cupy_build.handoff_reason(backend, options, translate_cucomplex, jitify), make)
+        return own if own is not None else super().__new__(cls)
 
     def __init__(
         self,
@@ -114,20 +168,25 @@ class RawKernel(cupy.RawKernel):
         *,
         translate_cucomplex: bool = False,
         enable_cooperative_groups: bool = False,
-        jitify: bool = False,
+        jitify: Any = None,
     ) -> None:
-        _refuse_unsupported(backend, translate_cucomplex, jitify)
-        option_fields(options)  # a bad option raises now, not at the first launch
+        options = _check_options(options)
         super().__init__(
             code,
             name,
-            tuple(options),
+            options,
             backend,
             translate_cucomplex=translate_cucomplex,
             enable_cooperative_groups=enable_cooperative_groups,
-        )  # jitify is refused above, and CuPy 14 warns when it is passed at all
-        self._compiled = _Compiled(code, tuple(options), None)
+        )  # jitify=True went to CuPy's own class; CuPy 14 warns when it is passed at all
+        self._compiled = _Compiled(code, options, None, translate_cucomplex)
         self._functions: dict[int, Any] = {}
+
+    def __setstate__(self, args: dict[str, Any]) -> None:
+        super().__setstate__(args)
+        names = args.get("name_expressions")
+        self._compiled = _Compiled(args["code"], tuple(args["options"]), names, bool(args.get("translate_cucomplex")))
+        self._functions = {}
 
     def _kernel(self, log_stream: Any = None) -> Any:
         device = cupy.cuda.runtime.getDevice()
@@ -144,7 +203,37 @@ class RawKernel(cupy.RawKernel):
 
 class RawModule(cupy.RawModule):
     """``cupy.RawModule(*, code=None, path=None, options=(), ..., name_expressions=None)``
-    compiled by kernelcache; ``path=`` (a prebuilt cubin/PTX) is CuPy's own loader."""
+    compiled by kernelcache; ``path=`` (a prebuilt cubin/PTX) is CuPy's own loader.
+    ``backend='nvcc'`` and ``jitify=True`` return CuPy's own RawModule (one KernelCacheWarning)."""
+
+    def __new__(
+        cls,
+        *,
+        code: str | None = None,
+        path: str | None = None,
+        options: tuple[str, ...] = (),
+        backend: str = "nvrtc",
+        translate_cucomplex: bool = False,
+        enable_cooperative_groups: bool = False,
+        name_expressions: Sequence[str] | None = None,
+        jitify: Any = None,
+    ) -> Any:
+        def make() -> Any:
+            extra = {} if jitify is None else {"jitify": jitify}
+            return cupy.RawModule(
+                code=code,
+                path=path,
+                options=options,
+                backend=backend,
+                translate_cucomplex=translate_cucomplex,
+                enable_cooperative_groups=enable_cooperative_groups,
+                name_expressions=name_expressions,
+                **extra,
+            )
+
+        reason = None if code is None else cupy_build.handoff_reason(backend, options, translate_cucomplex, jitify)
+        own = _handed_off(reason, make)
+        return own if own is not None else super().__new__(cls)
 
     def __init__(
         self,
@@ -156,11 +245,10 @@ class RawModule(cupy.RawModule):
         translate_cucomplex: bool = False,
         enable_cooperative_groups: bool = False,
         name_expressions: Sequence[str] | None = None,
-        jitify: bool = False,
+        jitify: Any = None,
     ) -> None:
         if code is not None:
-            _refuse_unsupported(backend, translate_cucomplex, jitify)
-            option_fields(options)
+            options = _check_options(options)
         super().__init__(
             code=code,
             path=path,
@@ -171,7 +259,7 @@ class RawModule(cupy.RawModule):
             name_expressions=name_expressions,
         )
         names = tuple(name_expressions) if name_expressions is not None else None
-        self._compiled = _Compiled(code, tuple(options), names) if code is not None else None
+        self._compiled = _Compiled(code, tuple(options), names, translate_cucomplex) if code is not None else None
 
     def _module(self, log_stream: Any = None) -> Any:
         if self._compiled is None:
@@ -187,6 +275,7 @@ class RawModule(cupy.RawModule):
             self.code,
             mapped or name,
             self._compiled.options,
+            translate_cucomplex=self._compiled.translate_cucomplex,
             enable_cooperative_groups=self.enable_cooperative_groups,
         )
         kernel._compiled = self._compiled  # share the module: one compile for all its kernels
