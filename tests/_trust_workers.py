@@ -55,10 +55,10 @@ def write_forever(root: str, prefix: str, size: int, cap: int | None, ready: str
 def hold_single_flight(root: str, key_hex: str, hold_s: float) -> None:
     """Hold the single-flight lock of key_hex for hold_s seconds (as compile_program would)."""
     from kernelcache import FileStreamProgramCache
-    from kernelcache.compile.flight import single_flight
+    from kernelcache.compile.flight import SingleFlight
 
     cache = FileStreamProgramCache(root)
-    with single_flight(bytes.fromhex(key_hex), cache.lock_path(key_hex + ".lock"), 30.0) as outcome:
+    with SingleFlight(bytes.fromhex(key_hex), 30.0, lock_path=cache.lock_path(key_hex + ".lock")).hold() as outcome:
         print(json.dumps({"outcome": outcome, "t": time.time()}), flush=True)
         time.sleep(hold_s)
     print(json.dumps({"released": time.time()}), flush=True)
@@ -68,12 +68,12 @@ def contend(root: str, key_hex: str, rounds: int, marker: str) -> None:
     """Take one key's single-flight lock rounds times; inside, check nobody else is inside
     (an O_EXCL marker file). Print {"overlaps": n}: two holders at once."""
     from kernelcache import FileStreamProgramCache
-    from kernelcache.compile.flight import single_flight
+    from kernelcache.compile.flight import SingleFlight
 
     cache = FileStreamProgramCache(root)
     overlaps = 0
     for _ in range(rounds):
-        with single_flight(bytes.fromhex(key_hex), cache.lock_path(key_hex + ".lock"), 60.0) as outcome:
+        with SingleFlight(bytes.fromhex(key_hex), 60.0, lock_path=cache.lock_path(key_hex + ".lock")).hold() as outcome:
             assert outcome == "acquired", outcome
             try:
                 fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)

@@ -326,22 +326,22 @@ def test_processes_single_flight_one_compile(tmp_path) -> None:
 
 
 def test_different_keys_do_not_wait_for_each_other(tmp_path) -> None:
-    from kernelcache.compile.flight import single_flight
+    from kernelcache.compile.flight import SingleFlight
 
     held = threading.Event()
     release = threading.Event()
 
     def holder() -> None:
-        with single_flight(b"key-a", None, 30):
+        with SingleFlight(b"key-a", 30).hold():
             held.set()
             release.wait(30)
 
     t = threading.Thread(target=holder)
     t.start()
     held.wait(10)
-    with single_flight(b"key-b", None, 0.5) as outcome:
+    with SingleFlight(b"key-b", 0.5).hold() as outcome:
         assert outcome == "acquired"
-    with single_flight(b"key-a", None, 0.2) as outcome:
+    with SingleFlight(b"key-a", 0.2).hold() as outcome:
         assert outcome == "timeout"  # bounded wait: the caller compiles on its own
     release.set()
     t.join(10)
@@ -354,7 +354,7 @@ def test_dead_lock_holder_releases_at_once(tmp_path) -> None:
     import sys
     import time
 
-    from kernelcache.compile.flight import single_flight
+    from kernelcache.compile.flight import SingleFlight
 
     lock = str(tmp_path / "k.lock")
     holder = subprocess.Popen(
@@ -368,12 +368,12 @@ def test_dead_lock_holder_releases_at_once(tmp_path) -> None:
         text=True,
     )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    with single_flight(b"k", lock, 0.3) as outcome:
+    with SingleFlight(b"k", 0.3, lock_path=lock).hold() as outcome:
         assert outcome == "timeout"
     holder.send_signal(signal.SIGKILL)
     holder.wait(10)
     start = time.monotonic()
-    with single_flight(b"k", lock, 30) as outcome:
+    with SingleFlight(b"k", 30, lock_path=lock).hold() as outcome:
         assert outcome == "acquired"
     assert time.monotonic() - start < 5
 

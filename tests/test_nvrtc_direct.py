@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kernelcache.compile.compilers import LogCollector, _nvrtc_check, _nvrtc_directly, nvrtc_compile, run_compiler
+from kernelcache.compile.request import CompileRequest
 
 TEMPLATE = r"""
 #include "scale.h"
@@ -174,7 +175,7 @@ def test_what_cuda_core_does_more_for_stays_with_cuda_core(headers, code_type, t
 def test_debug_compiles_still_go_through_cuda_core(headers) -> None:
     # With debug and the default name cuda.core compiles a temp file holding the source (for
     # cuda-gdb); the cubin then carries that name, so it differs from a direct compile.
-    obj, _, _ = run_compiler(TEMPLATE, "c++", "cubin", _options(headers, lineinfo=True), (), None)
+    obj, _, _ = run_compiler(CompileRequest.of(TEMPLATE, options=_options(headers, lineinfo=True)), None)
     direct, _ = _directly(TEMPLATE, "cubin", _options(headers, lineinfo=True))
     assert bytes(obj.code) != bytes(direct.code)
     assert b"default_program" not in bytes(obj.code)
@@ -183,11 +184,11 @@ def test_debug_compiles_still_go_through_cuda_core(headers) -> None:
 def test_threads_compile_what_a_loop_compiles(headers) -> None:
     # Eight compiles at once on one process's NVRTC: each result is the one a lone compile gives.
     options = [_options(headers, define_macro=("EXTRA", f"{i}.0f")) for i in range(8)]
-    alone = [run_compiler(TEMPLATE, "c++", "cubin", o, NAMES, None)[0] for o in options]
+    alone = [run_compiler(CompileRequest.of(TEMPLATE, options=o, name_expressions=NAMES), None)[0] for o in options]
     results: list[Any] = [None] * 8
 
     def one(i: int) -> None:
-        results[i] = run_compiler(TEMPLATE, "c++", "cubin", options[i], NAMES, None)[0]
+        results[i] = run_compiler(CompileRequest.of(TEMPLATE, options=options[i], name_expressions=NAMES), None)[0]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
     for t in threads:

@@ -208,14 +208,14 @@ def test_a_symlinked_evict_lock_neither_truncates_its_target_nor_stops_eviction(
 
 
 def test_a_symlinked_single_flight_lock_is_not_followed(tmp_path) -> None:
-    from kernelcache.compile.flight import single_flight
+    from kernelcache.compile.flight import SingleFlight
 
     cache = FileStreamProgramCache(tmp_path / "c")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     path = cache.lock_path("abc.lock")
     os.symlink(elsewhere / "created-through-the-link", path)  # dangling: locking would create it
-    with single_flight(b"abc", path, timeout=2) as outcome:
+    with SingleFlight(b"abc", 2, lock_path=path).hold() as outcome:
         assert outcome in ("acquired", "timeout")
     assert os.listdir(elsewhere) == []
 

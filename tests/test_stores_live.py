@@ -208,12 +208,12 @@ def _lock_files(root: Path) -> list[Path]:
 def test_maintenance_removes_lock_files_nobody_holds(tmp_path: Path, command: tuple[str, ...]) -> None:
     """locks/*.lock grow by one per key: clear, prune and verify --fix remove the idle ones
     and keep the one a live process holds (its holder still excludes every newcomer)."""
-    from kernelcache.compile.flight import single_flight
+    from kernelcache.compile.flight import SingleFlight
 
     root = tmp_path / "cache"
     cache = FileStreamProgramCache(root)
     for i in range(5):
-        with single_flight(bytes([i]) * 32, cache.lock_path(f"{i:02x}" * 32 + ".lock")) as outcome:
+        with SingleFlight(bytes([i]) * 32, lock_path=cache.lock_path(f"{i:02x}" * 32 + ".lock")).hold() as outcome:
             assert outcome == "acquired"
     assert len(_lock_files(root)) == 5
     held_hex = "ee" * 32
@@ -223,7 +223,7 @@ def test_maintenance_removes_lock_files_nobody_holds(tmp_path: Path, command: tu
         done = _cli(*command, "--cache-dir", str(root))
         assert done.returncode == 0, done.stderr
         assert [p.name for p in _lock_files(root)] == [held_hex + ".lock"]
-        with single_flight(bytes.fromhex(held_hex), cache.lock_path(held_hex + ".lock"), wait=False) as outcome:
+        with SingleFlight(bytes.fromhex(held_hex), lock_path=cache.lock_path(held_hex + ".lock")).try_hold() as outcome:
             assert outcome == "busy"
     finally:
         holder.kill()

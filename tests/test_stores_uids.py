@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from kernelcache import FileStreamProgramCache, UnsafeCacheDirError
-from kernelcache.compile.flight import single_flight
+from kernelcache.compile.flight import SingleFlight
 from kernelcache.stores.file.store import FORMAT_DIR
 
 pytestmark = pytest.mark.skipif(
@@ -285,7 +285,7 @@ def _stats(root: str) -> dict[str, Any]:
 
 def _hold_key(root: str, key_hex: str, held: str, release: str) -> None:
     cache = FileStreamProgramCache(root, allow_shared=True)
-    with single_flight(bytes.fromhex(key_hex), cache.lock_path(key_hex + ".lock")) as outcome:
+    with SingleFlight(bytes.fromhex(key_hex), lock_path=cache.lock_path(key_hex + ".lock")).hold() as outcome:
         assert outcome == "acquired"
         Path(held).touch()
         _wait_for(Path(release))
@@ -293,7 +293,7 @@ def _hold_key(root: str, key_hex: str, held: str, release: str) -> None:
 
 def _try_key(root: str, key_hex: str) -> str:
     cache = FileStreamProgramCache(root, allow_shared=True)
-    with single_flight(bytes.fromhex(key_hex), cache.lock_path(key_hex + ".lock"), wait=False) as outcome:
+    with SingleFlight(bytes.fromhex(key_hex), lock_path=cache.lock_path(key_hex + ".lock")).try_hold() as outcome:
         return outcome
 
 
@@ -378,6 +378,7 @@ def test_every_command_opens_a_team_cache_for_a_second_member(users: dict[str, U
     # The children cannot read this interpreter's site-packages (under root's 0700 home):
     # import the command before forking, and ask for --json (no rich tables to import).
     import kernelcache.cli.main  # noqa: F401
+
     a, b = users["kctrust_a"], users["kctrust_b"]
     team = str(_team_dir(base))
     as_user(a, _write, team, None, {"k": b"v" * 100}, umask=0o002)

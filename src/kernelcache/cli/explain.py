@@ -113,11 +113,13 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
 def _header_changes(item: WarmItem, cache: Any) -> dict[str, list[str]] | None:
     """Each header that changed, appeared or vanished since the stored compile of this source."""
     from kernelcache.compile.lookup import Lookup
+    from kernelcache.compile.request import CompileRequest
     from kernelcache.headers import digests as hdr
     from kernelcache.headers import manifests
 
     options = program_options(item)
-    look = Lookup(cache, item.code, item.code_type, item.target_type, options, item.name_expressions, None)
+    request = CompileRequest.of(item.code, item.code_type, item.target_type, options, item.name_expressions)
+    look = Lookup(cache, request)
     if not look.track:
         return None
     return manifests.header_changes(cache, look.manifest_key, hdr.search_dirs(options))

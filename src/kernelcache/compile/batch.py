@@ -31,15 +31,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
-from kernelcache.compile.flow import (
-    CompileInfo,
-    _flight,
-    _hit,
-    _resolve_cache,
-    compile_program,
-)
+from kernelcache.compile.flight import SingleFlight
+from kernelcache.compile.flow import Call, CompileInfo, compile_uncached, fly, replay_hit, resolve_cache
 from kernelcache.compile.lookup import Lookup
-from kernelcache.keys.derive import default_options
+from kernelcache.compile.request import CompileRequest
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -109,9 +104,9 @@ class _Job:
 
     __slots__ = ("index", "look", "request", "info", "retry_at", "give_up_at")
 
-    def __init__(self, index: int, look: Lookup | None, request: dict[str, Any]) -> None:
+    def __init__(self, index: int, look: Lookup | None, request: CompileRequest) -> None:
         self.index = index
-        self.look = look  # None: the cache is disabled; compile_program does the whole call
+        self.look = look  # None: the cache is disabled; the request compiles uncached
         self.request = request
         self.info = CompileInfo()
         self.retry_at = 0.0  # monotonic time of the next try once a peer was found holding it
@@ -172,7 +167,7 @@ class _Batch:
                 continue
             if obj is None:  # a peer holds the key: put it aside, try again later
                 # Race: the peer may publish and release right after this try. The next try
-                # then takes the lock and re-reads the store under it (_flight), so it finds
+                # then takes the lock and re-reads the store under it (fly), so it finds
                 # the entry: a hit, never a second compile (tests: the exact-count ones).
                 now = time.monotonic()
                 job.retry_at = now + _RETRY_S
@@ -183,16 +178,14 @@ class _Batch:
             self.finish(job.index, obj, job.info)
 
     def _try(self, job: _Job) -> ObjectCode | None:
-        request = job.request
+        call = Call(job.info)
         if job.look is None:
-            return compile_program(**request, cache=None, info=job.info)
-        start = time.perf_counter()
-        names = request.get("name_expressions", ())
-        if job.give_up_at and time.monotonic() >= job.give_up_at:
-            # Waited the whole budget for a peer that still holds the key (a hung process, a
-            # dead NFS lock server): compile on our own, as compile_program does then.
-            return _flight(job.look, request["code"], names, None, job.info, start, 0.0, False)
-        return _flight(job.look, request["code"], names, None, job.info, start, self.budget, False, wait=False)
+            return compile_uncached(job.request, call)
+        # Waited the whole budget for a peer that still holds the key (a hung process, a dead
+        # NFS lock server)? Then compile on our own, as compile_program does then.
+        gave_up = bool(job.give_up_at) and time.monotonic() >= job.give_up_at
+        flight = SingleFlight.for_store(job.look.cache, job.look.flight_key, 0.0 if gave_up else self.budget)
+        return fly(job.look, call, flight, wait=gave_up)
 
 
 def run_batch(
@@ -213,15 +206,14 @@ def run_batch(
     """
     normalized = normalize_requests(requests, fields, what)
     workers = worker_count(max_workers)
-    disabled = config.disabled()
-    store = None if disabled else _resolve_cache(cache)
+    store = None if config.disabled() else resolve_cache(cache)
     batch = _Batch([], len(normalized), config.wait_timeout_s(), on_done)
     jobs = []
-    for i, request in enumerate(normalized):
-        request.pop("name", None)
-        start = time.perf_counter()
+    for i, fields_given in enumerate(normalized):
+        fields_given.pop("name", None)
+        call = Call(CompileInfo())
         try:
-            look = _lookup(i, store, request, what)
+            request, look = _lookup(i, store, fields_given, what)
         except Exception as exc:
             if strict:
                 raise
@@ -230,14 +222,13 @@ def run_batch(
         if look is None:
             jobs.append(_Job(i, None, request))
             continue
-        info = CompileInfo()
-        key, record, variant = look.find()
-        info.lookup_seconds = time.perf_counter() - start
-        if record is None:
+        found = look.find()
+        call.info.lookup_seconds = time.perf_counter() - call.start
+        if found[1] is None:
             jobs.append(_Job(i, look, request))
             continue
         try:
-            batch.finish(i, _hit(look, key, record, variant, None, info, start, False), info)
+            batch.finish(i, replay_hit(look, found, call), call.info)
         except Exception as exc:
             batch.finish(i, error=exc)
     if not jobs:
@@ -260,24 +251,13 @@ def run_batch(
 def _lookup(
     index: int,
     store: ProgramCacheResource | None,
-    request: dict[str, Any],
+    fields: dict[str, Any],
     what: str,
-) -> Lookup | None:
-    """The request's key material (None when the cache is disabled); its options filled in."""
+) -> tuple[CompileRequest, Lookup | None]:
+    """The request and its key material (None when the cache is disabled)."""
     try:
-        if request.get("options") is None:
-            request["options"] = default_options()
-        if store is None:
-            return None
-        return Lookup(
-            store,
-            request["code"],
-            request.get("code_type", "c++"),
-            request.get("target_type", "cubin"),
-            request["options"],
-            request.get("name_expressions", ()),
-            request.get("extra_digest"),
-        )
+        request = CompileRequest.from_mapping(fields)
+        return request, (None if store is None else Lookup(store, request))
     except (TypeError, ValueError) as exc:  # a wrong argument: raise now, naming the request
         if type(exc) not in (TypeError, ValueError):
             raise

@@ -25,6 +25,8 @@ from kernelcache.integrations.nvrtc_argv import nvrtc_argv
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
 
+    from kernelcache.compile.request import CompileRequest
+
 
 class LogCollector:
     """A ``logs=`` target for cuda.core: collects what the compiler writes."""
@@ -273,33 +275,32 @@ def reset_nvrtc_trace_state(tmp_dir: str | None) -> None:
         remove_trace(trace)
 
 
-def run_compiler(
-    code: str | bytes,
-    code_type: str,
-    target_type: str,
-    options: ProgramOptions,
-    name_expressions: Sequence[str | bytes],
-    trace_path: str | None,
-) -> tuple[ObjectCode, str, float]:
+def run_compiler(request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]:
     """Compile with the real compiler; return (object code, log text, seconds).
 
     ``trace_path``: where NVRTC writes its -fdevice-time-trace (the headers it read), or None.
     """
     from cuda.core import Program
 
+    code_type, target_type, options, names = (
+        request.code_type,
+        request.target_type,
+        request.options,
+        request.name_expressions,
+    )
     log = LogCollector()
     start = time.perf_counter()
     if trace_path is not None:
         options = dataclasses.replace(options, fdevice_time_trace=trace_path)
-    source: str | bytes = code if code_type == "nvvm" else _as_source_text(code)
+    source: str | bytes = request.code if code_type == "nvvm" else _as_source_text(request.code)
     if code_type == "c++" and target_type == "ptx" and not driver_available():
-        obj = _nvrtc_ptx_without_driver(str(source), options, name_expressions, log)
+        obj = _nvrtc_ptx_without_driver(str(source), options, names, log)
     elif _nvrtc_directly(code_type, target_type, options):
-        obj = nvrtc_compile(str(source), target_type, options, name_expressions, log)
+        obj = nvrtc_compile(str(source), target_type, options, names, log)
     else:
         program = Program(source, code_type, options=options)
         try:
-            obj = program.compile(target_type, name_expressions=tuple(name_expressions), logs=log)
+            obj = program.compile(target_type, name_expressions=names, logs=log)
         finally:
             program.close()
     return obj, log.text(), time.perf_counter() - start

@@ -1,20 +1,33 @@
-"""One compile per key at a time: a per-key lock in the process, a per-key file lock across processes.
+"""Single flight: one compile per key at a time, across threads, processes and hosts.
 
-``single_flight(key, lock_path, timeout)`` is a context manager. Inside it, the caller
-re-checks the store and compiles only if the entry is still missing. Its value says how
-the wait ended: ``"acquired"`` (we hold the key; compile if still missing), ``"timeout"``
-(a peer is taking too long; compile on our own, without the lock). With ``wait=False`` it
-does not wait at all: ``"busy"`` means a peer (thread or process) holds the key right now.
+``SingleFlight`` holds one key's three locks, always taken in this order and released in
+the reverse one:
 
-Why this is safe against stuck or dead peers:
-- the in-process lock is a plain ``threading.Lock`` per key, taken with a timeout;
-- the cross-process lock is an ``flock`` on ``locks/<key hex>.lock`` (stores/lockfiles): the
-  kernel releases it the moment its holder dies, even by SIGKILL, so waiters get it at once;
-  maintenance (clear, prune, verify --fix) removes idle lock files only under their own lock,
-  and a locker checks that the file it locked is still the one at the path;
-- waiting is bounded by ``timeout`` in total; past it the waiter compiles by itself, so a
-  peer that hangs (a stopped process, a dead NFS lock server) never blocks a user forever.
-Different keys use different locks and never wait for each other.
+1. the thread lock: a ``threading.Lock`` per key in this process;
+2. the file lock: an ``flock`` on the store's ``locks/<key hex>.lock`` (stores.file.locks),
+   shared by the processes of this host;
+3. the remote lock: the store's lock on a server every host shares (a Redis tier).
+
+The remote lock is taken inside the file lock and released before it. That order is what
+lets a waiter of this host take over at once a remote lock left by a dead holder of this
+host: whoever holds that remote lock under our local id took it while holding the file
+lock we hold now, so it is not running any more (stores.redis.lock).
+
+After each lock it takes, the flight asks ``ready()`` whether a peer published the result
+meanwhile; "ready" then means: read it, do not compile. "acquired" means: every lock the
+store offers is ours and the result is still missing: compile it. "timeout": a peer took
+longer than the budget, or a lock cannot be had at all (a read-only cache directory):
+compile on your own, without the lock. ``try_hold`` makes one try of each lock instead of
+waiting and yields "busy" when a peer holds the key.
+
+Why this is safe against stuck or dead peers: the kernel releases an flock the moment its
+holder dies, even by SIGKILL, so waiters get it at once; maintenance (clear, prune, verify
+--fix) removes idle lock files only under their own lock, and a locker checks that the file
+it locked is still the one at the path; a remote lock expires within its TTL once its
+holder stops refreshing it; and waiting is bounded by the budget in total, so a peer that
+hangs (a stopped process, a dead NFS lock server) never blocks a caller forever. The locks
+are held only around "check the store, compile if missing, store", never around anything
+that waits on another key; different keys never wait for each other.
 """
 
 from __future__ import annotations
@@ -23,9 +36,20 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from kernelcache import config
+from kernelcache.stores.file import locks as lockfiles
+
+if TYPE_CHECKING:
+    from kernelcache.stores.base import ProgramCacheResource
+
+ACQUIRED, READY, TIMEOUT, BUSY = "acquired", "ready", "timeout", "busy"
+
+
+def _never() -> bool:
+    return False
 
 
 class _KeyLocks:
@@ -59,61 +83,105 @@ class _KeyLocks:
 _THREAD_LOCKS = _KeyLocks()
 
 
-@contextlib.contextmanager
-def single_flight(
-    key: bytes, lock_path: str | None, timeout: float | None = None, *, wait: bool = True
-) -> Iterator[str]:
-    """Hold ``key`` against other threads, and other processes when ``lock_path`` is given.
+class SingleFlight:
+    """The single flight of one key: ``with SingleFlight.for_store(store, key).hold(ready) as outcome``.
 
-    Yields "acquired" or "timeout"; with ``wait=False`` (one try, no waiting) "acquired" or
-    "busy" (a peer holds the key), or "timeout" when the lock cannot be taken at all (a
-    read-only cache directory: compile on your own, as after a timeout). The lock is only
-    ever held around "check the store, compile if missing, store": never around anything
-    that can wait on another key.
+    ``lock_path``: the file lock shared by this host's processes (None: threads only).
+    ``store``: whose remote lock to take, when it offers one. ``budget``: seconds a waiter
+    waits in all (default ``KERNELCACHE_WAIT_TIMEOUT``).
     """
-    budget = (config.wait_timeout_s() if timeout is None else timeout) if wait else 0.0
-    deadline = time.monotonic() + budget
-    with _THREAD_LOCKS.hold(key, budget) as have_thread_lock:
-        if not have_thread_lock:
-            yield "timeout" if wait else "busy"
-            return
-        if lock_path is None:
-            yield "acquired"
-            return
-        file_lock = _file_lock(lock_path, deadline)
-        if not isinstance(file_lock, _Held):
-            yield "busy" if file_lock == "busy" and not wait else "timeout"
+
+    def __init__(
+        self,
+        key: bytes,
+        budget: float | None = None,
+        *,
+        lock_path: str | None = None,
+        store: ProgramCacheResource | None = None,
+    ) -> None:
+        self.key = key
+        self.budget = config.wait_timeout_s() if budget is None else budget
+        self.lock_path = lock_path
+        self._store = store
+
+    @classmethod
+    def for_store(cls, store: ProgramCacheResource, key: bytes, budget: float | None = None) -> SingleFlight:
+        """The flight of ``key`` with every lock ``store`` declares (its file lock, its remote lock)."""
+        try:
+            lock_path = store.lock_path(key.hex() + lockfiles.LOCK_SUFFIX)
+        except OSError:
+            lock_path = None  # a locks/ directory that cannot be made: threads only
+        return cls(key, budget, lock_path=lock_path, store=store)
+
+    def hold(self, ready: Callable[[], bool] = _never) -> contextlib.AbstractContextManager[str]:
+        """Wait (the budget at most) for the key; yields "acquired", "ready" or "timeout"."""
+        return self._hold(ready, wait=True)
+
+    def try_hold(self, ready: Callable[[], bool] = _never) -> contextlib.AbstractContextManager[str]:
+        """One try of each lock; yields "acquired", "ready", "busy" (a peer holds it) or "timeout"."""
+        return self._hold(ready, wait=False)
+
+    @contextlib.contextmanager
+    def _hold(self, ready: Callable[[], bool], wait: bool) -> Iterator[str]:
+        budget = self.budget if wait else 0.0
+        deadline = time.monotonic() + budget
+        with _THREAD_LOCKS.hold(self.key, budget) as have_thread_lock:
+            if not have_thread_lock:
+                yield TIMEOUT if wait else BUSY
+                return
+            with self._file_lock(deadline) as local:
+                if local == BUSY and not wait:
+                    yield BUSY
+                    return
+                held = local == ACQUIRED
+                if held and ready():
+                    yield READY
+                    return
+                with self._remote_lock(deadline, ready, held) as remote:
+                    if remote == TIMEOUT and not wait:
+                        yield BUSY  # another host is compiling it: come back to it later
+                    elif remote == READY or (remote == ACQUIRED and ready()):
+                        yield READY
+                    elif remote == ACQUIRED or (held and remote == "unavailable"):
+                        yield ACQUIRED
+                    else:
+                        yield TIMEOUT
+
+    @contextlib.contextmanager
+    def _file_lock(self, deadline: float) -> Iterator[str]:
+        """ "acquired" (or no file lock to take), "busy" (a peer held it at the deadline), or
+        "timeout" when it cannot be taken at all (a read-only cache directory: we then compile
+        without cross-process coordination rather than fail)."""
+        if self.lock_path is None:
+            yield ACQUIRED
             return
         try:
-            yield "acquired"
+            # The file stays after release (unlinking it on release would race with waiters);
+            # maintenance removes idle ones under their own lock (stores.file.locks says why
+            # the locker's identity check makes that safe).
+            fd = lockfiles.acquire(
+                self.lock_path,
+                deadline - time.monotonic(),
+                mode=lockfiles.mode_for(os.path.dirname(self.lock_path)),
+            )
+        except OSError:
+            yield TIMEOUT
+            return
+        if fd is None:
+            yield BUSY
+            return
+        try:
+            yield ACQUIRED
         finally:
-            file_lock.release()
+            os.close(fd)  # closing the fd releases the flock
 
-
-def _file_lock(path: str, deadline: float) -> _Held | str | None:
-    """An acquired file lock on path; "busy" when a peer still held it at the deadline; None
-    when locking failed.
-
-    A lock that cannot be created at all (read-only cache dir) is not a reason to fail:
-    we then compile without cross-process coordination.
-    """
-    from kernelcache.stores.file import locks as lockfiles
-
-    try:
-        # The file stays after release (unlinking it on release would race with waiters);
-        # tools remove idle ones under their own lock (see stores/lockfiles.py for why the
-        # locker's identity check makes that safe).
-        fd = lockfiles.acquire(path, deadline - time.monotonic(), mode=lockfiles.mode_for(os.path.dirname(path)))
-    except OSError:
-        return None
-    return "busy" if fd is None else _Held(fd)
-
-
-class _Held:
-    """A held file lock: release() closes the fd, which releases the flock."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def release(self) -> None:
-        os.close(self._fd)
+    def _remote_lock(
+        self, deadline: float, ready: Callable[[], bool], held: bool
+    ) -> contextlib.AbstractContextManager[str]:
+        """The store's remote lock: "acquired", "ready", "timeout" or "unavailable" (none offered)."""
+        if self._store is None or not self._store.has_remote_lock:
+            return contextlib.nullcontext("unavailable")
+        # Only a file lock we hold proves a remote lock under our local id was left by a dead
+        # holder (the module doc); after a file-lock timeout we claim no local id.
+        local = self.lock_path if held else None
+        return self._store.remote_lock(self.key.hex(), deadline, ready, local_lock=local)

@@ -1,45 +1,33 @@
-"""compile_program(): key -> store.get -> single-flight compile -> store.set; logs and symbols replayed.
+"""compile_program() and probe(): one call's flow, in short steps.
 
-On a hit no compiler runs: the stored bytes come back as an ObjectCode of the right kind,
-with the NVRTC symbol mapping (name expressions) and the compile log of the original miss.
-For C++ the key also covers every header the compile read (see manifests.py, headers.py).
-This module is the flow alone: the look-up (key material, the record found) is lookup.py, the
-compilers run in compilers.py, what is stored beside an artifact is records.py, header
-manifests are manifests.py, the default store default_store.py.
+look up -> hit: replay the stored record (log, symbols); no compiler runs
+        -> miss: single flight -> a peer's result, or our compile -> store
+
+The request is compile.request, the look-up (key material, the record found) compile.lookup,
+single flight compile.flight, the header trace of a miss compile.tracing, the compilers
+compile.compilers, what is stored beside an artifact compile.metadata. For C++ the key also
+covers every header the compile read (headers.manifests).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
-from kernelcache.compile.compilers import (
-    lost_trace,
-    new_trace_path,
-    remove_trace,
-    reset_nvrtc_trace_state,
-    run_compiler,
-)
-from kernelcache.compile.flight import single_flight
-from kernelcache.compile.lookup import Lookup
-from kernelcache.compile.metadata import (
-    artifact_meta,
-    count,
-    object_from_record,
-    refuse_to_store,
-    write_record,
-)
+from kernelcache.compile.compilers import run_compiler
+from kernelcache.compile.flight import BUSY, READY, SingleFlight
+from kernelcache.compile.lookup import Found, Lookup
+from kernelcache.compile.metadata import artifact_meta, count, object_from_record, refuse_to_store, write_record
+from kernelcache.compile.request import CompileRequest
+from kernelcache.compile.tracing import HeaderTrace
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests, variants
-from kernelcache.headers import scan as includes
-from kernelcache.keys.derive import default_options
 from kernelcache.log import key_prefix, logger
-from kernelcache.stores.base import Meta, ProgramCacheResource, as_value_bytes
+from kernelcache.stores.base import ProgramCacheResource, as_value_bytes
 from kernelcache.stores.default import default_cache, default_cache_or_none
 from kernelcache.stores.foreign import as_store
 from kernelcache.stores.naming import entry_name
@@ -74,11 +62,21 @@ class CompileInfo:
         return entry_name(self.key) if self.key else ""
 
 
-def _lock_path(cache: ProgramCacheResource, key: bytes) -> str | None:
-    try:
-        return cache.lock_path(key.hex() + ".lock")
-    except OSError:
-        return None  # locks/ cannot be made: threads of this process still meet
+@dataclasses.dataclass(slots=True)
+class Call:
+    """Where one call reports: its CompileInfo, its ``logs`` sink, when it started."""
+
+    info: CompileInfo
+    logs: Any = None
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    want_headers: bool = False  # the list of tracked headers is built only when asked for
+
+    def emit_log(self, text: str) -> None:
+        if self.logs is not None and text:
+            self.logs.write(text)
+
+    def done(self) -> None:
+        self.info.seconds = time.perf_counter() - self.start
 
 
 def probe(
@@ -92,17 +90,13 @@ def probe(
     extra_digest: bytes | None = None,
 ) -> CompileInfo:
     """Would compile_program hit? Looks up without compiling, storing or counting."""
-    options = default_options() if options is None else options
+    request = CompileRequest.of(code, code_type, target_type, options, name_expressions, extra_digest)
     store = as_store(cache) if cache is not None else default_cache()
-    look = Lookup(store, code, code_type, target_type, options, name_expressions, extra_digest)
-    key, record, variant = look.find()
+    key, record, variant = Lookup(store, request).find()
     info = CompileInfo(hit=record is not None, key=key)
     if variant is not None:
-        info.headers = variants.tracked_paths(variant, hdr.search_dirs(options))
+        info.headers = variants.tracked_paths(variant, hdr.search_dirs(request.options))
     return info
-
-
-# -- the public call ------------------------------------------------------------------------
 
 
 def compile_program(
@@ -131,26 +125,19 @@ def compile_program(
     Compile errors propagate as cuda.core raises them; nothing is stored for them. A
     failing cache (I/O error, corrupt entry, full disk) degrades to a recompile and warns.
     """
-    start = time.perf_counter()
-    want_headers = info is not None  # the list of tracked headers is built only when asked for
-    info = info if info is not None else CompileInfo()
-    options = default_options() if options is None else options
-    store = None if config.disabled() else _resolve_cache(cache)
+    call = Call(info if info is not None else CompileInfo(), logs, want_headers=info is not None)
+    budget = None if wait_timeout is None else _checked_wait(wait_timeout)
+    request = CompileRequest.of(code, code_type, target_type, options, name_expressions, extra_digest)
+    store = None if config.disabled() else resolve_cache(cache)
     if store is None:
-        obj, log_text, seconds = run_compiler(code, code_type, target_type, options, name_expressions, None)
-        _emit_log(logs, log_text)
-        info.hit, info.cached, info.compile_seconds = False, False, seconds
-        info.seconds = time.perf_counter() - start
-        return obj
-    cache = store
-    look = Lookup(cache, code, code_type, target_type, options, name_expressions, extra_digest)
-    key, record, variant = look.find()
-    info.lookup_seconds = time.perf_counter() - start
-    if record is not None:
-        return _hit(look, key, record, variant, logs, info, start, want_headers)
-    budget = config.wait_timeout_s() if wait_timeout is None else _checked_wait(wait_timeout)
-    obj = _flight(look, code, name_expressions, logs, info, start, budget, want_headers)
-    assert obj is not None  # only wait=False returns None
+        return compile_uncached(request, call)
+    look = Lookup(store, request)
+    found = look.find()
+    call.info.lookup_seconds = time.perf_counter() - call.start
+    if found[1] is not None:
+        return replay_hit(look, found, call)
+    obj = fly(look, call, SingleFlight.for_store(store, look.flight_key, budget))
+    assert obj is not None  # only try_hold can leave the key to a peer
     return obj
 
 
@@ -163,10 +150,10 @@ def _checked_wait(value: object) -> float:
     return float(value)
 
 
-def _resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource | None:
+def resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource | None:
     """The store a call uses: ``cache``, or the default one; TypeError for anything else.
 
-    None when the default store cannot be opened (see default_store.default_cache_or_none):
+    None when the default store cannot be opened (stores.default.default_cache_or_none):
     such a call compiles uncached.
     """
     if cache is None:
@@ -174,72 +161,47 @@ def _resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource |
     return as_store(cache)  # a cuda.core store is wrapped: metadata under derived keys
 
 
-def _flight(
-    look: Lookup,
-    code: str | bytes,
-    name_expressions: Sequence[str | bytes],
-    logs: Any,
-    info: CompileInfo,
-    start: float,
-    budget: float,
-    want_headers: bool,
-    wait: bool = True,
-) -> ObjectCode | None:
+def compile_uncached(request: CompileRequest, call: Call) -> ObjectCode:
+    """The compile of a call that has no cache to use (disabled, or none could be opened)."""
+    obj, log_text, seconds = run_compiler(request, None)
+    call.emit_log(log_text)
+    call.info.hit, call.info.cached, call.info.compile_seconds = False, False, seconds
+    call.done()
+    return obj
+
+
+def fly(look: Lookup, call: Call, flight: SingleFlight, *, wait: bool = True) -> ObjectCode | None:
     """A missing key under its single flight: the peer's result if one published it
     meanwhile, else our compile. ``wait=False``: one try; None if a peer holds the key."""
-    # Single flight per source (C++: per source+options, since the header-complete key
-    # is only known after the compile; others: per key). Threads and processes of this
-    # host meet on a file lock; hosts sharing a Redis tier meet on a Redis lock.
-    cache, options = look.cache, look.options
-    flight_key = look.manifest_key or look.entry_key
-    deadline = time.monotonic() + (budget if wait else 0.0)
-    key, record, variant = b"", None, None
-    lock_path = _lock_path(cache, flight_key)
-    with single_flight(flight_key, lock_path, budget, wait=wait) as outcome:
-        if outcome == "busy":
+    latest: list[Found] = []
+
+    def ready() -> bool:  # asked by the flight after each lock it takes
+        latest.append(look.find())
+        return latest[-1][1] is not None
+
+    with flight.hold(ready) if wait else flight.try_hold(ready) as outcome:
+        if outcome == BUSY:
             return None
-        if outcome == "acquired":
-            key, record, variant = look.find()  # a peer may have compiled it meanwhile
-            info.waited = record is not None
-        if record is None and cache.has_remote_lock:
-            # The Redis lock is taken inside the file lock and released before it: so a
-            # Redis lock held under the file lock we hold now was left by a dead holder
-            # of this host, and the Redis tier takes it over at once (stores/redislock).
-            held = lock_path if outcome == "acquired" else None
-            ready = lambda: look.find()[1] is not None  # noqa: E731
-            with cache.remote_lock(flight_key.hex(), deadline, ready, local_lock=held) as remote:
-                if remote == "timeout" and not wait:
-                    return None  # another host is compiling it: come back to it later
-                if remote in ("acquired", "ready"):
-                    key, record, variant = look.find()  # published by another host?
-                    info.waited = info.waited or record is not None
-                if record is None:
-                    return _miss(look, code, options, name_expressions, logs, info, start)
-        elif record is None:
-            return _miss(look, code, options, name_expressions, logs, info, start)
-    return _hit(look, key, record, variant, logs, info, start, want_headers)
+        if outcome != READY:
+            return compile_miss(look, call)  # the locks stay held until it is stored
+    call.info.waited = True
+    return replay_hit(look, latest[-1], call)
 
 
-def _hit(
-    look: Lookup,
-    key: bytes,
-    record: tuple[bytes, Meta],
-    variant: dict[str, Any] | None,
-    logs: Any,
-    info: CompileInfo,
-    start: float,
-    want_headers: bool,
-) -> ObjectCode:
+def replay_hit(look: Lookup, found: Found, call: Call) -> ObjectCode:
     """The ObjectCode of a stored record, counted as a hit (log and symbols replayed)."""
+    key, record, variant = found
+    assert record is not None
     payload, meta = record
-    _emit_log(logs, meta.get("log", ""))
+    info, options = call.info, look.request.options
+    call.emit_log(meta.get("log", ""))
     saved = float(meta.get("compile_seconds", 0.0))
     count(look.cache, hits=1, bytes_read=len(payload), compile_us_saved=int(saved * 1e6))
     info.hit, info.key, info.compile_seconds = True, key, saved
-    if want_headers and variant and variant["headers"]:
-        info.headers = variants.tracked_paths(variant, hdr.search_dirs(look.options))
-    obj = object_from_record(payload, look.target_type, look.options.name or "", meta)
-    info.seconds = time.perf_counter() - start
+    if call.want_headers and variant and variant["headers"]:
+        info.headers = variants.tracked_paths(variant, hdr.search_dirs(options))
+    obj = object_from_record(payload, look.request.target_type, options.name or "", meta)
+    call.done()
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "hit %s lookup %.3f ms total %.3f ms (saves a %.3f s compile)%s",
@@ -252,106 +214,73 @@ def _hit(
     return obj
 
 
-def _emit_log(logs: Any, text: str) -> None:
-    if logs is not None and text:
-        logs.write(text)
-
-
-def _miss(
-    look: Lookup,
-    code: str | bytes,
-    options: Any,
-    name_expressions: Sequence[str | bytes],
-    logs: Any,
-    info: CompileInfo,
-    start: float,
-) -> ObjectCode:
-    cache, code_type, target_type, track = look.cache, look.code_type, look.target_type, look.track
+def compile_miss(look: Lookup, call: Call) -> ObjectCode:
+    """Compile, then store the result under its key (with the header variant it read), or
+    return it unstored when the headers cannot be vouched for (compile.tracing)."""
+    cache = look.cache
     count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
-    tmp_dir = cache.tmp_dir
-    trace_path = new_trace_path(tmp_dir) if track else None
-    not_stored = ""  # why this compile's result cannot be stored, when it cannot
-    if track and trace_path is None:
-        not_stored = "there is no room for NVRTC's header trace (a full disk would abort NVRTC)"
-    cwd = os.getcwd()
-    dirs = hdr.search_dirs(options, cwd) if track else []
-    before = manifests.digests_before(look.manifest_key, dirs) if track else {}
-    started_ns = hdr.now_ns()  # the clock files are stamped with
+    trace = HeaderTrace(look.request, look.manifest_key, cache.tmp_dir) if look.track else None
     try:
-        try:
-            obj, log_text, seconds = run_compiler(code, code_type, target_type, options, name_expressions, trace_path)
-        except Exception as exc:
-            if trace_path is None:
-                raise
-            reset_nvrtc_trace_state(tmp_dir)
-            if not lost_trace(exc, trace_path):
-                raise
-            # The trace, not the source, failed the compile (ptxas found it gone or
-            # rewritten): the compile without a trace is the caller's, not stored.
-            not_stored = f"NVRTC lost its header trace ({str(exc).strip().splitlines()[-1]})"
-            remove_trace(trace_path)
-            trace_path = None
-            obj, log_text, seconds = run_compiler(code, code_type, target_type, options, name_expressions, None)
+        obj, log_text, seconds = _compile(look.request, trace)
         count(cache, compiles=1)
-        _emit_log(logs, log_text)
-        info.hit, info.compile_seconds = False, seconds
-        variant = None
-        if track and not not_stored:
-            assert trace_path is not None
-            found = hdr.headers_from_trace(trace_path, cwd)
-            if found is None:
-                not_stored = "NVRTC wrote no usable header trace"
-            else:
-                variant, changed = variants.build_variant(
-                    found,
-                    dirs,
-                    hdr.first_include(options),
-                    hdr.toolchain_header_roots(options),
-                    _source_bytes(code),
-                    includes.pre_includes(options),
-                    started_ns,
-                    before,
-                    includes.option_macros(options),
-                )
-                if changed:
-                    not_stored = "a header changed during the compile: " + ", ".join(changed[:3])
-        if not_stored:
-            refuse_to_store(cache, not_stored)
-            info.cached = False
-            info.seconds = time.perf_counter() - start
+        call.emit_log(log_text)
+        call.info.hit, call.info.compile_seconds = False, seconds
+        variant = trace.variant() if trace is not None else None
+        if trace is not None and trace.not_stored:
+            refuse_to_store(cache, trace.not_stored)
+            call.info.cached = False
+            call.done()
             return obj
-        if variant is not None:
-            key = manifests.full_key(look.base, variant)
-            info.headers = variants.tracked_paths(variant, dirs)
-        else:
-            key = look.entry_key
-        info.key = key
-        meta = artifact_meta(
-            code, code_type, target_type, options, obj, log_text, seconds, look.toolchain, info.headers
-        )
-        stored_at = time.perf_counter()
-        write_record(cache, key, as_value_bytes(obj), meta)
-        if variant is not None:
-            manifests.store_manifest(cache, look.manifest_key, variant)
-        info.store_seconds = time.perf_counter() - stored_at
-        info.seconds = time.perf_counter() - start
-        if logger.isEnabledFor(logging.INFO):
-            prefix = key_prefix(key)
-            logger.debug("miss %s lookup %.3f ms", prefix, info.lookup_seconds * 1e3)
-            logger.info(
-                "compiled %s (%s -> %s, %s) in %.3f s, stored in %.3f ms",
-                prefix,
-                code_type,
-                target_type,
-                getattr(options, "arch", None) or "default arch",
-                seconds,
-                info.store_seconds * 1e3,
-            )
+        _store(look, call, obj, log_text, seconds, variant, trace.dirs if trace is not None else [])
         return obj
     finally:
-        if trace_path is not None:
-            remove_trace(trace_path)
+        if trace is not None:
+            trace.remove()
 
 
-def _source_bytes(code: str | bytes) -> bytes:
-    return code.encode("utf-8", "surrogatepass") if isinstance(code, str) else bytes(code)
+def _compile(request: CompileRequest, trace: HeaderTrace | None) -> tuple[ObjectCode, str, float]:
+    """run_compiler with NVRTC's header trace; again without one if the trace itself failed it."""
+    try:
+        return run_compiler(request, trace.path if trace is not None else None)
+    except Exception as exc:
+        if trace is None or not trace.lost(exc):
+            raise
+        return run_compiler(request, None)  # the caller's result, not stored (trace.not_stored)
+
+
+def _store(
+    look: Lookup,
+    call: Call,
+    obj: ObjectCode,
+    log_text: str,
+    seconds: float,
+    variant: dict[str, Any] | None,
+    dirs: list[str],
+) -> None:
+    """Write the record (and the header manifest naming its variant); log the compile."""
+    info, request = call.info, look.request
+    if variant is not None:
+        key = manifests.full_key(look.base, variant)
+        info.headers = variants.tracked_paths(variant, dirs)
+    else:
+        key = look.entry_key
+    info.key = key
+    meta = artifact_meta(request, obj, log_text, seconds, look.toolchain, info.headers)
+    stored_at = time.perf_counter()
+    write_record(look.cache, key, as_value_bytes(obj), meta)
+    if variant is not None:
+        manifests.store_manifest(look.cache, look.manifest_key, variant)
+    info.store_seconds = time.perf_counter() - stored_at
+    call.done()
+    if logger.isEnabledFor(logging.INFO):
+        prefix = key_prefix(key)
+        logger.debug("miss %s lookup %.3f ms", prefix, info.lookup_seconds * 1e3)
+        logger.info(
+            "compiled %s (%s -> %s, %s) in %.3f s, stored in %.3f ms",
+            prefix,
+            request.code_type,
+            request.target_type,
+            getattr(request.options, "arch", None) or "default arch",
+            seconds,
+            info.store_seconds * 1e3,
+        )

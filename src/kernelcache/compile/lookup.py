@@ -1,13 +1,13 @@
 """One call's look-up: its key material computed once (memoised per call arguments), then
 the record found under the entry key, or, for a C++ source that may read headers, under the
-full key of the header variant that matches the files on disk now (manifests.py)."""
+full key of the header variant that matches the files on disk now (headers.manifests)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from kernelcache.compile.metadata import read_artifact
+from kernelcache.compile.metadata import read_record
+from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests
 from kernelcache.headers import scan as includes
@@ -17,42 +17,41 @@ from kernelcache.keys.toolchain import toolchain_for
 from kernelcache.memo import remember
 from kernelcache.stores.base import Meta, ProgramCacheResource
 
-# call arguments -> (base components, manifest key, entry key, whether to trace headers)
+# What find() returns: (key, record or None, header variant or None).
+Found = tuple[bytes, tuple[bytes, Meta] | None, dict[str, Any] | None]
+
+# request fields -> (base components, manifest key, entry key, whether to trace headers)
 _base_memo: dict[Any, tuple[list[tuple[str, bytes]], bytes, bytes, bool]] = {}
 
 
 class Lookup:
     """One call's key material, computed once: base components, manifest key, toolchain."""
 
-    def __init__(
-        self,
-        cache: ProgramCacheResource,
-        code: str | bytes,
-        code_type: str,
-        target_type: str,
-        options: Any,
-        name_expressions: Sequence[str | bytes],
-        extra_digest: bytes | None,
-    ) -> None:
+    def __init__(self, cache: ProgramCacheResource, request: CompileRequest) -> None:
         self.cache = cache
-        self.options = options
-        self.code_type = code_type.lower() if isinstance(code_type, str) else code_type
-        self.target_type = target_type.lower() if isinstance(target_type, str) else target_type
-        self.toolchain = toolchain_for(self.code_type) if self.code_type in ("c++", "ptx", "nvvm") else None
+        self.request = request
+        code_type = request.code_type
+        self.toolchain = toolchain_for(code_type) if code_type in ("c++", "ptx", "nvvm") else None
         # Header tracking for every C++ compile, extra_digest or not (it adds to the key,
         # it does not replace tracking): even with no include_path, NVRTC reads quoted
         # includes from the current directory. A source that cannot name a file (no
-        # include, no pre_include: see includes.may_read_files) needs no trace and no
+        # include, no pre_include: see headers.scan.may_read_files) needs no trace and no
         # manifest; its key is complete without headers.
-        self.headers_tracked = self.code_type == "c++"
-        # The key material of a repeated call is memoised by the call's own arguments (the
+        self.headers_tracked = code_type == "c++"
+        # The key material of a repeated call is memoised by the request's fields (the
         # options by their values: a mutated ProgramOptions is a new memo key), and so is
         # ``track``, which depends on nothing else (the text and the options).
-        fingerprint = options_fingerprint(options)
+        fingerprint = options_fingerprint(request.options)
         memo_key: Any = None
-        if fingerprint is not None and type(code) in (str, bytes):
-            names = tuple(name_expressions)
-            memo_key = (code, code_type, target_type, fingerprint, names, extra_digest)
+        if fingerprint is not None and type(request.code) in (str, bytes):
+            memo_key = (
+                request.code,
+                code_type,
+                request.target_type,
+                fingerprint,
+                request.name_expressions,
+                request.extra_digest,
+            )
             try:
                 found = _base_memo.get(memo_key)
             except TypeError:  # an unhashable name expression: no memo
@@ -60,14 +59,14 @@ class Lookup:
             if found is not None:
                 self.base, self.manifest_key, self.entry_key, self.track = found
                 return
-        self.track = self.headers_tracked and includes.may_read_files(code, options)
+        self.track = self.headers_tracked and includes.may_read_files(request.code, request.options)
         self.base = key_components(
-            code=code,
+            code=request.code,
             code_type=code_type,
-            options=options,
-            target_type=target_type,
-            name_expressions=name_expressions,
-            extra_digest=extra_digest,
+            options=request.options,
+            target_type=request.target_type,
+            name_expressions=request.name_expressions,
+            extra_digest=request.extra_digest,
             headers_tracked=self.headers_tracked,
             toolchain=self.toolchain,
         )
@@ -78,12 +77,18 @@ class Lookup:
         if memo_key is not None:
             remember(_base_memo, memo_key, (self.base, self.manifest_key, self.entry_key, self.track), 4096)
 
-    def find(self) -> tuple[bytes, tuple[bytes, Meta] | None, dict[str, Any] | None]:
+    @property
+    def flight_key(self) -> bytes:
+        """The key single flight is per: the source+options (manifest key) when headers are
+        tracked, since the header-complete key is only known after the compile; else the key."""
+        return self.manifest_key or self.entry_key
+
+    def find(self) -> Found:
         """(key, record or None, header variant or None); key is b"" when no variant matches."""
         if not self.track:
-            return self.entry_key, read_artifact(self.cache, self.entry_key), None
-        variant = manifests.matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.options))
+            return self.entry_key, read_record(self.cache, self.entry_key, caller_counts=True), None
+        variant = manifests.matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.request.options))
         if variant is None:
             return b"", None, None
         key = manifests.full_key(self.base, variant, self.manifest_key)
-        return key, read_artifact(self.cache, key), variant
+        return key, read_record(self.cache, key, caller_counts=True), variant

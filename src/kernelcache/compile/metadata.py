@@ -18,12 +18,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.compile.schema import META_SCHEMA, SCHEMA_FIELD, meta_is_usable
+from kernelcache.keys.derive import code_bytes
 from kernelcache.log import logger
 from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
 
+    from kernelcache.compile.request import CompileRequest
     from kernelcache.keys.toolchain import Toolchain
 
 
@@ -73,7 +75,7 @@ def kernel_names(code: str | bytes, mapping: dict[Any, Any] | None) -> list[str]
     """Kernel names for listings: name expressions, else __global__ functions in the source."""
     if mapping:
         return [k.decode("latin-1") if isinstance(k, bytes) else str(k) for k in mapping]
-    raw = code.encode("utf-8", "surrogatepass") if isinstance(code, str) else bytes(code)
+    raw = code_bytes(code)
     found = [m.decode("latin-1") for m in _GLOBAL_FN.findall(raw)]
     if not found:  # PTX: .entry names
         found = [m.decode("latin-1") for m in re.findall(rb"\.entry\s+(\w+)", raw)]
@@ -101,10 +103,7 @@ def _plain(value: Any) -> Any:
 
 
 def artifact_meta(
-    code: str | bytes,
-    code_type: str,
-    target_type: str,
-    options: Any,
+    request: CompileRequest,
     obj: ObjectCode,
     log_text: str,
     seconds: float,
@@ -115,16 +114,16 @@ def artifact_meta(
     mapping = getattr(obj, "symbol_mapping", None)
     return {
         SCHEMA_FIELD: META_SCHEMA,
-        "code_type": code_type,
-        "target_type": target_type,
-        "name": options.name or "",
+        "code_type": request.code_type,
+        "target_type": request.target_type,
+        "name": request.options.name or "",
         "symbols": encode_symbols(mapping),
         "log": log_text,
         "compile_seconds": seconds,
         "toolchain": toolchain.as_dict() if toolchain is not None else {},
-        "options": options_summary(options),
+        "options": options_summary(request.options),
         "headers": list(headers),
-        "kernels": kernel_names(code, mapping),
+        "kernels": kernel_names(request.code, mapping),
     }
 
 

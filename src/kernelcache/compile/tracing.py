@@ -1,0 +1,77 @@
+"""The header tracking of one C++ miss: NVRTC's trace file, the headers' digests before the
+compile, and the header variant built from what the compile read.
+
+Any step that cannot vouch for the headers (no room for the trace, a trace NVRTC lost or
+did not write, a header that changed while NVRTC read it) sets ``not_stored``: the compile's
+result is returned to the caller and never stored under a key that would claim it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from kernelcache.compile.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state
+from kernelcache.compile.request import CompileRequest
+from kernelcache.headers import digests as hdr
+from kernelcache.headers import manifests, variants
+from kernelcache.headers import scan as includes
+
+
+class HeaderTrace:
+    """Started right before the compile (the digests and the clock the variant is judged by)."""
+
+    def __init__(self, request: CompileRequest, manifest_key: bytes, tmp_dir: str | None) -> None:
+        self.request = request
+        self.tmp_dir = tmp_dir
+        self.path = new_trace_path(tmp_dir)  # where NVRTC writes the headers it read; None: no room
+        self.not_stored = ""  # why this compile's result cannot be stored, when it cannot
+        if self.path is None:
+            self.not_stored = "there is no room for NVRTC's header trace (a full disk would abort NVRTC)"
+        self.cwd = os.getcwd()
+        self.dirs = hdr.search_dirs(request.options, self.cwd)
+        self.before = manifests.digests_before(manifest_key, self.dirs)
+        self.started_ns = hdr.now_ns()  # the clock files are stamped with
+
+    def lost(self, exc: BaseException) -> bool:
+        """Whether the trace, not the source, failed this compile (ptxas found it gone or
+        rewritten); if so the trace is dropped and the compile without one is not stored."""
+        if self.path is None:
+            return False
+        reset_nvrtc_trace_state(self.tmp_dir)
+        if not lost_trace(exc, self.path):
+            return False
+        self.not_stored = f"NVRTC lost its header trace ({str(exc).strip().splitlines()[-1]})"
+        self.remove()
+        return True
+
+    def variant(self) -> dict[str, Any] | None:
+        """The header variant this compile read; None (and ``not_stored`` set) when unknown."""
+        if self.not_stored:
+            return None
+        assert self.path is not None
+        found = hdr.headers_from_trace(self.path, self.cwd)
+        if found is None:
+            self.not_stored = "NVRTC wrote no usable header trace"
+            return None
+        options = self.request.options
+        variant, changed = variants.build_variant(
+            found,
+            self.dirs,
+            hdr.first_include(options),
+            hdr.toolchain_header_roots(options),
+            self.request.source_bytes(),
+            includes.pre_includes(options),
+            self.started_ns,
+            self.before,
+            includes.option_macros(options),
+        )
+        if changed:
+            self.not_stored = "a header changed during the compile: " + ", ".join(changed[:3])
+            return None
+        return variant
+
+    def remove(self) -> None:
+        if self.path is not None:
+            remove_trace(self.path)
+            self.path = None
