@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any
 
+from kernelcache.keys.options import as_list
 from kernelcache.memo import remember
 
 _memo_lock = threading.Lock()
@@ -81,15 +82,6 @@ def file_digest(path: str) -> str | None:
         with _memo_lock:
             remember(_digest_memo, path, (ident, digest), _MEMO_LIMIT)
     return digest
-
-
-def as_list(value: Any) -> list[str]:
-    """None -> [], a str -> [it], any other iterable -> its items as str."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return [str(v) for v in value]
 
 
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:

@@ -23,7 +23,7 @@ from kernelcache.headers import scan as includes
 from kernelcache.headers import variants
 from kernelcache.headers.digests import file_digest
 from kernelcache.keys.derive import digest_components
-from kernelcache.keys.options import OPTION_POLICY, TRACKED, _is_set
+from kernelcache.keys.options import OPTION_POLICY, TRACKED, emits_flag
 from kernelcache.memo import remember
 from kernelcache.stores.base import ProgramCacheResource
 
@@ -35,7 +35,7 @@ _full_key_memo: dict[tuple[bytes, str], bytes] = {}
 
 def tracks_headers(options: Any) -> bool:
     """Whether options set a field that names headers (OPTION_POLICY's TRACKED fields)."""
-    return any(_is_set(getattr(options, f, None)) for f, p in OPTION_POLICY.items() if p == TRACKED)
+    return any(emits_flag(f, getattr(options, f, None)) for f, p in OPTION_POLICY.items() if p == TRACKED)
 
 
 def manifest_key(base: list[tuple[str, bytes]]) -> bytes:

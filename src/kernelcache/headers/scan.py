@@ -29,6 +29,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from kernelcache.keys.derive import code_bytes
+from kernelcache.keys.options import as_list, emits_flag
+
 # One regex for both: "#include"/"#include_next" at the start of a line ("%:" is the
 # digraph of "#"), and
 # "__has_include"/"__has_include_next" anywhere (it may sit in any #if expression).
@@ -143,16 +146,16 @@ def may_read_files(code: str | bytes, options: Any) -> bool:
     toolchain in the key pins, as it does when they are traced.
     """
     for field in ("pre_include", "extra_sources", "pch", "use_pch", "pch_dir"):
-        if _is_set(getattr(options, field, None)):
+        if emits_flag(field, getattr(options, field, None)):
             return True
-    raw = code.encode("utf-8", "surrogatepass") if isinstance(code, str) else bytes(code)
+    raw = code_bytes(code)
     if b"??/" in raw or _SPLICE.search(raw) is not None:
         return True
     named = raw.count(b"include")
     if not named:
         return False
-    if _is_set(getattr(options, "include_path", None)):
-        return True
+    if emits_flag("include_path", getattr(options, "include_path", None)):
+        return True  # "" too: --include-path= makes NVRTC search the current directory
     # An absolute angle-bracket name (<"/abs/cfg.h">) is opened as it is, wherever it is.
     return (
         sum(1 for m in _DIRECTIVE.finditer(raw) if m.group(2) == b"<" and not m.group(3).strip().startswith(b"/"))
@@ -160,15 +163,10 @@ def may_read_files(code: str | bytes, options: Any) -> bool:
     )
 
 
-def _is_set(value: Any) -> bool:
-    return value not in (None, "", [], (), False)
-
-
 def pre_includes(options: Any) -> list[str]:
+    """The names NVRTC pre-includes, in order (as many as it gets --pre-include flags)."""
     value = getattr(options, "pre_include", None)
-    if not value:
-        return []
-    return [value] if isinstance(value, str) else [str(v) for v in value]
+    return as_list(value) if emits_flag("pre_include", value) else []
 
 
 def candidates(kind: str, name: str, includer_dir: str | None, dirs: Sequence[str], first_include: int) -> list[str]:

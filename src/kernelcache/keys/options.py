@@ -128,11 +128,9 @@ _FLAG_IF_NOT_NONE = frozenset({"create_pch", "time", "fdevice_time_trace", "use_
 _HASHED_FIELDS = tuple(f for f, p in OPTION_POLICY.items() if p in (HASH, TRACKED, NEEDS_DIGEST))
 
 
-def _is_set(value: Any) -> bool:
-    """Whether a str-or-list option (include_path, pre_include...) makes NVRTC emit a flag.
-
-    None, False and empty sequences (a range too) emit none; a str, even "", does.
-    """
+def _names_something(value: Any) -> bool:
+    """cuda.core's test for a str-or-list option: None, False and empty sequences (a range
+    too) emit no flag; a str, even "", does (``--include-path=``)."""
     if value is None or value is False:
         return False
     if isinstance(value, str):
@@ -142,13 +140,27 @@ def _is_set(value: Any) -> bool:
     return True
 
 
-def _emits_flag(name: str, value: Any) -> bool:
-    """Whether NVRTC gets a flag for field ``name`` set to ``value`` (cuda.core 1.2's rules)."""
+def as_list(value: Any) -> list[str]:
+    """None -> [], a str -> [it], any other iterable -> its items as str."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def emits_flag(name: str, value: Any) -> bool:
+    """Whether NVRTC gets a flag for ProgramOptions field ``name`` set to ``value``.
+
+    The one rule (cuda.core 1.2's) that the key, the directive scan and the decision to
+    trace headers all use: ``include_path=""`` and ``[""]`` emit ``--include-path=``, which
+    makes NVRTC search the current directory for <...> includes.
+    """
     if name in _FLAG_IF_NOT_NONE:
         return value is not None
     if name == "pch":
         return bool(value)
-    return _is_set(value)
+    return _names_something(value)
 
 
 def _gate(gate: str, value: Any) -> Any:
@@ -306,14 +318,16 @@ def _encode_options(options: Any, code_type: str, has_digest: bool, headers_trac
                     continue  # read by truth: False is None
                 value = True
         if nvrtc and policy == REJECT:
-            if _emits_flag(name, value):
+            if emits_flag(name, value):
                 raise ValueError(
                     f"ProgramOptions.{name}={value!r} makes NVRTC write a file as a side effect (it receives "
                     "the flag for any value but None, False included), which a cache hit would skip; "
                     "compile without the cache for this option"
                 )
             continue
-        if nvrtc and policy in (NEEDS_DIGEST, TRACKED) and _emits_flag(name, value):
+        if nvrtc and policy in (NEEDS_DIGEST, TRACKED):
+            if not emits_flag(name, value):
+                continue  # NVRTC receives nothing for it, as for None (include_path=())
             if policy == NEEDS_DIGEST and not has_digest:
                 raise ValueError(
                     f"ProgramOptions.{name} makes the compile read files whose content the key cannot "
