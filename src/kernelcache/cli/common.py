@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from kernelcache import config
+from kernelcache.stores.file.marker import FORMAT_DIR, require_cache_root, tree_exists
 from kernelcache.stores.file.store import FileStreamProgramCache
 
 
@@ -69,22 +70,33 @@ class Declined(click.ClickException):
         click.echo(f"kernelcache: {self.format_message()}", err=True)
 
 
-def open_cache(cache_dir: str | None, sweep: bool = True, create: bool = False) -> FileStreamProgramCache:
+def open_cache(
+    cache_dir: str | None, sweep: bool = True, create: bool = False, removes: str | None = None
+) -> FileStreamProgramCache:
     """The file cache the command works on. Only commands that write (demo, warm) create
-    it: a mistyped --cache-dir must be an error, not a new empty cache reporting zeros."""
+    it: a mistyped --cache-dir must be an error, not a new empty cache reporting zeros, and
+    a reading command creates nothing anywhere. ``removes``: the command (named so) deletes
+    files, so the directory must prove it is a cache root first (stores/file/marker.py)."""
     root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
+    named = _named(cache_dir, root)
     if not create and not os.path.isdir(root):
-        named = ""
-        if cache_dir is not None:
-            named = " (--cache-dir)"
-        elif config.cache_dir_is_from_env(root):
-            named = " (KERNELCACHE_DIR)"
         if os.path.exists(root):
             raise UserError(f"{root}{named} is not a directory: give the cache directory")
         raise UserError(f"no cache at {root}{named}: the directory does not exist (nothing was created)")
+    if not create and not tree_exists(root):
+        raise UserError(f"no kernelcache cache at {root}{named}: it holds no {FORMAT_DIR}/ tree (nothing was created)")
+    if removes is not None:
+        require_cache_root(root, removes)
     # verify opens without the start-up sweep of stale temp files, so it can report them.
     # The cap is the default cache's (KERNELCACHE_MAX_SIZE), so that stats shows it.
     return FileStreamProgramCache(root, config.max_size_bytes(), tmp_max_age_s=None if sweep else float("inf"))
+
+
+def _named(cache_dir: str | None, root: str) -> str:
+    """Where the directory came from, for an error message."""
+    if cache_dir is not None:
+        return " (--cache-dir)"
+    return " (KERNELCACHE_DIR)" if config.cache_dir_is_from_env(root) else ""
 
 
 def emit(data: Any, as_json: bool, render: Any) -> None:

@@ -9,6 +9,7 @@ shows the compile/cache path (MISS, then HIT) for a named architecture.
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,27 @@ def check_arch(arch: str) -> str:
     return arch.strip()
 
 
+def _open_cache(cfg: DemoConfig) -> FileStreamProgramCache:
+    """The demo's cache, created if missing; with --clear-cache an existing one must prove
+    it is a cache root (it removes a file there)."""
+    from kernelcache import config
+    from kernelcache.stores.file.marker import require_cache_root, tree_exists
+
+    root = os.path.abspath(cfg.cache_dir if cfg.cache_dir is not None else config.cache_dir())
+    if cfg.clear_cache and tree_exists(root):
+        require_cache_root(root, "demo --clear-cache")
+    return FileStreamProgramCache(root)
+
+
+def _remove_own_entry(cache: FileStreamProgramCache, source: str, options: Any) -> None:
+    """--clear-cache: remove this demo kernel's entry, so the run is a MISS; others stay."""
+    from kernelcache.compile.flow import probe
+
+    found = probe(source, "c++", "cubin", options=options, cache=cache)
+    if found.hit and found.key is not None:
+        cache.discard(found.key)
+
+
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the demo and return its report (what the command prints)."""
     from cuda.core import ProgramOptions
@@ -131,9 +153,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         report["no_gpu_reason"] = why_not
     report["arch"] = arch
     # KERNELCACHE_DISABLE: compile without the cache, and create no cache directory.
-    cache = None if config.disabled() else FileStreamProgramCache(cfg.cache_dir)
-    if cache is not None and cfg.clear_cache:
-        cache.clear()
+    cache = None if config.disabled() else _open_cache(cfg)
     report["cache_dir"] = cache.path if cache is not None else None
     report["workload"] = f"C = {cfg.epilogue}(A @ B + bias)"
     report["sizes"] = {"m": cfg.m, "n": cfg.n, "k": cfg.k}
@@ -143,6 +163,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     source = generate_source(cfg.tile_size, cfg.epilogue)
     name = kernel_name(cfg.tile_size, cfg.epilogue)
     options = ProgramOptions(arch=arch, name=f"{name}.cu", std="c++17")
+    if cache is not None and cfg.clear_cache:
+        _remove_own_entry(cache, source, options)
     info = CompileInfo()
     obj = compile_program(source, "c++", "cubin", options=options, cache=cache, info=info)
     report["cache_status"] = "DISABLED" if not info.cached and cache is None else "HIT" if info.hit else "MISS"

@@ -58,11 +58,12 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
     from kernelcache import config
     from kernelcache.compile.flow import probe
     from kernelcache.compile.metadata import options_summary
+    from kernelcache.stores.file.marker import tree_exists
     from kernelcache.stores.file.store import FileStreamProgramCache
     from kernelcache.stores.naming import entry_name as name_of
 
     root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
-    if not os.path.isdir(root):  # nothing cached there; a diagnostic creates no directory
+    if not tree_exists(root):  # nothing cached there; a diagnostic creates no directory
         return {"key": None, "source_key": a["key"], "in_cache": False, "differences": {}, "no_cache_at": root}
     # touch_on_read=False: a diagnostic must not change which entries eviction takes first.
     cache = FileStreamProgramCache(root, touch_on_read=False)

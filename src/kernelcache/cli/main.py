@@ -66,7 +66,9 @@ def _choice(flag: str, choices: list[str], default: str, help: str) -> Any:
 @click.option(
     "--iterations", type=click.IntRange(min=1), default=10, show_default=True, help="Timed launches (mean is shown)."
 )
-@click.option("--clear-cache", is_flag=True, help="Empty the cache first (the run is then a MISS).")
+@click.option(
+    "--clear-cache", is_flag=True, help="Remove this kernel's entry first (the run is then a MISS); others stay."
+)
 @click.option(
     "--arch",
     default="sm_90",
@@ -215,7 +217,7 @@ def _resolve(cache: FileStreamProgramCache, prefix: str) -> Any:
 @JSON_OPTION
 def verify(cache_dir: str | None, fix: bool, as_json: bool) -> None:
     """Re-hash every entry; report corrupt entries, orphaned sidecars and stale temp files."""
-    cache = _open(cache_dir, sweep=False)
+    cache = _open(cache_dir, sweep=False, removes="verify --fix" if fix else None)
     report = ent.verify(cache, fix=fix, progress=not as_json)
     _emit(report, as_json, lambda data: verify_text(data, fix))
     if report["remaining"]:
@@ -234,7 +236,7 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, d
         raise UserError("give --max-size SIZE and/or --older-than AGE (e.g. --max-size 2GB, --older-than 30d)")
     size_cap = config.parse_size(max_size) if max_size is not None else None
     max_age = ent.parse_age(older_than) if older_than is not None else None
-    cache = _open(cache_dir)
+    cache = _open(cache_dir, removes=None if dry_run else "prune")
     result = ent.prune(cache, size_cap, max_age, now=time.time(), dry_run=dry_run)
     if not dry_run:
         # Copies handed to Triton (kernelcache.integrations.materialized) are not entries: idle ones go too.
@@ -258,7 +260,7 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, d
 @JSON_OPTION
 def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
     """Remove every entry of the cache (the counters are kept: `stats --zero` resets them)."""
-    cache = _open(cache_dir)
+    cache = _open(cache_dir, removes="clear")
     try:
         confirmed = yes or click.confirm(f"Remove every entry in {cache.path}?", default=False)
     except click.Abort:  # no answer (stdin closed): the same as "no"

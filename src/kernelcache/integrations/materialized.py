@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import time
 
-from kernelcache.stores.file.ops import make_dirs, stage
+from kernelcache.stores.file.ops import make_dirs, open_regular, stage
 
 MATERIALIZED_DIR = "materialized"
 # A copy handed out less than this long ago is kept by prune: the process that got its path
@@ -117,7 +118,10 @@ def _same_content(path: str, data: bytes) -> bool:
 def remove_materialized(root: str, idle_s: float | None = None) -> tuple[int, int]:
     """Remove copies under ``root`` not handed out for ``idle_s`` seconds (None: all).
 
-    Returns (files removed, bytes freed). Empty directories go too.
+    Returns (files removed, bytes freed). Only files this module wrote go: a copy whose
+    content still hashes to its folder's name, or a staged file of ours in tmp/; anything
+    else under ``materialized/`` (a user's file in a directory mistaken for a cache) stays.
+    Empty directories go too.
     """
     base = os.path.join(root, MATERIALIZED_DIR)
     cutoff = None if idle_s is None else time.time() - idle_s
@@ -127,7 +131,7 @@ def remove_materialized(root: str, idle_s: float | None = None) -> tuple[int, in
             path = os.path.join(dirpath, fname)
             try:
                 st = os.lstat(path)
-                if cutoff is not None and st.st_mtime >= cutoff:
+                if (cutoff is not None and st.st_mtime >= cutoff) or not _is_ours(base, path):
                     continue
                 os.unlink(path)
             except OSError:
@@ -140,3 +144,29 @@ def remove_materialized(root: str, idle_s: float | None = None) -> tuple[int, in
             except OSError:
                 pass
     return files, freed
+
+
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+_STAGED = re.compile(r"[0-9a-f]{32}\.tmp")
+
+
+def _is_ours(base: str, path: str) -> bool:
+    """Whether path (under base) is a copy materialize wrote, or one of its staged files."""
+    parts = os.path.relpath(path, base).split(os.sep)
+    if len(parts) == 2 and parts[0] == "tmp":
+        return bool(_STAGED.fullmatch(parts[1]))
+    if len(parts) != 4 or not _DIGEST.fullmatch(parts[2]):
+        return False
+    try:
+        fd, _ = open_regular(path)
+    except OSError:
+        return False
+    try:
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return digest.hexdigest()[:32] == parts[2]

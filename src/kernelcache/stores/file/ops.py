@@ -130,6 +130,20 @@ def read_regular(
         os.close(fd)
 
 
+def starts_with(path: str, magic: bytes) -> bool:
+    """Whether path is a regular file (not followed if a symlink) whose content begins with magic."""
+    try:
+        fd, _ = open_regular(path)
+    except OSError:
+        return False
+    try:
+        return os.read(fd, len(magic)) == magic
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def remove_path(path: str) -> bool:
     """Remove a directory tree, or a file or symlink (never followed); False if absent."""
     try:
@@ -143,8 +157,9 @@ def remove_path(path: str) -> bool:
     return True
 
 
-def unlink_if_same(path: str, key: StatKey | None) -> int | None:
-    """Unlink path if it is still the file version ``key`` (None: any); the bytes freed.
+def unlink_if_same(path: str, key: StatKey | None, *, inode: int | None = None) -> int | None:
+    """Unlink path if it is still the file version ``key`` (None: any) and, given ``inode``,
+    still that inode (a directory listing's identity of the file); the bytes freed.
 
     None if nothing was removed (absent, or replaced meanwhile). An unlink that fails for
     another reason (permission, an immutable directory, I/O) raises OSError: "could not
@@ -156,7 +171,7 @@ def unlink_if_same(path: str, key: StatKey | None) -> int | None:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
-    if key is not None and stat_key(st) != key:
+    if (key is not None and stat_key(st) != key) or (inode is not None and st.st_ino != inode):
         return None
     try:
         os.unlink(path)

@@ -36,6 +36,12 @@ _CHECK_LEN = 8  # hex digits of the CRC-32, then one space
 MAX_SIZE = 64 << 20
 
 
+def is_entry_file_name(name: str) -> bool:
+    """Whether name is one a store gives its files in a shard: an entry name or its sidecar's."""
+    base = name[: -len(META_SUFFIX)] if name.endswith(META_SUFFIX) else name
+    return len(base) == 64 and all(c in "0123456789abcdef" for c in base)
+
+
 def make_sidecar(payload: bytes, meta: Meta) -> bytes:
     """The sidecar of payload with this metadata, stamped with the current time."""
     body = (

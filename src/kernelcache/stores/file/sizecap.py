@@ -109,10 +109,11 @@ class SizeCap:
         if nbytes:
             self._stats.add(size_bytes=-nbytes, evictions=1 if evicted else 0)
 
-    def emptied(self) -> None:
-        """Every entry was removed (clear)."""
+    def emptied(self, freed: int) -> None:
+        """A clear removed every entry it listed, freeing ``freed`` bytes: what writers
+        published or reserved meanwhile stays counted."""
         self._candidates.clear()
-        self._stats.set("size_bytes", 0)
+        self.freed(freed)
 
     def evict(self, *, wait: bool = False, room: int = 0) -> None:
         """Bring the tracked size down to the low-water mark, least recently read first.

@@ -12,7 +12,7 @@ Layout (a reader ignores format directories it does not know; the project's map 
 ``<name>`` is naming.entry_name(key): one domain-separated digest for every key. Layout v1
 (a 32-byte key named by its own hex, any other by its SHA-256, so K and sha256(K) shared an
 entry; a sidecar whose metadata was not checked) is never read: its entries are a miss, and
-``kernelcache clear`` / ``prune`` remove its tree (remove_old_layouts).
+``kernelcache clear`` / ``prune`` remove the files it wrote (remove_old_layouts, oldlayout.py).
 
 Every decision that concerns other processes is explained where it is made. The sidecar
 format is sidecar.py, reading and judging an entry pair entryread.py, size tracking and
@@ -33,6 +33,8 @@ from kernelcache.memo import remember
 from kernelcache.stats import FileStats
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.file import locks as lockfiles
+from kernelcache.stores.file.marker import FORMAT_DIR
+from kernelcache.stores.file.oldlayout import remove_v1_tree
 from kernelcache.stores.file.ops import (
     READ_CHUNK,
     TMP_SUFFIX,
@@ -40,7 +42,6 @@ from kernelcache.stores.file.ops import (
     path_in,
     publish,
     read_regular,
-    remove_path,
     scan_shards,
     size_of,
     stage_held,
@@ -48,16 +49,13 @@ from kernelcache.stores.file.ops import (
     unlink_if_same,
 )
 from kernelcache.stores.file.read import EntryReading, Verified
-from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, make_sidecar, sidecar_info
+from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, is_entry_file_name, make_sidecar, sidecar_info
 from kernelcache.stores.file.sizecap import SizeCap
 from kernelcache.stores.file.treesafety import UnsafeCacheDirError, make_root, make_tree
 from kernelcache.stores.naming import entry_name
 
 __all__ = ["DEFAULT_TMP_MAX_AGE_S", "EntryInfo", "FileStreamProgramCache", "UnsafeCacheDirError"]
 
-FORMAT_DIR = "v2"
-# Layouts of earlier versions: never read (a miss, never an error); removed by the tools.
-OLD_FORMAT_DIRS = ("v1",)
 # Crashed writers leave files in tmp/. A live writer finishes in well under a second, so a
 # temp file older than this is an orphan. Generous, because a slow network filesystem
 # under load must not have its in-flight writes swept.
@@ -128,7 +126,10 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         self._entries = os.path.join(base, "entries")
         self._tmp = os.path.join(base, "tmp")
         self._locks = os.path.join(base, "locks")
-        make_tree(self._root, (base, self._entries, self._tmp, self._locks), self._allow_shared)
+        # The tree is created here if missing, and then it is marked as a cache root first
+        # (marker.py): destructive commands remove nothing under a root without the mark.
+        fresh = not os.path.lexists(base)
+        make_tree(self._root, (base, self._entries, self._tmp, self._locks), self._allow_shared, mark=fresh)
         # Files by umask in a team cache (ccache's model); 0600 in a private one.
         self._file_mode = 0o666 if self._allow_shared else 0o600
         self._stats = FileStats(os.path.join(base, "stats"), shared=self._allow_shared)
@@ -190,12 +191,12 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         return freed
 
     def remove_old_layouts(self) -> int:
-        """Remove the trees of earlier layouts (``<root>/v1``); return how many were removed.
+        """Remove the files of layout v1 (``<root>/v1``); return how many were removed.
 
-        Their entries are never read by this version, so they only take space. A path that
-        is not a real directory (a symlink planted there) is unlinked, never followed.
+        Its entries are never read by this version, so they only take space. Only files
+        that layout wrote go (oldlayout.py): anything else under a ``v1/`` stays.
         """
-        return sum(remove_path(os.path.join(self._root, old)) for old in OLD_FORMAT_DIRS)
+        return remove_v1_tree(self._root)
 
     @property
     def tmp_dir(self) -> str:
@@ -302,13 +303,21 @@ class FileStreamProgramCache(EntryReading, RecordStore):
 
     def clear(self) -> None:
         """Remove every entry, dead writers' leftovers and idle lock files (other processes'
-        in-flight writes may land afterwards)."""
+        in-flight writes may land afterwards, and are kept)."""
+        freed = 0
         for f, _ in self.scan():
+            if not is_entry_file_name(f.name):
+                continue  # not a file this store writes there: not ours to remove
+            # Race: a writer may os.replace a fresh file onto this path after the listing.
+            # Only the file the listing saw goes (its inode, fixed when the shard was
+            # listed), judged and unlinked under the pair lock that every publisher takes.
             try:
-                os.unlink(f.path)
+                with pair_lock(os.path.dirname(f.path)):
+                    freed += unlink_if_same(f.path, None, inode=f.inode()) or 0
             except OSError:
                 pass
-        self._sizecap.emptied()
+        self._verified.clear()
+        self._sizecap.emptied(freed)
         self._sweep_stale_tmp()
         self.remove_idle_locks()
 

@@ -27,6 +27,7 @@ import stat
 from collections.abc import Sequence
 
 from kernelcache import config
+from kernelcache.stores.file.marker import write_marker
 
 # Directories of a private cache: only their owner can enter them.
 PRIVATE_DIR_MODE = 0o700
@@ -64,11 +65,17 @@ def make_root(given: str, team: bool) -> str:
     return root
 
 
-def make_tree(root: str, subdirs: Sequence[str], team: bool) -> None:
+def make_tree(root: str, subdirs: Sequence[str], team: bool, *, mark: bool = False) -> None:
     """Check the (resolved) root, create the subdirectories where missing, check each one and
-    every shard of the entries/ among them (the one named "entries"); UnsafeCacheDirError."""
+    every shard of the entries/ among them (the one named "entries"); UnsafeCacheDirError.
+
+    ``mark``: write the cache-root marker (marker.py) once the root passed its check, before
+    anything is created in it: a tree this creates is never left without its proof.
+    """
     tree = TreeCheck(root, team)
     tree.check(root)
+    if mark:
+        write_marker(root)
     for d in subdirs:
         make_dir(d, team)
         tree.check(d)

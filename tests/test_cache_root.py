@@ -1,0 +1,252 @@
+"""A cache root proves it is one: destructive commands remove nothing elsewhere, reading
+commands create nothing anywhere, and no command removes a file kernelcache did not write."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from _fswatch import Watch
+
+from kernelcache.stores.file.marker import MARKER_NAME, has_marker, require_cache_root, write_marker
+from kernelcache.stores.file.store import FORMAT_DIR, FileStreamProgramCache
+
+IN_DELETE = 0x200
+
+
+def kc(*args: str, cache: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "kernelcache", *args]
+    if cache is not None:
+        cmd += ["--cache-dir", cache]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL
+    )
+
+
+def tree(root: str) -> dict[str, bytes | None]:
+    """Every path under root with its content (None for a directory)."""
+    out: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), root)] = None
+        for f in filenames:
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(dirpath, f), root)] = fh.read()
+    return out
+
+
+def _write(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _project(root: str) -> None:
+    """A user's directory mistaken for a cache: a v1/ and a materialized/ of their own."""
+    _write(os.path.join(root, "api", "v1", "routes.py"), b"ROUTES = []\n")
+    _write(os.path.join(root, "v1", "routes.py"), b"v1 = True\n")
+    _write(os.path.join(root, "v1", "entries", "ab", "notes.txt"), b"mine\n")
+    _write(os.path.join(root, "materialized", "report.pdf"), b"%PDF")
+
+
+def _one_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode != 0, proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("clear", "--yes"), ("prune", "--older-than", "0s"), ("prune", "--max-size", "0"), ("verify", "--fix")],
+)
+def test_destructive_commands_refuse_a_directory_that_is_not_a_cache(tmp_path, command) -> None:
+    root = str(tmp_path / "project")
+    _project(root)
+    before = tree(root)
+    line = _one_line(kc(*command, cache=root))
+    assert "not a kernelcache cache root" in line or "no kernelcache cache" in line, line
+    assert tree(root) == before  # nothing removed, nothing created (no v2/, no marker)
+
+
+def test_destructive_commands_refuse_a_markerless_tree_they_cannot_judge(tmp_path) -> None:
+    root = str(tmp_path / "c")
+    with FileStreamProgramCache(root) as cache:
+        cache[b"k"] = b"value"
+    os.unlink(os.path.join(root, MARKER_NAME))
+    stray = os.path.join(root, FORMAT_DIR, "entries", "ab", "notes.txt")
+    _write(stray, b"not an entry\n")
+    line = _one_line(kc("clear", "--yes", cache=root))
+    assert "refusing to clear" in line and stray in line, line
+    assert os.path.exists(stray) and not has_marker(root)
+    with FileStreamProgramCache(root) as cache:
+        assert cache[b"k"] == b"value"
+
+
+def test_a_tree_made_before_the_marker_is_adopted_when_it_is_all_ours(tmp_path) -> None:
+    root = str(tmp_path / "c")
+    with FileStreamProgramCache(root) as cache:
+        cache[b"k"] = b"value"
+        cache[b"j"] = b"other"
+    os.unlink(os.path.join(root, MARKER_NAME))
+    out = kc("clear", "--yes", "--json", cache=root)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["removed"] == 2
+    assert has_marker(root)
+
+
+def test_the_tree_is_marked_when_created_and_another_tools_tag_is_kept(tmp_path) -> None:
+    fresh = str(tmp_path / "fresh")
+    FileStreamProgramCache(fresh).close()
+    assert has_marker(fresh)
+    assert write_marker(fresh) is False  # already there: one marker
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    tag = b"Signature: 8a477f597d28d172789f06886806bc55\n# created by some other tool\n"
+    (theirs / MARKER_NAME).write_bytes(tag)
+    FileStreamProgramCache(str(theirs)).close()
+    assert (theirs / MARKER_NAME).read_bytes() == tag and not has_marker(str(theirs))
+    with pytest.raises(ValueError, match="another tool"):
+        require_cache_root(str(theirs), "clear")
+
+
+def test_no_command_removes_a_file_it_did_not_write(tmp_path) -> None:
+    root = str(tmp_path / "c")
+    with FileStreamProgramCache(root) as cache:
+        cache[b"k"] = b"value"
+    _project(root)
+    # What layout v1 and the materialized copies really wrote: these go.
+    name = "ab" + "0" * 62
+    _write(os.path.join(root, "v1", "entries", "ab", name), b"old bytes")
+    _write(os.path.join(root, "v1", "entries", "ab", name + ".meta"), b"kernelcache-sidecar 1 9 0 0 0\n{}")
+    from kernelcache.integrations.materialized import materialize
+
+    copy = materialize(root, "triton", "owner", "kern.cubin", b"cubin bytes")
+    theirs = {
+        p: c for p, c in tree(root).items() if p.startswith(("api", "v1/routes.py", "v1/entries/ab/notes", "mat"))
+    }
+    theirs = {p: c for p, c in theirs.items() if c is not None and os.path.join(root, p) != copy}
+    out = kc("clear", "--yes", "--json", cache=root)
+    assert out.returncode == 0, out.stderr
+    after = tree(root)
+    assert {p: after.get(p) for p in theirs} == theirs  # every file of the user's is still there
+    assert not os.path.exists(copy) and not os.path.exists(os.path.join(root, "v1", "entries", "ab", name))
+    assert json.loads(out.stdout)["removed"] == 1
+    _write(os.path.join(root, "v1", "entries", "ab", name), b"old bytes")
+    _write(os.path.join(root, "v1", "entries", "ab", name + ".meta"), b"kernelcache-sidecar 1 9 0 0 0\n{}")
+    assert kc("prune", "--older-than", "0s", cache=root).returncode == 0
+    assert {p: tree(root).get(p) for p in theirs} == theirs
+    assert not os.path.exists(os.path.join(root, "v1", "entries", "ab", name))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("stats",),
+        ("ls",),
+        ("show", "abcd"),
+        ("export", "abcd", "-o", "-"),
+        ("verify",),
+        ("prune", "--dry-run", "--older-than", "1d"),
+    ],
+)
+def test_reading_commands_create_nothing(tmp_path, command) -> None:
+    # KERNELCACHE_DIR=/etc kernelcache stats made /etc/v2/...; a stand-in for /etc here.
+    etc = str(tmp_path / "etc")
+    _write(os.path.join(etc, "hosts"), b"127.0.0.1 localhost\n")
+    before = tree(etc)
+    proc = kc(*command, env={"KERNELCACHE_DIR": etc})
+    assert "no kernelcache cache" in _one_line(proc)
+    assert tree(etc) == before
+
+
+def test_explain_creates_nothing(tmp_path) -> None:
+    etc = str(tmp_path / "etc")
+    _write(os.path.join(etc, "hosts"), b"127.0.0.1 localhost\n")
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"kernel": [{"name": "k", "code": "__global__ void k() {}", "arch": "sm_90"}]}))
+    before = tree(etc)
+    proc = kc("explain", str(manifest), "--json", env={"KERNELCACHE_DIR": etc})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["in_cache"] is False
+    assert tree(etc) == before
+
+
+def test_demo_clear_cache_removes_only_the_demos_entry(tmp_path) -> None:
+    root = str(tmp_path / "c")
+    with FileStreamProgramCache(root) as cache:
+        for i in range(5):
+            cache[b"other program %d" % i] = b"kernel %d" % i
+    args = ("demo", "--json", "--m", "16", "--n", "16", "--k", "16")
+    first = kc(*args, cache=root)
+    assert first.returncode == 0, first.stderr
+    assert kc(*args, cache=root).returncode == 0
+    cleared = kc(*args, "--clear-cache", cache=root)
+    assert cleared.returncode == 0, cleared.stderr
+    assert json.loads(cleared.stdout)["cache_status"] == "MISS"
+    with FileStreamProgramCache(root) as cache:
+        assert [cache.get(b"other program %d" % i) for i in range(5)] == [b"kernel %d" % i for i in range(5)]
+        assert len(cache) == 6
+
+
+def test_demo_clear_cache_refuses_a_tree_that_is_not_a_cache(tmp_path) -> None:
+    root = str(tmp_path / "project")
+    _write(os.path.join(root, FORMAT_DIR, "notes.txt"), b"mine\n")
+    before = tree(root)
+    line = _one_line(kc("demo", "--clear-cache", cache=root))
+    assert "refusing to demo --clear-cache" in line, line
+    assert tree(root) == before
+
+
+# -- clear racing a writer ---------------------------------------------------------------------
+
+_CLEARER = """
+import sys
+from kernelcache.stores.file.store import FileStreamProgramCache
+FileStreamProgramCache(sys.argv[1]).clear()
+"""
+
+
+def test_clear_removes_only_the_files_it_listed(tmp_path) -> None:
+    # Race: clear lists a shard, then unlinks what it listed; a writer os.replace's a fresh
+    # entry onto one of those paths in between. The clearer is stopped at its first unlink
+    # (a real SIGSTOP), every entry it has not reached yet is replaced, and it goes on: the
+    # replaced files must survive (clear removes the file it listed, not whatever is there).
+    root = str(tmp_path / "c")
+    FileStreamProgramCache(root).close()
+    shard = os.path.join(root, FORMAT_DIR, "entries", "ab")
+    os.makedirs(shard, mode=0o700)
+    names = [f"ab{i:062x}" for i in range(3000)]
+    for _ in range(5):
+        for n in names:
+            _write(os.path.join(shard, n), b"old")
+        watch = Watch()
+        watch.add(shard, IN_DELETE)
+        proc = subprocess.Popen([sys.executable, "-c", _CLEARER, root])
+        try:
+            deadline = time.monotonic() + 60
+            while not watch.events(0.5):
+                assert time.monotonic() < deadline and proc.poll() is None, "clear never unlinked"
+            proc.send_signal(signal.SIGSTOP)
+        finally:
+            watch.close()
+        left = sorted(os.listdir(shard))
+        for n in left:
+            tmp = os.path.join(root, FORMAT_DIR, "tmp", n + ".new")
+            _write(tmp, b"fresh")
+            os.replace(tmp, os.path.join(shard, n))  # a writer's publish: a new inode
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(timeout=120) == 0
+        if left:
+            break
+    assert left, "the clearer was never stopped before it finished (retried 5 times)"
+    survived = sorted(os.listdir(shard))
+    assert survived == left
+    for n in survived:
+        with open(os.path.join(shard, n), "rb") as f:
+            assert f.read() == b"fresh"
