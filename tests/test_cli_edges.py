@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from kernelcache.stores.file.store import FileStreamProgramCache
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "warm.toml")
 BAD_KERNEL = 'extern "C" __global__ void bad() { int x = ; undefined_a(); undefined_b(); }'
@@ -188,7 +190,7 @@ def test_prune_max_size_overflow_is_one_line(tmp_path) -> None:
 
 def test_clear_exit_codes_agree(tmp_path) -> None:
     cache = str(tmp_path / "c")
-    os.makedirs(cache)
+    FileStreamProgramCache(cache).close()  # a cache root: clear asks before it removes anything
     ok(kc("stats", "--cache-dir", cache))
     no_stdin = kc("clear", "--cache-dir", cache)
     answered_no = kc("clear", "--cache-dir", cache, stdin="n\n")

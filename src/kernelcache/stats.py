@@ -161,8 +161,10 @@ class FileStats:
     fall back to process memory: statistics must never break a cache operation.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, shared: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, shared: bool = False, create: bool = True) -> None:
         self._path = os.fspath(path)
+        # create=False: a missing file is not created (the process counts in memory).
+        self._create = create
         # A team cache's counters are every member's: the file is group-writable.
         self._shared = shared
         self._thread_lock = threading.Lock()
@@ -180,7 +182,8 @@ class FileStats:
     def _open(self) -> None:
         # O_NOFOLLOW: a symlink planted at stats/ must not make us write into the file it
         # points to. Such a link is not ours: replace it (the link, never its target) once.
-        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        flags |= os.O_CREAT if self._create else 0
         for attempt in range(2):
             try:
                 self._fd = os.open(self._path, flags, 0o660 if self._shared else 0o600)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from kernelcache import config
-from kernelcache.stores.file.marker import FORMAT_DIR, require_cache_root, tree_exists
+from kernelcache.stores.file.marker import require_cache_root
 from kernelcache.stores.file.store import FileStreamProgramCache
 
 
@@ -83,13 +83,13 @@ def open_cache(
         if os.path.exists(root):
             raise UserError(f"{root}{named} is not a directory: give the cache directory")
         raise UserError(f"no cache at {root}{named}: the directory does not exist (nothing was created)")
-    if not create and not tree_exists(root):
-        raise UserError(f"no kernelcache cache at {root}{named}: it holds no {FORMAT_DIR}/ tree (nothing was created)")
     if removes is not None:
         require_cache_root(root, removes)
     # verify opens without the start-up sweep of stale temp files, so it can report them.
     # The cap is the default cache's (KERNELCACHE_MAX_SIZE), so that stats shows it.
-    return FileStreamProgramCache(root, config.max_size_bytes(), tmp_max_age_s=None if sweep else float("inf"))
+    # create=False: a directory without a tree is an empty cache, and stays as it is.
+    tmp_max_age_s = None if sweep else float("inf")
+    return FileStreamProgramCache(root, config.max_size_bytes(), tmp_max_age_s=tmp_max_age_s, create=create)
 
 
 def _named(cache_dir: str | None, root: str) -> str:

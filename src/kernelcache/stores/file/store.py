@@ -91,6 +91,9 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     tree is checked at construction (stores/treesafety.py) and the root is resolved once.
     ``touch_on_read=False``: reads leave the last-used times (and so the eviction order)
     alone, for diagnostics such as ``kernelcache explain``.
+    ``create=False``: open for reading only what exists: the root must exist
+    (FileNotFoundError) and nothing is created in it (no tree, no counters file, no marker);
+    a root without a tree is an empty cache. The reading commands open caches so.
 
     Writes are atomic (staged in tmp/, fsync'ed, os.replace'd): readers see the old entry,
     the new one, or none, never a part. Reads verify the sidecar's digest; a mismatch is
@@ -110,6 +113,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         allow_shared: bool | None = None,
         tmp_max_age_s: float | None = None,
         touch_on_read: bool = True,
+        create: bool = True,
     ) -> None:
         super().__init__()
         self._max_size = check_max_size(max_size_bytes)
@@ -121,7 +125,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         self._touch = bool(touch_on_read)
         # Resolved once (issue 10 #13): a symlinked root re-pointed later by its owner must
         # not swap the tree under this store; every path below is built from this one.
-        self._root = make_root(given, self._allow_shared)
+        self._root = make_root(given, self._allow_shared, create)
         base = os.path.join(self._root, FORMAT_DIR)
         self._entries = os.path.join(base, "entries")
         self._tmp = os.path.join(base, "tmp")
@@ -129,10 +133,11 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         # The tree is created here if missing, and then it is marked as a cache root first
         # (marker.py): destructive commands remove nothing under a root without the mark.
         fresh = not os.path.lexists(base)
-        make_tree(self._root, (base, self._entries, self._tmp, self._locks), self._allow_shared, mark=fresh)
+        subdirs = (base, self._entries, self._tmp, self._locks)
+        make_tree(self._root, subdirs, self._allow_shared, mark=fresh, create=create)
         # Files by umask in a team cache (ccache's model); 0600 in a private one.
         self._file_mode = 0o666 if self._allow_shared else 0o600
-        self._stats = FileStats(os.path.join(base, "stats"), shared=self._allow_shared)
+        self._stats = FileStats(os.path.join(base, "stats"), shared=self._allow_shared, create=create)
         self._verified: dict[str, Verified] = {}
         self._paths: dict[bytes, str] = {}
         self._sizecap = SizeCap(self._max_size, self._stats, self._entries, self._locks, self._tmp, self._tmp_max_age_s)

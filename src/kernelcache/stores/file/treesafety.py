@@ -20,6 +20,7 @@ store. What this does not cover: a directory *above* the root that another user 
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -39,9 +40,14 @@ class UnsafeCacheDirError(PermissionError):
     """The cache tree is owned by, or writable by, someone it should not be."""
 
 
-def make_root(given: str, team: bool) -> str:
+def make_root(given: str, team: bool, create: bool = True) -> str:
     """Create the root (and missing parents) if missing; return it with every symlink
-    resolved: the store then uses only that path."""
+    resolved: the store then uses only that path. ``create=False``: it must exist
+    (FileNotFoundError), and nothing is changed."""
+    if not create:
+        if not os.path.isdir(given):
+            raise FileNotFoundError(errno.ENOENT, "no cache directory there", given)
+        return os.path.realpath(given)
     try:
         os.makedirs(given, mode=PRIVATE_DIR_MODE, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
@@ -65,19 +71,23 @@ def make_root(given: str, team: bool) -> str:
     return root
 
 
-def make_tree(root: str, subdirs: Sequence[str], team: bool, *, mark: bool = False) -> None:
+def make_tree(root: str, subdirs: Sequence[str], team: bool, *, mark: bool = False, create: bool = True) -> None:
     """Check the (resolved) root, create the subdirectories where missing, check each one and
     every shard of the entries/ among them (the one named "entries"); UnsafeCacheDirError.
 
     ``mark``: write the cache-root marker (marker.py) once the root passed its check, before
     anything is created in it: a tree this creates is never left without its proof.
+    ``create=False``: check the subdirectories that exist, create none (and no marker).
     """
     tree = TreeCheck(root, team)
     tree.check(root)
-    if mark:
+    if mark and create:
         write_marker(root)
     for d in subdirs:
-        make_dir(d, team)
+        if create:
+            make_dir(d, team)
+        elif not os.path.lexists(d):
+            continue
         tree.check(d)
         if os.path.basename(d) == "entries":
             tree.check_shards(d)
