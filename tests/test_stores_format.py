@@ -204,6 +204,37 @@ def test_verify_reports_a_tampered_sidecar_and_fix_removes_it(tmp_path) -> None:
     assert json.loads(kc("verify", "--json", cache=root).stdout)["remaining"] == 0
 
 
+def test_verify_fix_reports_and_keeps_sidecars_of_another_format(tmp_path) -> None:
+    # A team cache shared by two versions: the newer one's entries (a sidecar format this
+    # version does not know) are skipped by the read path, and must be kept by its tools.
+    root = str(tmp_path / "c")
+    with FileStreamProgramCache(root) as cache:
+        cache[b"newer"] = b"newer version's artifact"
+        cache[b"ours"] = b"this version's artifact"
+    newer = [p for p in _files(root, ".meta") if _bytes(p[: -len(".meta")]) == b"newer version's artifact"][0]
+    future = b"kernelcache-sidecar 3 00000000 a future header\n{}"
+    with open(newer, "wb") as f:
+        f.write(future)
+    lone = os.path.join(root, FORMAT_DIR, "entries", "ff", "f" * 64 + ".meta")  # the newer version's, no entry
+    os.makedirs(os.path.dirname(lone), mode=0o700, exist_ok=True)
+    with open(lone, "wb") as f:
+        f.write(future)
+    old = time.time() - 60
+    for p in (newer, lone, newer[: -len(".meta")]):
+        os.utime(p, (old, old))
+    name = os.path.basename(newer)[: -len(".meta")]
+    fixed = kc("verify", "--fix", "--json", cache=root, check=False)
+    assert os.path.exists(newer) and os.path.exists(lone) and os.path.exists(newer[: -len(".meta")])
+    assert _bytes(newer) == future and _bytes(lone) == future
+    assert _bytes(newer[: -len(".meta")]) == b"newer version's artifact"
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    for report in (json.loads(fixed.stdout), json.loads(kc("verify", "--json", cache=root).stdout)):
+        assert report["other_format"] == sorted([name, "f" * 64]) and report["corrupt"] == []
+        assert report["orphaned_sidecars"] == [] and report["remaining"] == 0
+    with FileStreamProgramCache(root) as cache:
+        assert cache.get(b"newer") is None and cache[b"ours"] == b"this version's artifact"
+
+
 # -- the layout bump -------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from kernelcache.stores.file.ops import open_regular, read_fd, read_regular, sweep_dead_temps
+from kernelcache.stores.file.sidecar import MAX_SIZE, is_other_format
 from kernelcache.stores.file.store import DEFAULT_TMP_MAX_AGE_S, EntryInfo, FileStreamProgramCache
 
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -172,6 +173,12 @@ def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[
     # entry is not in `present`. Judged again under the pair lock too (entry there: no orphan).
     lone = [f.name[: -len(".meta")] for f, _ in cache.scan() if f.name.endswith(".meta")]
     lone = [name for name in lone if name not in present]
+    # Another version's entries (a sidecar format this one does not know; the read path
+    # skips them): reported, never judged, never removed. In a team cache shared by two
+    # versions, the older one's maintenance must not delete the newer one's entries.
+    other = sorted(n for n in {*suspects, *lone} if _of_other_format(cache.entry_path(n)))
+    suspects = [n for n in suspects if n not in other]
+    lone = [n for n in lone if n not in other]
     failed: list[str] = []
     corrupt = [n for n in suspects if _judged(cache, n, lambda p: _is_damaged(p, young), fix, failed)]
     orphaned = [n for n in lone if _judged(cache, n, lambda p: _is_orphan(p, young), fix, failed)]
@@ -184,6 +191,7 @@ def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[
         "corrupt": corrupt,
         "orphaned_sidecars": orphans,
         "stale_temps": stale,
+        "other_format": other,
         "fixed": fixed,
         "remaining": len(corrupt) + len(orphans) + len(stale) - fixed,
     }
@@ -208,8 +216,18 @@ def _judged(cache: FileStreamProgramCache, name: str, judge: Any, fix: bool, fai
     return verdict
 
 
+def _of_other_format(path: str) -> bool:
+    """Whether the sidecar of the entry at path is a kernelcache sidecar of another format."""
+    try:
+        return is_other_format(read_regular(path + ".meta", max_size=MAX_SIZE)[0])
+    except OSError:
+        return False
+
+
 def _is_damaged(path: str, young: float) -> bool:
     """An entry that fails its check and is older than the scan (under the pair lock)."""
+    if _of_other_format(path):
+        return False  # written by another version meanwhile: not ours to judge
     try:
         data, st = read_regular(path)
     except FileNotFoundError:
@@ -227,6 +245,8 @@ def _is_damaged(path: str, young: float) -> bool:
 
 def _is_orphan(path: str, young: float) -> bool:
     """A sidecar without its entry, older than the scan (under the pair lock)."""
+    if _of_other_format(path):
+        return False
     try:
         os.lstat(path)
         return False  # its entry is there (published after the listing)

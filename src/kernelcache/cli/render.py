@@ -71,6 +71,8 @@ def verify_text(data: dict[str, Any], fix: bool) -> None:
         click.echo(f"{kind.replace('_', ' ')}: {len(items)}")
         for item in items[:20]:
             click.echo(f"  {item}")
+    if data.get("other_format"):
+        click.echo(f"entries of another kernelcache version (kept, not judged): {len(data['other_format'])}")
     if fix:
         click.echo(f"fixed: {data['fixed']}")
     click.echo("OK" if data["remaining"] == 0 else f"{data['remaining']} problem(s) remain")
