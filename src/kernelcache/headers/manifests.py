@@ -6,9 +6,16 @@ a manifest key derived from the source+options key, a manifest: a few *variants*
 of headers with their digests, see headers.py), newest first. A look-up takes the first
 variant whose headers still validate and derives the full key from it.
 
-Manifests and full keys are memoised per process: any variant that validates gives a
-correct key (the key is derived from the header contents), so a stale memo can only cost a
-look-up, never serve wrong code.
+Manifests are memoised per process and per store, full keys per process: any variant that
+validates gives a correct key (the key is derived from the header contents), so a stale
+memo can only cost a look-up, never serve wrong code.
+
+Through a tiered store each tier holds its own copy of a manifest, and the near ones
+(this process's memory, this host's disk) can be older than the shared one (Redis, where
+every host adds its variants). So a look-up reads the tiers' copies nearest first until one
+has a variant that validates, and an update merges every writable tier's copy, the shared
+tier's variants first, before it writes the result to them all: a host never drops the
+variants that other hosts added.
 """
 
 from __future__ import annotations
@@ -26,11 +33,48 @@ from kernelcache.keys.derive import digest_components
 from kernelcache.keys.options import OPTION_POLICY, TRACKED, emits_flag
 from kernelcache.memo import remember
 from kernelcache.stores.base import ProgramCacheResource
+from kernelcache.stores.tiered import TieredProgramCache
 
 _MEMO_LIMIT = 4096
+_STORES_PER_KEY = 8  # stores remembered per manifest key (a process uses a few at most)
 _manifest_memo_lock = threading.Lock()
-_manifest_memo: dict[bytes, dict[str, Any]] = {}
+# manifest key -> {id(store): manifest}. Keyed by the store: one store's manifest says
+# nothing of what another holds. An id reused by a later store can only cost a look-up.
+_manifest_memo: dict[bytes, dict[int, dict[str, Any]]] = {}
 _full_key_memo: dict[tuple[bytes, str], bytes] = {}
+
+
+def _memo_get(cache: ProgramCacheResource, manifest_key: bytes) -> dict[str, Any] | None:
+    with _manifest_memo_lock:
+        return _manifest_memo.get(manifest_key, {}).get(id(cache))
+
+
+def _memo_put(cache: ProgramCacheResource, manifest_key: bytes, manifest: dict[str, Any]) -> None:
+    with _manifest_memo_lock:
+        per_store = _manifest_memo.get(manifest_key)
+        if per_store is None or len(per_store) >= _STORES_PER_KEY:
+            per_store = {}
+            remember(_manifest_memo, manifest_key, per_store, _MEMO_LIMIT)
+        per_store[id(cache)] = manifest
+
+
+def _tiers(cache: ProgramCacheResource) -> list[ProgramCacheResource]:
+    """The stores that hold their own copy of a manifest, nearest first."""
+    if isinstance(cache, TieredProgramCache):
+        return [leaf for tier in cache.tiers for leaf in _tiers(tier)]
+    return [cache]
+
+
+def _stored(tier: ProgramCacheResource, manifest_key: bytes) -> dict[str, Any] | None:
+    record = read_record(tier, manifest_key)
+    return variants.parse_manifest(record[0]) if record else None
+
+
+def _first_match(manifest: dict[str, Any] | None, dirs: list[str]) -> dict[str, Any] | None:
+    for variant in (manifest or {}).get("variants", ()):
+        if variants.variant_matches(variant, dirs):
+            return variant
+    return None
 
 
 def tracks_headers(options: Any) -> bool:
@@ -60,23 +104,32 @@ def full_key(base: list[tuple[str, bytes]], variant: dict[str, Any], manifest_ke
 def matching_variant(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[str]) -> dict[str, Any] | None:
     """The first variant of this source's manifest whose headers still validate.
 
-    Variants remembered in this process are tried first, then the stored manifest.
+    Variants remembered in this process for this store are tried first, then each tier's
+    stored copy, nearest first. A variant found only in a farther tier is written to the
+    nearer ones (as a hit promotes an artifact), merged with what they hold.
     """
-    with _manifest_memo_lock:
-        manifest = _manifest_memo.get(manifest_key)
-    for variant in (manifest or {}).get("variants", ()):
-        if variants.variant_matches(variant, dirs):
-            return variant
-    record = read_record(cache, manifest_key)
-    stored = variants.parse_manifest(record[0]) if record else None
-    if stored is None:
-        return None
-    with _manifest_memo_lock:
-        remember(_manifest_memo, manifest_key, stored, _MEMO_LIMIT)
-    for variant in stored["variants"]:
-        if variants.variant_matches(variant, dirs):
-            return variant
-    return None
+    found = _first_match(_memo_get(cache, manifest_key), dirs)
+    if found is not None:
+        return found
+    tiers = _tiers(cache)
+    merged: dict[str, Any] | None = None
+    for i, tier in enumerate(tiers):
+        stored = _stored(tier, manifest_key)
+        if stored is None:
+            continue
+        merged = variants.merge_manifests(merged, stored)
+        found = _first_match(stored, dirs)
+        if found is not None:
+            if i:
+                promoted = variants.add_variant(merged, found)  # bounded, the one that matched first
+                raw = json.dumps(promoted, separators=(",", ":")).encode()
+                for upper in tiers[:i]:
+                    if not upper.read_only:
+                        write_record(upper, manifest_key, raw, {"kind": "manifest"}, internal=True)
+            break
+    if merged is not None:
+        _memo_put(cache, manifest_key, merged)
+    return found
 
 
 def digests_before(manifest_key: bytes, dirs: list[str]) -> dict[str, str]:
@@ -86,7 +139,10 @@ def digests_before(manifest_key: bytes, dirs: list[str]) -> dict[str, str]:
     while NVRTC ran (variants.build_variant then refuses to store the result).
     """
     with _manifest_memo_lock:
-        manifest = _manifest_memo.get(manifest_key)
+        known = list(_manifest_memo.get(manifest_key, {}).values())
+    manifest = None
+    for each in known:  # every store's: a header any of them names
+        manifest = variants.merge_manifests(manifest, each)
     out = {}
     for path in variants.header_paths(manifest, dirs):
         digest = file_digest(path)
@@ -96,15 +152,25 @@ def digests_before(manifest_key: bytes, dirs: list[str]) -> dict[str, str]:
 
 
 def store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: dict[str, Any]) -> None:
-    """Add variant to the stored manifest (newest first)."""
+    """Add variant to the stored manifest (newest first), in every writable tier.
+
+    The copies of all writable tiers are merged first, the farthest (shared) tier's variants
+    first: a near copy older than the shared one must not replace it. Read-only tiers (a
+    bundle) are neither merged nor written.
+    """
     # Read-modify-write of the manifest: callers hold the single-flight lock of this source,
-    # which serialises it against every thread and process sharing the cache directory.
-    record = read_record(cache, manifest_key)
-    manifest = variants.add_variant(variants.parse_manifest(record[0]) if record else None, variant)
+    # which serialises it against every thread and process sharing the cache directory (and
+    # every host, where a tier has a remote lock). A host without the remote lock (Redis
+    # down, then back) can still race another host's update; the merge then keeps what each
+    # read, and the next update of either brings the other's variant back from its own tiers.
+    merged: dict[str, Any] | None = None
+    for tier in reversed(_tiers(cache)):
+        if not tier.read_only:
+            merged = variants.merge_manifests(merged, _stored(tier, manifest_key))
+    manifest = variants.add_variant(merged, variant)
     raw = json.dumps(manifest, separators=(",", ":")).encode()
     write_record(cache, manifest_key, raw, {"kind": "manifest"}, internal=True)
-    with _manifest_memo_lock:
-        remember(_manifest_memo, manifest_key, manifest, _MEMO_LIMIT)
+    _memo_put(cache, manifest_key, manifest)
 
 
 def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[str]) -> dict[str, list[str]] | None:

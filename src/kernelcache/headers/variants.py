@@ -270,6 +270,14 @@ def add_variant(manifest: dict[str, Any] | None, variant: dict[str, Any]) -> dic
     return {"format": MANIFEST_FORMAT, "variants": variants[:MAX_VARIANTS]}
 
 
+def merge_manifests(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
+    """first's variants, then second's that first lacks (either may be None)."""
+    if first is None or second is None:
+        return first if second is None else second
+    ours = first.get("variants", [])
+    return {"format": MANIFEST_FORMAT, "variants": ours + [v for v in second.get("variants", []) if v not in ours]}
+
+
 def parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
     """The manifest in ``raw``; None when it is not one of this format."""
     if not raw:
