@@ -62,14 +62,16 @@ class CompileInfo:
         return entry_name(self.key) if self.key else ""
 
 
-@dataclasses.dataclass(slots=True)
 class Call:
     """Where one call reports: its CompileInfo, its ``logs`` sink, when it started."""
 
-    info: CompileInfo
-    logs: Any = None
-    start: float = dataclasses.field(default_factory=time.perf_counter)
-    want_headers: bool = False  # the list of tracked headers is built only when asked for
+    __slots__ = ("info", "logs", "start", "want_headers")
+
+    def __init__(self, info: CompileInfo, logs: Any = None, want_headers: bool = False) -> None:
+        self.info = info
+        self.logs = logs
+        self.start = time.perf_counter()
+        self.want_headers = want_headers  # the list of tracked headers is built only when asked for
 
     def emit_log(self, text: str) -> None:
         if self.logs is not None and text:
