@@ -27,7 +27,7 @@ from kernelcache import (
     compile_program,
 )
 from kernelcache.compile.compilers import driver_available
-from kernelcache.stores import interop
+from kernelcache.stores import cuda_core
 
 SRC = 'extern "C" __global__ void fill(float* a, float v) { a[threadIdx.x] = v; }\n'
 TEMPLATE = "template <typename T> __global__ void scale(T* a, T v) { a[threadIdx.x] *= v; }\n"
@@ -175,7 +175,7 @@ def test_compile_program_takes_cuda_core_stores_miss_then_hit(tmp_path) -> None:
         assert bytes(logs[0].code) == bytes(logs[1].code)
         # the artifact sits under its key as raw bytes, readable by cuda.core itself
         assert store[infos[0].key] == bytes(logs[0].code)
-        assert store.get(interop.meta_key(infos[0].key)) is not None
+        assert store.get(cuda_core.meta_key(infos[0].key)) is not None
 
 
 def test_the_issue_snippets(tmp_path) -> None:
@@ -201,7 +201,7 @@ def test_a_payload_that_does_not_match_its_record_is_a_miss(tmp_path) -> None:
     assert not again.hit and bytes(obj.code) == good
     assert store[info.key] == good  # the miss rewrote payload and record together
 
-    del store[interop.meta_key(info.key)]  # a payload whose record is gone: a miss too
+    del store[cuda_core.meta_key(info.key)]  # a payload whose record is gone: a miss too
     last = CompileInfo()
     compile_program(SRC, options=ProgramOptions(arch=ARCH), cache=store, info=last)
     assert not last.hit
@@ -211,9 +211,9 @@ def test_derived_record_keys_never_equal_a_kernelcache_key(tmp_path) -> None:
     store = cc.InMemoryProgramCache()
     info = CompileInfo()
     compile_program(SRC, options=ProgramOptions(arch=ARCH), cache=store, info=info)
-    derived = interop.meta_key(info.key)
-    assert len(info.key) == 32 and len(derived) == 32 + len(interop.META_PREFIX)
-    assert derived.startswith(interop.META_PREFIX) and not info.key.startswith(interop.META_PREFIX[:1] * 18)
+    derived = cuda_core.meta_key(info.key)
+    assert len(info.key) == 32 and len(derived) == 32 + len(cuda_core.META_PREFIX)
+    assert derived.startswith(cuda_core.META_PREFIX) and not info.key.startswith(cuda_core.META_PREFIX[:1] * 18)
 
 
 def test_header_tracking_works_on_a_cuda_core_store(tmp_path) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 import kernelcache
 from kernelcache import FileStreamProgramCache
-from kernelcache.stats import FileStats
+from kernelcache.stores.file.counters import FileStats
 
 HERE = Path(__file__).parent
 WORKERS = str(HERE / "_trust_workers.py")

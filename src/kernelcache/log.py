@@ -14,9 +14,3 @@ import logging
 logger = logging.getLogger("kernelcache")
 logger.addHandler(logging.NullHandler())
 
-
-def key_prefix(key: bytes) -> str:
-    """The prefix of key's entry name that ``kernelcache ls`` prints and ``show`` accepts."""
-    from kernelcache.stores.naming import entry_name
-
-    return entry_name(key)[:16] if key else "-"

@@ -26,11 +26,11 @@ from kernelcache.compile.request import CompileRequest
 from kernelcache.compile.tracing import HeaderTrace
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests, variants
-from kernelcache.log import key_prefix, logger
+from kernelcache.log import logger
 from kernelcache.stores.base import ProgramCacheResource, as_value_bytes
+from kernelcache.stores.cuda_core import as_store
 from kernelcache.stores.default import default_cache, default_cache_or_none
-from kernelcache.stores.foreign import as_store
-from kernelcache.stores.naming import entry_name
+from kernelcache.stores.naming import entry_name, key_prefix
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions

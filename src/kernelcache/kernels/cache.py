@@ -22,7 +22,7 @@ from kernelcache.kernels.guarded import GuardedCache
 from kernelcache.kernels.loader import bad_bytes, device_options, kernel_of, on_device
 from kernelcache.keys.options import options_fingerprint
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
-from kernelcache.stores.foreign import as_store
+from kernelcache.stores.cuda_core import as_store
 
 if TYPE_CHECKING:
     from cuda.core import Kernel, ObjectCode, ProgramOptions
@@ -112,7 +112,7 @@ class KernelCache:
     """
 
     def __init__(self, cache: ProgramCacheResource | None = None) -> None:
-        # kernelcache's stores as they are; cuda.core's wrapped (see stores/foreign.py)
+        # kernelcache's stores as they are; cuda.core's wrapped (see stores/cuda_core.py)
         self._store = as_store(cache) if cache is not None else None
         self._shards: dict[int, GuardedCache[LoadedKernel]] = {}
         self._shards_lock = threading.Lock()

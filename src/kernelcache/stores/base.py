@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Union
 
 from kernelcache.log import logger
 from kernelcache.stats import MemoryStats, public_view
-from kernelcache.stores import interop
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -144,14 +143,16 @@ class ProgramCacheResource(abc.ABC):
 
     # Records: payload + metadata. Stores that keep no metadata of their own (a user's
     # subclass, say) get it through a second entry under a domain-separated derived key,
-    # with the payload's digest checked on every read (interop.read_record).
+    # with the payload's digest checked on every read (stores.cuda_core.read_record).
     def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
         """Return ``(payload, meta)`` or None: the payload and its record, whose digest matches.
 
         ``internal=True``: an internal look-up, counted as ``internal_gets`` (by stores that
         count), never as a user hit or miss.
         """
-        return interop.read_record(self, as_key_bytes(key))
+        from kernelcache.stores import cuda_core
+
+        return cuda_core.read_record(self, as_key_bytes(key))
 
     def set_record(
         self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False
@@ -160,12 +161,16 @@ class ProgramCacheResource(abc.ABC):
 
         ``internal`` writes (header manifests) do not count as user-visible stores.
         """
-        interop.write_record(self, as_key_bytes(key), as_value_bytes(payload), dict(meta or {}))
+        from kernelcache.stores import cuda_core
+
+        cuda_core.write_record(self, as_key_bytes(key), as_value_bytes(payload), dict(meta or {}))
         return True
 
     def discard(self, key: bytes | str) -> None:
         """Remove ``key`` if present (no error when absent)."""
-        for k in (interop.meta_key(as_key_bytes(key)), key):
+        from kernelcache.stores.cuda_core import meta_key
+
+        for k in (meta_key(as_key_bytes(key)), key):
             try:
                 del self[k]
             except KeyError:
@@ -225,9 +230,6 @@ class ProgramCacheResource(abc.ABC):
         self.close()
 
 
-# Every kernelcache store, user subclasses included, is a cuda.core.utils.ProgramCacheResource
-# (Program.compile(cache=...) accepts it), without importing cuda.core here: see interop.py.
-interop.register_with_cuda_core(ProgramCacheResource)
 
 
 class RecordStore(ProgramCacheResource):

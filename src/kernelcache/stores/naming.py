@@ -1,4 +1,4 @@
-"""The one rule that names an entry on disk and in Redis, from its key."""
+"""The one rule that names an entry on disk and in Redis, from its key (and the prefix tools print)."""
 
 from __future__ import annotations
 
@@ -18,3 +18,8 @@ def entry_name(key: bytes) -> str:
     name and accept it; it is the entry's file name in a FileStreamProgramCache.
     """
     return hashlib.sha256(_DOMAIN + key).hexdigest()
+
+
+def key_prefix(key: bytes) -> str:
+    """The prefix of key's entry name that ``kernelcache ls`` prints and ``show`` accepts."""
+    return entry_name(key)[:16] if key else "-"

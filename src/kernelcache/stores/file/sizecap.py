@@ -1,6 +1,6 @@
 """Size tracking and eviction for a file store: a shared byte count, LRU by atime, one evictor.
 
-The tracked size lives in the store's persistent counters (stats.FileStats), shared by every
+The tracked size lives in the store's persistent counters (stores.file.counters), shared by every
 process using the directory. A writer *reserves* its bytes before it stages them (so bytes
 in flight count), and settles after publishing (minus what it replaced); each removal
 subtracts the bytes it freed. O(1) per write, no directory walk. Eviction brings it down to
@@ -22,8 +22,8 @@ import time
 from collections import deque
 
 from kernelcache.log import logger
-from kernelcache.stats import FileStats
 from kernelcache.stores.file import locks as lockfiles
+from kernelcache.stores.file.counters import FileStats
 from kernelcache.stores.file.ops import (
     StatKey,
     pair_lock,

@@ -7,7 +7,7 @@ Layout (a reader ignores format directories it does not know; the project's map 
     <root>/v2/entries/<2 hex>/<name>.meta     sidecar: header line + JSON metadata (sidecar.py)
     <root>/v2/tmp/                            staging for atomic writes
     <root>/v2/locks/                          single-flight and eviction locks
-    <root>/v2/stats                           counters shared by all processes (stats.FileStats)
+    <root>/v2/stats                           counters shared by all processes (stores.file.counters)
 
 ``<name>`` is naming.entry_name(key): one domain-separated digest for every key. Layout v1
 (a 32-byte key named by its own hex, any other by its SHA-256, so K and sha256(K) shared an
@@ -30,9 +30,9 @@ from typing import Any
 
 from kernelcache import config
 from kernelcache.memo import remember
-from kernelcache.stats import FileStats
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.file import locks as lockfiles
+from kernelcache.stores.file.counters import FileStats
 from kernelcache.stores.file.marker import FORMAT_DIR
 from kernelcache.stores.file.oldlayout import remove_v1_tree
 from kernelcache.stores.file.ops import (

@@ -1,19 +1,23 @@
-"""Interop with cuda.core's program caches, both directions.
+"""cuda.core's program caches and kernelcache's, both directions, in one place.
 
 kernelcache -> cuda.core: every kernelcache store is a ``cuda.core.utils.ProgramCacheResource``
 (``Program.compile(cache=store)`` checks exactly that). kernelcache's ABC is *registered*
 as a virtual subclass of cuda.core's instead of inheriting from it, because importing
 cuda.core costs 0.5-1 s and the CLI's ``stats``/``ls`` must not pay it: the registration
 happens when cuda.core's ABC is imported (at once if it already is). ``import cuda.core``
-imports it, so it is in place before any ``Program`` exists.
+imports it, so it is in place before any ``Program`` exists. The registration runs when
+this module is imported, which ``kernelcache.stores`` does first thing.
 
 cuda.core -> kernelcache: ``compile_program`` accepts cuda.core's stores (and any other
-cuda.core ProgramCacheResource). Such a store keeps bytes only, so ``ForeignStore`` keeps
-the metadata (compile log, symbol mapping...) as a second entry under a derived key: a
-domain prefix no key made by kernelcache starts with, 18 bytes longer than the key it
-belongs to (so it never equals a 32-byte key), holding the payload's SHA-256, which is
-checked on every hit: a payload without its record, or with another payload's record, is a
-miss, never a wrong kernel.
+cuda.core ProgramCacheResource), wrapped by ``as_store`` in a ``ForeignStore``: payloads go
+to the store as they are (cuda.core's Program.compile reads them), and single flight uses a
+file lock beside the store's directory when it has one. Such a store keeps bytes only, so
+``ForeignStore`` keeps the metadata (compile log, symbol mapping...) as a second entry
+under a derived key: a domain prefix no key made by kernelcache starts with, 18 bytes longer
+than the key it belongs to (so it never equals a 32-byte key), holding the payload's
+SHA-256, which is checked on every hit: a payload without its record, or with another
+payload's record, is a miss, never a wrong kernel. (A user's own ProgramCacheResource
+subclass keeps its metadata the same way: ``read_record``/``write_record``.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
+
+from kernelcache.stores.base import Meta, ProgramCacheResource, ValueLike, as_key_bytes, as_value_bytes
 
 _ABC_MODULE = "cuda.core.utils._program_cache._abc"
 META_PREFIX = b"\x00kernelcache-meta\x00"
@@ -132,3 +138,70 @@ def store_directory(store: Any) -> str | None:
         return None
     root = os.fspath(root)
     return root if os.path.isdir(root) else None
+
+
+class ForeignStore(ProgramCacheResource):
+    """Wraps a cuda.core ProgramCacheResource; the wrapped store is not closed by close()."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        directory = store_directory(store)
+        # Beside cuda.core's entries/ and tmp/, which are all its scans and clear() touch.
+        self._locks = os.path.join(directory, "kernelcache-locks") if directory else None
+
+    def __getitem__(self, key: bytes | str) -> bytes:
+        return bytes(self.store[as_key_bytes(key)])
+
+    def __setitem__(self, key: bytes | str, value: ValueLike) -> None:
+        self.store[as_key_bytes(key)] = as_value_bytes(value)
+
+    def __delitem__(self, key: bytes | str) -> None:
+        k = as_key_bytes(key)
+        try:
+            del self.store[meta_key(k)]
+        except KeyError:
+            pass
+        del self.store[k]
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def clear(self) -> None:
+        self.store.clear()
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        value = self.store.get(as_key_bytes(key))
+        return default if value is None else bytes(value)
+
+    def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
+        return read_record(self.store, as_key_bytes(key))
+
+    def set_record(
+        self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False
+    ) -> bool:
+        write_record(self.store, as_key_bytes(key), as_value_bytes(payload), dict(meta or {}))
+        return True
+
+    def lock_path(self, name: str) -> str | None:
+        """A lock file for single flight across processes sharing the store's directory."""
+        if self._locks is None:
+            return None  # no directory: single flight stays in-process
+        os.makedirs(self._locks, mode=0o700, exist_ok=True)
+        return os.path.join(self._locks, name)
+
+
+def as_store(cache: object, what: str = "cache") -> ProgramCacheResource:
+    """``cache`` as a kernelcache store: ours as it is, a cuda.core one wrapped; else TypeError."""
+    if isinstance(cache, ProgramCacheResource):
+        return cache
+    foreign = cuda_core_resource_type()
+    if foreign is not None and isinstance(cache, foreign):
+        return ForeignStore(cache)
+    raise TypeError(
+        f"{what} must be a ProgramCacheResource (kernelcache's or cuda.core.utils') or None, not {type(cache).__name__}"
+    )
+
+
+# Every kernelcache store, user subclasses included, is a cuda.core.utils.ProgramCacheResource
+# (Program.compile(cache=...) accepts it), without importing cuda.core here.
+register_with_cuda_core(ProgramCacheResource)
