@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
     raise ImportError("kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`") from exc
 
 from kernelcache import config
-from kernelcache.integrations.materialized import check_file_name, materialize
+from kernelcache.integrations.materialized import check_file_name, materialize, private_root
 from kernelcache.log import logger
 from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
 
@@ -83,7 +83,9 @@ def _is_plain(name: object) -> bool:
 
 
 def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
-    """The default store, and the root directory of its file tier (where copies go).
+    """The default store, and where its copies go: the root of its file tier (a root the
+    store accepted), else this user's private directory (never the configured directory the
+    store refused: another user could plant or swap files there).
 
     None when the default cache directory cannot be used (a read-only HOME, a root another
     user owns): warned once by default_cache_or_none; Triton then compiles as without us.
@@ -93,8 +95,15 @@ def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
     store = default_cache_or_none()
     if store is None:
         return None, ""
-    root = store.file_root
-    return store, root if root is not None else config.cache_dir()
+    for tier in [store, *getattr(store, "tiers", ())]:
+        path = getattr(tier, "path", None)
+        if isinstance(path, str):
+            return store, path
+    try:
+        return store, private_root()
+    except OSError as exc:
+        _warn_once("private-root", f"no directory for copies ({exc}); Triton keeps its own files")
+        return store, ""
 
 
 class _TritonFiles:
@@ -205,6 +214,8 @@ class KernelCacheManager(CacheManager):
         self._files = _TritonFiles(key, store)
 
     def _path(self, name: str, data: bytes) -> str | None:
+        if not self._root:
+            return None  # no directory a copy may go to: a miss, and Triton's own files on put
         try:
             return materialize(self._root, "triton", self.key, name, data)
         except OSError as exc:

@@ -7,8 +7,13 @@ the cache's own root::
     <root>/materialized/<namespace>/<owner>/<sha256 prefix>/<file name>
     <root>/materialized/tmp/                       staging for atomic writes
 
-The copies are not entries: the store's size tracker never sees them (they do not count
-toward the cap twice), ``kernelcache clear`` removes them all and ``kernelcache prune``
+Copies go only under a root the store accepted (its file tier's), or, when the store has no
+file tier (the disk tier was refused: another user's or an other-writable directory), under
+a private per-user directory (``private_root``), never under a refused one. Every copy is
+read back and compared after it is placed, before its path is handed out. In a team cache
+(a setgid root) copies are group-readable and -writable, so members share them instead of
+replacing each other's. The copies are not entries: the store's size tracker never sees them (they do not
+count toward the cap twice), ``kernelcache clear`` removes them all and ``kernelcache prune``
 removes those not handed out recently. Each copy lives in a directory named by a digest of
 its content, so the bytes at a path never change once written: a reader that got a path
 and reads it later can never find another writer's version there (Triton's own file
@@ -21,6 +26,8 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
+import tempfile
 import time
 
 from kernelcache.stores.file.ops import make_dirs, open_regular, stage
@@ -48,12 +55,33 @@ def check_file_name(name: str) -> str:
     return name
 
 
+def private_root() -> str:
+    """This user's own directory for copies: ``$XDG_RUNTIME_DIR/kernelcache`` (a directory
+    only its user can enter) or ``<temp dir>/kernelcache-<uid>``, created 0700.
+
+    OSError when the path exists and is not a directory this user owns that nobody else can
+    write or enter (a planted symlink, another user's directory): no copy goes there.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
+        path = os.path.join(runtime, "kernelcache")
+    else:
+        path = os.path.join(tempfile.gettempdir(), f"kernelcache-{os.geteuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)  # never follows a link: a planted one is refused, not entered
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a private directory of uid {os.geteuid()}; no copies are written there")
+    return path
+
+
 def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -> str:
     """Return the path of a file under ``root`` holding exactly ``data``, named ``name``.
 
     Writes it (staged, then os.replace) unless an identical copy is already there; an
-    existing copy has its mtime bumped, which tells prune it was just handed out.
-    OSError when the directory cannot be written.
+    existing copy has its mtime bumped, which tells prune it was just handed out. The copy
+    is read back after it is placed: a path is handed out only for the right bytes.
+    OSError when the directory cannot be written or the copy does not read back.
     """
     check_file_name(name)
     base = os.path.join(root, MATERIALIZED_DIR)
@@ -74,7 +102,14 @@ def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -
     # Each new directory gets its parent's mode: 0700 under a private cache, group-writable
     # and setgid under a team cache (every member materializes there).
     make_dirs(tmp_dir)
-    tmp = stage(tmp_dir, data, durable=False)  # O_EXCL: never follows a planted link
+    # A team cache's root is setgid: its members share each other's copies (0600 would make
+    # a member who cannot read a copy replace it, and the other then fail to read its own).
+    # Group-writable too, as the team's entries are: a member marks a copy it is handed out
+    # (utime needs write permission on another member's file).
+    team = bool(os.stat(root).st_mode & stat.S_ISGID)
+    tmp = stage(tmp_dir, data, durable=False, mode=0o660 if team else 0o600)  # O_EXCL: no planted link
+    if team:
+        os.chmod(tmp, 0o660)  # whatever the umask
     tries = 0
     try:
         while True:
@@ -83,6 +118,11 @@ def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -
                 # Two processes materializing the same bytes both replace: either result is
                 # the same content, and a reader holding the path sees one whole file or the other.
                 os.replace(tmp, path)
+                # Race: whoever can write the folder could swap the file between our replace
+                # and Triton's open. Copies live only under an accepted or private root, where
+                # nobody else can; reading it back catches anything that got there anyway.
+                if not _same_content(path, data):
+                    raise OSError(f"the copy at {path} does not hold the bytes just placed there")
                 return path
             except FileNotFoundError:
                 # Race with prune: it keeps recent files but removes every empty directory,

@@ -354,7 +354,8 @@ def path_in(directory: str, name: str) -> str:
 
 
 def make_dirs(path: str) -> None:
-    """os.makedirs for a directory inside a store's tree: each new one gets its parent's mode.
+    """os.makedirs for a directory inside a store's tree: each new one gets its parent's mode,
+    less others' write permission.
 
     So a private cache's directories are 0700 like its root, and a team cache's are
     group-writable and setgid like its root, whatever the umask (mkdir masks the mode
@@ -365,7 +366,9 @@ def make_dirs(path: str) -> None:
     parent = os.path.dirname(path)
     if parent != path:
         make_dirs(parent)
-    mode = stat_mod.S_IMODE(os.stat(parent).st_mode)
+    # Never others' write (nor the sticky bit) from a parent: a directory kernelcache makes
+    # is its own, even under a parent that everyone can write.
+    mode = stat_mod.S_IMODE(os.stat(parent).st_mode) & ~0o1002
     try:
         os.mkdir(path, mode & 0o777)
     except FileExistsError:

@@ -1,0 +1,207 @@
+"""Where kernelcache.triton puts the copies it hands to Triton, with real second users: never
+under a directory the store refused, never in a directory another user can write, readable
+by a team's members. (CPU only; needs root and useradd for the second users.)"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("triton")
+
+from redis_servers import RedisServer, need_redis  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("useradd") is None,
+    reason="needs root and useradd to create real second users",
+)
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+TEAM = "kcinteg_team"
+USERS = ("kcinteg_a", "kcinteg_b", "kcinteg_x")  # two team members, one outsider
+KEY = "ab" * 32
+NAMES = ("kern.cubin", "kern.json")
+
+# One Triton cache call in a fresh process: put (then group) or get; prints the paths handed out.
+WORKER = r"""
+import json, sys
+from triton.runtime.cache import get_cache_manager
+cmd, key, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+manager = get_cache_manager(key)
+if cmd == "put":
+    paths = {n: manager.put(f"v1:{n}".encode(), n) for n in names}
+    manager.put_group("kern.json", paths)
+else:
+    paths = manager.get_group("kern.json")
+contents = {n: open(p, "rb").read().decode() for n, p in (paths or {}).items()}
+print(json.dumps({"paths": paths, "contents": contents}))
+"""
+
+
+def _sh(*argv: str) -> None:
+    subprocess.run(argv, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, pwd.struct_passwd]]:
+    for name in USERS:
+        _sh("userdel", name)
+    _sh("groupdel", TEAM)
+    subprocess.run(["groupadd", TEAM], check=True, capture_output=True)
+    for name in USERS[:2]:
+        subprocess.run(["useradd", "-M", "-N", "-g", TEAM, "-s", "/usr/sbin/nologin", name], check=True)
+    subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", USERS[2]], check=True)
+    try:
+        yield {name: pwd.getpwnam(name) for name in USERS}
+    finally:
+        for name in USERS:
+            _sh("userdel", name)
+        _sh("groupdel", TEAM)
+
+
+@pytest.fixture
+def base() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="kcinteg-", dir="/tmp")  # every user can reach it
+    os.chmod(path, 0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _clean_env(env: dict[str, str]) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("KERNELCACHE_", "TRITON_", "XDG_"))},
+        "PYTHONPATH": SRC,
+        "TRITON_CACHE_MANAGER": "kernelcache.triton:KernelCacheManager",
+        **env,
+    }
+
+
+def _triton(env: dict[str, str], *args: str, user: pwd.struct_passwd | None = None) -> dict:
+    """The worker in a fresh process; as ``user`` it runs in a forked child that drops to
+    that uid (a team member's umask, 007): the interpreter's own directory may be closed to
+    other users."""
+    if user is None:
+        out = subprocess.run(
+            [sys.executable, "-c", WORKER, *args], env=_clean_env(env), capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of kernelcache is imported before the uid is dropped
+        status = 1
+        try:
+            os.close(read_end)
+            os.setgroups(os.getgrouplist(user.pw_name, user.pw_gid))
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            os.umask(0o007)
+            os.environ.clear()
+            os.environ.update(_clean_env(env))
+            sys.stdout = os.fdopen(write_end, "w")
+            sys.argv = ["worker", *args]
+            exec(compile(WORKER, "worker", "exec"), {"__name__": "__main__"})
+            sys.stdout.flush()
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        text = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, text
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep)
+
+
+def test_copies_never_go_under_a_directory_the_store_refused(users, base):
+    # KERNELCACHE_DIR is other-writable, so the store refuses its disk tier and runs on
+    # memory -> Redis. An outsider plants the tree the copies would land in, then swaps
+    # whatever appears there: nothing handed out may live there, and what is read is ours.
+    need_redis()
+    server = RedisServer(base)
+    try:
+        shared = os.path.join(base, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)
+        outsider = users["kcinteg_x"]
+        planted = os.path.join(shared, "materialized")
+        subprocess.run(["mkdir", "-p", "-m", "777", planted], check=True, user=outsider.pw_uid)
+        victim_tmp = os.path.join(base, "victim-tmp")
+        os.mkdir(victim_tmp, 0o700)
+        env = {"KERNELCACHE_DIR": shared, "KERNELCACHE_REDIS_URL": server.url, "TMPDIR": victim_tmp}
+        put = _triton(env, "put", KEY, *NAMES)
+        got = _triton(env, "get", KEY, *NAMES)
+        assert got["contents"] == {n: f"v1:{n}" for n in NAMES}  # the group came back over Redis
+        for path in [*put["paths"].values(), *got["paths"].values()]:
+            assert not _inside(path, shared), path
+            folder = os.path.dirname(path)
+            while _inside(folder, victim_tmp):  # every directory up to the private root is ours alone
+                st = os.lstat(folder)
+                assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, (folder, oct(st.st_mode))
+                folder = os.path.dirname(folder)
+        # Nothing of ours appeared in the refused directory, so there is nothing to swap.
+        mine = [os.path.join(d, f) for d, _, fs in os.walk(shared) for f in fs]
+        assert [p for p in mine if os.lstat(p).st_uid == os.geteuid()] == []
+        assert sorted(os.listdir(shared)) == ["materialized"] and os.listdir(planted) == []
+    finally:
+        server.stop()
+
+
+def test_a_private_copy_directory_someone_else_planted_is_refused(users, base):
+    # The per-user directory lives under the temp dir, where anyone can create it first.
+    need_redis()
+    server = RedisServer(base)
+    try:
+        shared = os.path.join(base, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)
+        tmp = os.path.join(base, "tmp")
+        os.mkdir(tmp)
+        os.chmod(tmp, 0o1777)
+        squat = os.path.join(tmp, f"kernelcache-{os.geteuid()}")
+        subprocess.run(["mkdir", "-m", "777", squat], check=True, user=users["kcinteg_x"].pw_uid)
+        env = {"KERNELCACHE_DIR": shared, "KERNELCACHE_REDIS_URL": server.url, "TMPDIR": tmp}
+        put = _triton(env, "put", KEY, *NAMES)
+        # Triton still gets working paths (its own cache directory), none in the squatted one.
+        assert put["contents"] == {n: f"v1:{n}" for n in NAMES}
+        assert all(not _inside(p, squat) and not _inside(p, shared) for p in put["paths"].values())
+        assert os.listdir(squat) == []
+    finally:
+        server.stop()
+
+
+def test_team_members_read_each_others_copies(users, base):
+    a, b = users["kcinteg_a"], users["kcinteg_b"]
+    team = os.path.join(base, "team")
+    os.mkdir(team)
+    os.chown(team, a.pw_uid, grp.getgrnam(TEAM).gr_gid)
+    os.chmod(team, 0o2770)
+    env = {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
+    first = _triton(env, "put", KEY, *NAMES, user=a)
+    second = _triton(env, "get", KEY, *NAMES, user=b)
+    # b read a's copies instead of replacing them with files of its own
+    assert all(os.stat(p).st_uid == a.pw_uid for p in second["paths"].values())
+    again = _triton(env, "get", KEY, *NAMES, user=a)
+    expected = {n: f"v1:{n}" for n in NAMES}
+    assert first["contents"] == second["contents"] == again["contents"] == expected
+    # One copy per content, shared by the members.
+    assert second["paths"] == again["paths"] == first["paths"]
+    for path in first["paths"].values():
+        st = os.stat(path)
+        assert st.st_uid == a.pw_uid and st.st_mode & stat.S_IRGRP, oct(st.st_mode)
