@@ -95,10 +95,9 @@ def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
     store = default_cache_or_none()
     if store is None:
         return None, ""
-    for tier in [store, *getattr(store, "tiers", ())]:
-        path = getattr(tier, "path", None)
-        if isinstance(path, str):
-            return store, path
+    root = store.file_root
+    if root is not None:
+        return store, root
     try:
         return store, private_root()
     except OSError as exc:
