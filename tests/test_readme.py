@@ -2,7 +2,8 @@
 
 A block runs on CPU unless the line before its fence says otherwise:
 ``<!-- readme-test: gpu -->`` (needs a GPU: marked gpu, skipped here), ``<!-- readme-test: redis -->``
-(its ``redis://cache-host:6379/0`` becomes a real redis-server started by the test).
+(its ``redis://cache-host:6379/0`` becomes a real redis-server started by the test), ``<!-- readme-test: s3 -->``
+(its ``s3://team-bucket/`` becomes a bucket on moto's S3 server on loopback, started by the test).
 """
 
 from __future__ import annotations
@@ -47,8 +48,16 @@ def test_readme_block_runs_as_written(tmp_path, kind, code) -> None:
         need_redis()
         server = RedisServer(str(tmp_path))
         code = code.replace("redis://cache-host:6379/0", server.url)
+    s3 = None
+    env = {**os.environ, "KERNELCACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": os.path.join(ROOT, "src")}
+    if kind == "s3":
+        from object_servers import S3Server, env_for, need_object_store
+
+        need_object_store()
+        s3 = S3Server()
+        code = code.replace("s3://team-bucket/", f"s3://{s3.bucket()}/")
+        env.update(env_for(s3.endpoint))
     try:
-        env = {**os.environ, "KERNELCACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": os.path.join(ROOT, "src")}
         for attempt in (1, 2):  # the second run of a block is the warm one: it must work too
             proc = subprocess.run(
                 [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
@@ -57,3 +66,5 @@ def test_readme_block_runs_as_written(tmp_path, kind, code) -> None:
     finally:
         if server is not None:
             server.stop()
+        if s3 is not None:
+            s3.stop()

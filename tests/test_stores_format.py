@@ -66,6 +66,11 @@ def _stores(tmp_path, request: pytest.FixtureRequest) -> list[ProgramCacheResour
         FileStreamProgramCache(tmp_path / "file"),
         TieredProgramCache([InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "tier")]),
     ]
+    bucket = request.getfixturevalue("object_bucket")
+    if bucket is not None:
+        from kernelcache import ObjectStoreProgramCache
+
+        stores.append(ObjectStoreProgramCache(f"s3://{bucket}/fmt-{os.getpid()}-{id(tmp_path)}"))
     server = request.getfixturevalue("redis_url")
     if server is not None:
         from kernelcache import RedisProgramCache
@@ -73,6 +78,28 @@ def _stores(tmp_path, request: pytest.FixtureRequest) -> list[ProgramCacheResour
         stores.append(RedisProgramCache(server, namespace=f"fmt{os.getpid()}-{id(tmp_path)}"))
         stores.append(TieredProgramCache([FileStreamProgramCache(tmp_path / "t2"), RedisProgramCache(server)]))
     return stores
+
+
+@pytest.fixture(scope="module")
+def object_bucket():
+    """A bucket on a real S3-protocol server (moto's) on loopback; None where moto or obstore is missing."""
+    try:
+        import moto.server  # noqa: F401
+        import obstore  # noqa: F401
+        from object_servers import S3Server, env_for
+    except ImportError:
+        yield None
+        return
+    server = S3Server()
+    saved = {name: os.environ.get(name) for name in env_for(server.endpoint)}
+    os.environ.update(env_for(server.endpoint))
+    yield server.bucket()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +123,8 @@ def test_a_key_and_its_sha256_are_two_entries(tmp_path, request) -> None:
     alias = hashlib.sha256(key).digest()
     key32 = bytes(range(32))  # 32 bytes: named by its own hex in layout v1
     stores = _stores(tmp_path, request)
-    assert len(stores) == 5 or shutil.which("redis-server") is None  # Redis included where it runs
+    # Redis and the object store included where they run
+    assert len(stores) == 6 or shutil.which("redis-server") is None or request.getfixturevalue("object_bucket") is None
     for store in stores:
         with store:
             store[key] = b"A"

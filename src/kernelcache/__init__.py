@@ -25,6 +25,7 @@ _EXPORTS = {
     "InMemoryProgramCache": "kernelcache.stores.memory",
     "KernelCache": "kernelcache.kernels.cache",
     "KernelCacheWarning": "kernelcache.stores.base",
+    "ObjectStoreProgramCache": "kernelcache.stores.object.store",  # needs the optional obstore client
     "ProgramCacheResource": "kernelcache.stores.base",
     "RedisProgramCache": "kernelcache.stores.redis.store",  # needs the optional redis client
     "TieredProgramCache": "kernelcache.stores.tiered",
@@ -47,6 +48,7 @@ __all__ = [
     "InMemoryProgramCache",
     "KernelCache",
     "KernelCacheWarning",
+    "ObjectStoreProgramCache",
     "ProgramCacheResource",
     "RedisProgramCache",
     "TieredProgramCache",
@@ -84,5 +86,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
     from kernelcache.stores.file.store import FileStreamProgramCache
     from kernelcache.stores.file.treesafety import UnsafeCacheDirError
     from kernelcache.stores.memory import InMemoryProgramCache
+    from kernelcache.stores.object.store import ObjectStoreProgramCache
     from kernelcache.stores.redis.store import RedisProgramCache
     from kernelcache.stores.tiered import TieredProgramCache

@@ -13,6 +13,9 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 | KERNELCACHE_REDIS_URL         | unset                           | default cache = memory -> disk -> Redis  |
 | KERNELCACHE_REDIS_SECRET      | unset                           | sign and verify Redis entries            |
 | KERNELCACHE_REDIS_READ_ONLY   | off                             | never write to Redis                     |
+| KERNELCACHE_OBJECT_STORE_URL  | unset                           | add an object-store tier after Redis     |
+| KERNELCACHE_OBJECT_STORE_SECRET | unset                         | sign and verify object-store records     |
+| KERNELCACHE_OBJECT_STORE_READ_ONLY | off                        | never write to the object store          |
 """
 
 from __future__ import annotations
@@ -193,6 +196,29 @@ def redis_read_only() -> bool:
     return _flag("KERNELCACHE_REDIS_READ_ONLY")
 
 
+def object_store_url() -> str | None:
+    """``KERNELCACHE_OBJECT_STORE_URL`` (``s3://bucket/path``, ``gs://...``, ``az://...``): a tier after Redis."""
+    raw = os.environ.get("KERNELCACHE_OBJECT_STORE_URL", "").strip()
+    if not raw:
+        return None
+    from kernelcache.stores.object.conn import check_url
+
+    try:
+        return check_url(raw)
+    except ValueError as exc:
+        raise ConfigError(f"KERNELCACHE_OBJECT_STORE_URL={_shown(raw)}: {exc}") from None
+
+
+def object_store_secret() -> str | None:
+    """``KERNELCACHE_OBJECT_STORE_SECRET``: sign object-store records, and trust only records signed with it."""
+    return os.environ.get("KERNELCACHE_OBJECT_STORE_SECRET") or None
+
+
+def object_store_read_only() -> bool:
+    """``KERNELCACHE_OBJECT_STORE_READ_ONLY`` is 1/true/yes/on: read the object-store tier, never write it."""
+    return _flag("KERNELCACHE_OBJECT_STORE_READ_ONLY")
+
+
 _DEFAULT_CACHE_VARS = (
     "KERNELCACHE_DIR",
     "KERNELCACHE_MAX_SIZE",
@@ -200,6 +226,9 @@ _DEFAULT_CACHE_VARS = (
     "KERNELCACHE_REDIS_URL",
     "KERNELCACHE_REDIS_SECRET",
     "KERNELCACHE_REDIS_READ_ONLY",
+    "KERNELCACHE_OBJECT_STORE_URL",
+    "KERNELCACHE_OBJECT_STORE_SECRET",
+    "KERNELCACHE_OBJECT_STORE_READ_ONLY",
 )
 
 
@@ -221,7 +250,18 @@ def default_cache_raw() -> tuple[object, ...]:
     return tuple([get(name) for name in _DEFAULT_CACHE_VARS])
 
 
-_CHECKS = (disabled, wait_timeout_s, max_size_bytes, allow_shared, redis_url, redis_secret, redis_read_only)
+_CHECKS = (
+    disabled,
+    wait_timeout_s,
+    max_size_bytes,
+    allow_shared,
+    redis_url,
+    redis_secret,
+    redis_read_only,
+    object_store_url,
+    object_store_secret,
+    object_store_read_only,
+)
 
 
 def check() -> None:

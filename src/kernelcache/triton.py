@@ -175,8 +175,10 @@ class _TritonFiles:
                 _warn_once("group-names", f"group {name!r} names a file that is not a plain name; a miss")
                 return None
             members: dict[str, bytes] = {}
-            for member, digest in digests.items():
-                data = self.get(member, internal=True)
+            # Every member in one round trip per tier (a remote tier answers them together).
+            found = self.store.get_many([self._file_key(m) for m in digests], internal=True)
+            for (member, digest), record in zip(digests.items(), found):
+                data = None if record is None else record[0]
                 # Race: a peer rewrote this member (with other bytes) after our manifest
                 # was written, or evicted it. The digest catches both; read once more in
                 # case the peer's own manifest has landed meanwhile.

@@ -9,11 +9,15 @@ from kernelcache.stores.tiered import TieredProgramCache
 
 
 def __getattr__(name: str) -> object:
-    # RedisProgramCache needs the optional redis client: imported on first use only.
+    # RedisProgramCache and ObjectStoreProgramCache need optional clients: imported on first use only.
     if name == "RedisProgramCache":
         from kernelcache.stores.redis.store import RedisProgramCache
 
         return RedisProgramCache
+    if name == "ObjectStoreProgramCache":
+        from kernelcache.stores.object.store import ObjectStoreProgramCache
+
+        return ObjectStoreProgramCache
     raise AttributeError(name)
 
 
@@ -21,6 +25,7 @@ __all__ = [
     "FileStreamProgramCache",
     "InMemoryProgramCache",
     "KernelCacheWarning",
+    "ObjectStoreProgramCache",
     "ProgramCacheResource",
     "RedisProgramCache",
     "TieredProgramCache",

@@ -16,7 +16,7 @@ import abc
 import contextlib
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from kernelcache.log import logger
@@ -154,6 +154,13 @@ class ProgramCacheResource(abc.ABC):
 
         return cuda_core.read_record(self, as_key_bytes(key))
 
+    def get_many(self, keys: Sequence[bytes | str], *, internal: bool = False) -> list[tuple[bytes, Meta] | None]:
+        """``get_record`` of every key, in order; a remote store answers them in one round trip.
+
+        Counted as that many look-ups (``internal`` as in get_record).
+        """
+        return [self.get_record(key, internal=internal) for key in keys]
+
     def set_record(
         self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False
     ) -> bool:
@@ -275,6 +282,16 @@ class RecordStore(ProgramCacheResource):
 
     def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
         return self._counted_read(as_key_bytes(key), internal, want_meta=True)
+
+    def get_many(self, keys: Sequence[bytes | str], *, internal: bool = False) -> list[tuple[bytes, Meta] | None]:
+        records = self._read_many([as_key_bytes(key) for key in keys])
+        for record in records:
+            self._count_read(record, internal)
+        return records
+
+    def _read_many(self, keys: Sequence[bytes]) -> list[tuple[bytes, Meta] | None]:
+        """``_read`` of every key; a remote store overrides it with one round trip."""
+        return [self._read(key, True) for key in keys]
 
     def get_record_uncounted(self, key: bytes) -> tuple[bytes, Meta] | None:
         """get_record touching no counter at all: for a caller that counts the hit or miss itself."""

@@ -6,6 +6,7 @@ microseconds), parsed and checked once per distinct configuration, when its stor
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 
@@ -16,7 +17,7 @@ from kernelcache.stores.file.store import FileStreamProgramCache
 
 _default_lock = threading.Lock()
 _default_caches: dict[tuple[object, ...], ProgramCacheResource] = {}
-# The memory tier in front of disk when the default cache is tiered (KERNELCACHE_REDIS_URL).
+# The memory tier in front of disk when the default cache is tiered (a shared tier is set).
 _DEFAULT_MEMORY_TIER_BYTES = 256 * 2**20
 _unusable_roots: set[str] = set()  # default roots already warned about (_warn_unusable)
 # Its own lock: _warn_unusable also runs inside _make_default_cache, under _default_lock.
@@ -27,13 +28,14 @@ def default_cache() -> ProgramCacheResource:
     """The process-wide cache that ``compile_program`` uses when given none.
 
     A FileStreamProgramCache at ``KERNELCACHE_DIR`` (or the platformdirs user cache dir),
-    capped at ``KERNELCACHE_MAX_SIZE`` (default 10 GB). With ``KERNELCACHE_REDIS_URL`` set it
-    is a TieredProgramCache: memory -> that disk cache -> Redis (``KERNELCACHE_REDIS_SECRET``
-    signs entries, ``KERNELCACHE_REDIS_READ_ONLY=1`` never writes); if the directory cannot
-    be used (OSError) it is memory -> Redis, with one KernelCacheWarning naming it. Without
-    Redis such a directory raises the OSError (default_cache_or_none turns it into None).
-    One instance per configuration; a bad variable raises config.ConfigError before
-    anything is created.
+    capped at ``KERNELCACHE_MAX_SIZE`` (default 10 GB). With a shared tier configured
+    (``KERNELCACHE_REDIS_URL``, ``KERNELCACHE_OBJECT_STORE_URL``) it is a TieredProgramCache
+    in the one order of ``default_tiers``: memory -> disk -> Redis -> object store (each
+    shared tier's ``*_SECRET`` signs entries, ``*_READ_ONLY=1`` never writes); if the
+    directory cannot be used (OSError) the disk tier is skipped, with one KernelCacheWarning
+    naming it. Without a shared tier such a directory raises the OSError
+    (default_cache_or_none turns it into None). One instance per configuration; a bad
+    variable raises config.ConfigError before anything is created.
     """
     # Per call: the raw values only (a few microseconds); they are parsed and checked once
     # per distinct configuration, when its cache is made.
@@ -42,18 +44,11 @@ def default_cache() -> ProgramCacheResource:
     if cache is not None:
         return cache
     config.check()
-    settings = (
-        config.cache_dir(),
-        config.max_size_bytes(),
-        config.allow_shared(),
-        config.redis_url(),
-        config.redis_secret(),
-        config.redis_read_only(),
-    )
+    settings = Settings.from_config()
     with _default_lock:
         cache = _default_caches.get(raw)
         if cache is None:
-            cache = _default_caches[raw] = _make_default_cache(*settings)
+            cache = _default_caches[raw] = _make_default_cache(settings)
         return cache
 
 
@@ -88,52 +83,105 @@ def _warn_unusable(root: str, exc: OSError, fallback: str) -> None:
 
 
 def configured_cache(root: str | None, redis_url: str | None = None) -> ProgramCacheResource:
-    """A new cache configured as the default one (cap, team mode, Redis tier and its secret),
+    """A new cache configured as the default one (cap, team mode, shared tiers and secrets),
     at ``root`` instead of KERNELCACHE_DIR and with ``redis_url`` if given: for tools that
-    write (``kernelcache warm``), so that warming fills the fleet's Redis too."""
+    write (``kernelcache warm``), so that warming fills the fleet's shared tiers too."""
     config.check()
-    return _make_default_cache(
-        root if root is not None else config.cache_dir(),
-        config.max_size_bytes(),
-        config.allow_shared(),
-        redis_url or config.redis_url(),
-        config.redis_secret(),
-        config.redis_read_only(),
-        skip_unusable_disk=False,  # warm --cache-dir: a directory the user named must work
+    settings = Settings.from_config()
+    settings = dataclasses.replace(
+        settings,
+        root=root if root is not None else settings.root,
+        redis_url=redis_url or settings.redis_url,
     )
+    return _make_default_cache(settings, skip_unusable_disk=False)  # a directory the user named must work
 
 
-def _make_default_cache(
-    root: str,
-    max_size: int | None,
-    allow_shared: bool,
-    url: str | None,
-    secret: str | None,
-    read_only: bool,
-    skip_unusable_disk: bool = True,
-) -> ProgramCacheResource:
-    if url is None:
-        return FileStreamProgramCache(root, max_size, allow_shared=allow_shared)
-    try:
-        from kernelcache.stores.redis.store import RedisProgramCache
-    except ImportError as exc:
-        raise config.ConfigError(
-            f"KERNELCACHE_REDIS_URL is set but the redis client is missing ({exc}): pip install 'kernelcache[redis]'"
-        ) from None
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What shapes the default cache, parsed and checked (config.py reads every value)."""
+
+    root: str
+    max_size: int | None
+    allow_shared: bool
+    redis_url: str | None = None
+    redis_secret: str | None = None
+    redis_read_only: bool = False
+    object_store_url: str | None = None
+    object_store_secret: str | None = None
+    object_store_read_only: bool = False
+
+    @classmethod
+    def from_config(cls) -> Settings:
+        return cls(
+            root=config.cache_dir(),
+            max_size=config.max_size_bytes(),
+            allow_shared=config.allow_shared(),
+            redis_url=config.redis_url(),
+            redis_secret=config.redis_secret(),
+            redis_read_only=config.redis_read_only(),
+            object_store_url=config.object_store_url(),
+            object_store_secret=config.object_store_secret(),
+            object_store_read_only=config.object_store_read_only(),
+        )
+
+
+def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[ProgramCacheResource]:
+    """The default cache's tiers, in the one order every integration gets:
+    memory -> disk -> Redis -> object store; the disk alone when no shared tier is set.
+
+    A broken local disk (read-only HOME, another user's directory, a full disk) must not cut
+    a fleet host off from its shared tiers: with ``skip_unusable_disk`` only that tier is
+    skipped (one warning); the store is kept for the process's life, so it is not retried.
+    """
+    shared = _shared_tiers(settings)
+    if not shared:
+        return [FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared)]
     from kernelcache.stores.memory import InMemoryProgramCache
-    from kernelcache.stores.tiered import TieredProgramCache
 
-    tiers: list[ProgramCacheResource] = []
-    memory_cap = _DEFAULT_MEMORY_TIER_BYTES if max_size is None else min(max_size, _DEFAULT_MEMORY_TIER_BYTES)
-    tiers.append(InMemoryProgramCache(memory_cap))
+    cap = min(settings.max_size or _DEFAULT_MEMORY_TIER_BYTES, _DEFAULT_MEMORY_TIER_BYTES)
+    tiers: list[ProgramCacheResource] = [InMemoryProgramCache(cap)]
     try:
-        tiers.append(FileStreamProgramCache(root, max_size, allow_shared=allow_shared))
+        tiers.append(FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared))
     except OSError as exc:
-        # A broken local disk (read-only HOME, another user's directory, a full disk) must
-        # not cut a fleet host off from Redis: skip only that tier. This store is kept for
-        # the process's life (one per configuration), so the disk is not retried later.
         if not skip_unusable_disk:
             raise
-        _warn_unusable(root, exc, "using memory -> Redis only")
-    tiers.append(RedisProgramCache(url, secret=secret, read_only=read_only))
+        names = " -> ".join(type(t).__name__.replace("ProgramCache", "") for t in shared)
+        _warn_unusable(settings.root, exc, f"using memory -> {names} only")
+    return tiers + shared
+
+
+def _shared_tiers(settings: Settings) -> list[ProgramCacheResource]:
+    shared: list[ProgramCacheResource] = []
+    if settings.redis_url is not None:
+        try:
+            from kernelcache.stores.redis.store import RedisProgramCache
+        except ImportError as exc:
+            raise config.ConfigError(
+                f"KERNELCACHE_REDIS_URL is set but the redis client is missing ({exc}): "
+                "pip install 'kernelcache[redis]'"
+            ) from None
+        shared.append(
+            RedisProgramCache(settings.redis_url, secret=settings.redis_secret, read_only=settings.redis_read_only)
+        )
+    if settings.object_store_url is not None:
+        from kernelcache.stores.object.store import ObjectStoreProgramCache
+
+        try:
+            store = ObjectStoreProgramCache(
+                settings.object_store_url,
+                secret=settings.object_store_secret,
+                read_only=settings.object_store_read_only,
+            )
+        except ImportError as exc:
+            raise config.ConfigError(f"KERNELCACHE_OBJECT_STORE_URL is set but {exc}") from None
+        shared.append(store)
+    return shared
+
+
+def _make_default_cache(settings: Settings, skip_unusable_disk: bool = True) -> ProgramCacheResource:
+    tiers = default_tiers(settings, skip_unusable_disk)
+    if len(tiers) == 1:
+        return tiers[0]
+    from kernelcache.stores.tiered import TieredProgramCache
+
     return TieredProgramCache(tiers)

@@ -1,4 +1,4 @@
-"""TieredProgramCache: memory -> disk -> Redis; hits are promoted upward, writes go everywhere."""
+"""TieredProgramCache: memory -> disk -> Redis -> object store; hits are promoted upward, writes go everywhere."""
 
 from __future__ import annotations
 
@@ -60,8 +60,7 @@ class TieredProgramCache(RecordStore):
             else:
                 record = tier.get_record(key, internal=True)
             if record is not None:
-                for upper in self.tiers[:i]:  # promote: the next look-up stops higher up
-                    upper.set_record(key, record[0], record[1], internal=True)
+                self._promote(key, record, i)
                 if mode == "uncounted":
                     self._served.index = i
                 return record
@@ -69,8 +68,31 @@ class TieredProgramCache(RecordStore):
             self._served.index = None
         return None
 
+    def _promote(self, key: bytes, record: tuple[bytes, Meta], served: int) -> None:
+        """Copy a hit into every tier above the one that served it: the next look-up stops higher up.
+        Never downward: a hit is not written into the tiers below it."""
+        for upper in self.tiers[:served]:
+            upper.set_record(key, record[0], record[1], internal=True)
+
     def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
         return self._walk(key, "user")
+
+    def get_many(self, keys: Sequence[bytes | str], *, internal: bool = False) -> list[tuple[bytes, Meta] | None]:
+        """Each tier is asked once for the keys still missing (one round trip per remote tier)."""
+        wanted = [as_key_bytes(key) for key in keys]
+        found: list[tuple[bytes, Meta] | None] = [None] * len(wanted)
+        missing = list(range(len(wanted)))
+        for i, tier in enumerate(self.tiers):
+            if not missing:
+                break
+            for j, record in zip(missing, tier.get_many([wanted[j] for j in missing], internal=internal)):
+                if record is not None:
+                    found[j] = record
+                    self._promote(wanted[j], record, i)
+            missing = [j for j in missing if found[j] is None]
+        for record in found:
+            self._count_read(record, internal)
+        return found
 
     def _counted_read(self, key: bytes, internal: bool, want_meta: bool) -> tuple[bytes, Meta] | None:
         record = self._walk(key, "internal" if internal else "user")

@@ -28,7 +28,7 @@ import hashlib
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kernelcache.log import logger
@@ -254,7 +254,16 @@ class RedisProgramCache(RecordStore):
 
     def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
         rk = self._entry_key(key)
-        raw = self._call("read", lambda c: c.get(rk))
+        return self._judge(rk, self._call("read", lambda c: c.get(rk)))
+
+    def _read_many(self, keys: Sequence[bytes]) -> list[tuple[bytes, Meta] | None]:
+        # One round trip: MGET (on a cluster, redis-py's per-slot MGETs, sent together).
+        rks = [self._entry_key(key) for key in keys]
+        raws = self._call("read", lambda c: (c.mget_nonatomic if hasattr(c, "mget_nonatomic") else c.mget)(rks))
+        return [self._judge(rk, raw) for rk, raw in zip(rks, raws or [None] * len(rks))]
+
+    def _judge(self, rk: str, raw: bytes | None) -> tuple[bytes, Meta] | None:
+        """The record in ``raw`` (read from ``rk``) if it passes its check, else None (and why, once)."""
         if raw is None:
             return None
         verdict, record = rec.decode(rk, raw, self._secret)

@@ -1,0 +1,1 @@
+"""ObjectStoreProgramCache: S3, GCS, Azure (and local directories) through obstore."""

@@ -1,0 +1,90 @@
+"""Reaching an object store through obstore: which URLs are accepted, the bounded timeouts a
+client gets, and which errors mean "not reached" (back off) rather than "it answered no"."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from typing import Any
+
+SCHEMES = ("s3://", "s3a://", "gs://", "az://", "azure://", "abfs://", "abfss://", "adl://", "file://", "memory://")
+
+# Bounded by default: obstore's own defaults retry for up to three minutes, which a compile
+# waiting on a look-up must never pay. The caller's client_options win over these.
+DEFAULT_CLIENT_OPTIONS = {"timeout": "10s", "connect_timeout": "3s"}
+_RETRY = {
+    "max_retries": 1,
+    "backoff": {"init_backoff": datetime.timedelta(milliseconds=100), "max_backoff": datetime.timedelta(seconds=1)},
+    "retry_timeout": datetime.timedelta(seconds=10),
+}
+
+
+def check_url(url: object) -> str:
+    """``url`` if it names a bucket or container obstore can open; ValueError/TypeError naming the forms."""
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str like 's3://bucket/path', not {type(url).__name__}")
+    if not url.startswith(SCHEMES) or url.rstrip("/") in {s.rstrip("/") for s in SCHEMES if s != "memory://"}:
+        raise ValueError(
+            f"object store URL {url!r}: use s3://bucket/path, gs://bucket/path, az://container/path, "
+            "file:///directory or memory:///"
+        )
+    return url
+
+
+def make_store(url: str, client_options: Mapping[str, Any] | None) -> Any:
+    """An obstore store for ``url`` (credentials from the environment, as obstore and each
+    cloud's tools take them); ImportError naming the extra when obstore is missing."""
+    try:
+        from obstore.store import from_url
+    except ImportError as exc:
+        raise ImportError(f"ObjectStoreProgramCache needs obstore ({exc}): pip install 'kernelcache[s3]'") from None
+    if url.startswith("memory://"):
+        return from_url(url)
+    if url.startswith("file://"):
+        return from_url(url, mkdir=True)
+    options = {**DEFAULT_CLIENT_OPTIONS, **_client_options_from_env(url), **dict(client_options or {})}
+    return from_url(url, client_options=options, retry_config=_RETRY)
+
+
+# obstore's HTTP client options, which its builders also read from the environment
+# (AWS_ALLOW_HTTP, GOOGLE_PROXY_URL...), except when client options are passed: these are
+# passed (the bounded timeouts), so the environment's are read here the same way.
+_CLIENT_KEYS = (
+    "allow_http",
+    "allow_invalid_certificates",
+    "connect_timeout",
+    "default_content_type",
+    "http1_only",
+    "http2_only",
+    "pool_idle_timeout",
+    "pool_max_idle_per_host",
+    "proxy_url",
+    "proxy_ca_certificate",
+    "proxy_excludes",
+    "timeout",
+    "user_agent",
+)
+_ENV_PREFIX = {"s3": "AWS_", "s3a": "AWS_", "gs": "GOOGLE_"}
+
+
+def _client_options_from_env(url: str) -> dict[str, str]:
+    prefix = _ENV_PREFIX.get(url.split("://", 1)[0], "AZURE_")
+    return {key: os.environ[prefix + key.upper()] for key in _CLIENT_KEYS if os.environ.get(prefix + key.upper())}
+
+
+def errors() -> Any:
+    """obstore's exception module (imported where obstore is known to be present)."""
+    import obstore.exceptions
+
+    return obstore.exceptions
+
+
+def answered(exc: BaseException) -> bool:
+    """Whether the store answered (a refusal: permissions, credentials) rather than was not reached.
+
+    A refusal is not an outage: that one call fails and the next is tried. Anything else
+    (a connection refused, a timeout, a 5xx answered to every request) is treated as down.
+    """
+    e = errors()
+    return isinstance(exc, (e.PermissionDeniedError, e.UnauthenticatedError, e.NotSupportedError))

@@ -1,0 +1,287 @@
+"""ObjectStoreProgramCache: a shared tier in a bucket (S3, GCS, Azure) or a directory, via obstore.
+
+One object per entry, ``<prefix>e/<entry name>`` (the one naming rule of ``stores.naming``),
+holding the same record as Redis (``stores.record``): the artifact and its metadata under one
+checksum or HMAC, bound to the object's name.
+
+Who may touch what: records are immutable and created only if absent (a conditional create),
+so two hosts writing one key never overwrite each other; a second write of a key keeps the
+first record. The one exception is a record this store can prove damaged (its own format and
+secret, a tag that does not match): a writer replaces exactly that version (If-Match), and a
+reader leaves it in place. A reader never deletes anything; ``read_only=True`` writes and
+deletes nothing. Eviction is the bucket's own lifecycle rules (README, "The object store").
+
+Faults: a store that cannot be reached (refused, timed out, a 5xx to every request) costs
+one bounded timeout: the call is a miss or a dropped write, warned about once, and the store
+is skipped for ``retry_after_s`` (doubling while it stays down). A refusal (permissions,
+credentials) fails that one call and is warned about once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kernelcache.stores import record as rec
+from kernelcache.stores.backoff import Backoff
+from kernelcache.stores.base import Meta, RecordStore
+from kernelcache.stores.naming import entry_name
+from kernelcache.stores.object import conn
+from kernelcache.stores.object import lock as objlock
+
+_BACKOFF_S = 5.0
+_MAX_PARALLEL_GETS = 16
+
+
+def _get_raw(path: str) -> Any:
+    """fn(store): (bytes, e_tag) of the object at path, or False when there is none."""
+    import obstore
+
+    def run(store: Any) -> Any:
+        try:
+            got = obstore.get(store, path)
+            return bytes(got.bytes()), got.meta.get("e_tag")
+        except FileNotFoundError:  # obstore's not-found (for a missing bucket too: a miss)
+            return False
+
+    return run
+
+
+def _put(path: str, data: bytes, mode: Any) -> Any:
+    """fn(store): "written", "exists" (create: already there; update: that version is gone),
+    "no-bucket", or "unsupported" (this kind of store cannot replace conditionally)."""
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+    def run(store: Any) -> str:
+        try:
+            obstore.put(store, path, data, mode=mode)
+        except (AlreadyExistsError, PreconditionError):
+            return "exists"
+        except FileNotFoundError:
+            # A conditional create of a new object: only the bucket can be missing.
+            return "no-bucket" if mode == "create" else "exists"
+        except NotImplementedError:
+            return "unsupported"
+        return "written"
+
+    return run
+
+
+class ObjectStoreProgramCache(RecordStore):
+    """A ProgramCacheResource in an object store, shared by every host that can reach it.
+
+    ``url``: ``s3://bucket/path``, ``gs://bucket/path``, ``az://container/path``,
+    ``file:///directory`` or ``memory:///``. Credentials come from the environment, as
+    obstore and each cloud's tools take them. ``secret`` (bytes or str) signs and verifies
+    records. ``read_only=True`` never writes or deletes. ``prefix`` names this cache's
+    objects inside the URL's path. ``client_options``: obstore's HTTP client options (the
+    defaults bound every request: 10 s, 3 s to connect). ``retry_after_s``: how long a store
+    that cannot be reached is skipped (doubling while it stays down). ``lock_ttl_s``: expiry
+    of the single-flight lock objects, rewritten while their holder compiles.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: bytes | str | None = None,
+        read_only: bool = False,
+        prefix: str = "kernelcache/",
+        client_options: Mapping[str, Any] | None = None,
+        retry_after_s: float = _BACKOFF_S,
+        lock_ttl_s: float = objlock.DEFAULT_TTL_S,
+    ) -> None:
+        super().__init__()
+        self.url = conn.check_url(url)
+        if not isinstance(prefix, str) or prefix.startswith("/") or ".." in prefix.split("/"):
+            raise ValueError(f"prefix must be a relative path like 'kernelcache/', got {prefix!r}")
+        if isinstance(secret, str):
+            secret = secret.encode()
+        if secret is not None and (not isinstance(secret, bytes) or not secret):
+            raise ValueError("secret must be non-empty bytes or str, or None")
+        for label, value in (("retry_after_s", retry_after_s), ("lock_ttl_s", lock_ttl_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+                raise ValueError(f"{label} must be a positive number of seconds, got {value!r}")
+        if client_options is not None and not isinstance(client_options, Mapping):
+            raise TypeError(f"client_options must be a mapping of obstore client options, not {type(client_options)}")
+        self._secret = secret
+        self._read_only = bool(read_only)
+        self._prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self._lock_ttl_s = float(lock_ttl_s)
+        self._store = conn.make_store(url, client_options)
+        self._health = Backoff(retry_after_s)
+        self.last_error = ""
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    def _path(self, key: bytes) -> str:
+        return f"{self._prefix}e/{entry_name(key)}"
+
+    # -- calling the store safely --------------------------------------------------------------
+
+    def _call(self, what: str, fn: Any) -> Any:
+        """Run fn(store); on a failure return None (warned once, counted, maybe backing off)."""
+        if not self._health.may_call():
+            return None
+        try:
+            result = fn(self._store)
+        except (conn.errors().BaseError, OSError, TimeoutError) as exc:
+            self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            kind = type(exc).__name__
+            if conn.answered(exc):
+                self._health.healthy()
+                self.warn_once(
+                    f"refused-{what}-{kind}",
+                    f"the object store {self.url} refused to {what} ({kind}); "
+                    + ("the write is dropped" if what == "write" else "treated as a miss"),
+                )
+                return None
+            pause = self._health.failed()
+            self.warn_once(
+                f"{what}-{kind}",
+                f"the object store {self.url} failed to {what} ({self.last_error[:160]}); treated as a miss / "
+                f"dropped write (compiles still work); it is skipped for {pause:g} s, then tried again",
+            )
+            return None
+        self._health.healthy()
+        return result
+
+    # -- the store -------------------------------------------------------------------------------
+
+    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+        path = self._path(key)
+        found = self._call("read", _get_raw(path))
+        if not found:
+            return None
+        verdict, record = rec.decode(path, found[0], self._secret)
+        if verdict is rec.Verdict.OK:
+            return record
+        if verdict is rec.Verdict.DAMAGED:
+            self.warn_once(
+                "corrupt",
+                f"object {path} in {self.url} is {verdict.value}; a miss, left in place"
+                + ("" if self._read_only else " (the next write of this key replaces it)"),
+            )
+        else:
+            self._warn_unverifiable(path, verdict)
+        return None
+
+    def _read_many(self, keys: Sequence[bytes]) -> list[tuple[bytes, Meta] | None]:
+        # One round trip: the GETs run at once (obstore releases the GIL while it waits).
+        if len(keys) <= 1:
+            return [self._read(k) for k in keys]
+        with ThreadPoolExecutor(max_workers=min(len(keys), _MAX_PARALLEL_GETS)) as pool:
+            return list(pool.map(self._read, keys))
+
+    def _warn_unverifiable(self, path: str, verdict: rec.Verdict) -> None:
+        if verdict is rec.Verdict.FOREIGN:
+            self.warn_once(
+                "foreign-secret",
+                f"object {path} in {self.url} is signed with another secret: THIS HOST'S SECRET DOES NOT MATCH "
+                "THE FLEET'S. Such records are misses here and are never replaced or deleted by this host; give "
+                "it the team's secret (secret= / KERNELCACHE_OBJECT_STORE_SECRET)",
+            )
+        else:
+            self.warn_once(
+                f"unverifiable-{verdict.name}", f"object {path} in {self.url} is {verdict.value}; a miss, left in place"
+            )
+
+    def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
+        if self._read_only:
+            return False  # a consumer: never writes (by choice, not an error)
+        path = self._path(key)
+        record = rec.encode(path, payload, meta, self._secret)
+        outcome = self._call("write", _put(path, record, "create"))
+        if outcome == "no-bucket":
+            self.warn_once("no-bucket", f"the bucket or container of {self.url} does not exist; writes are dropped")
+        elif outcome == "exists":
+            return self._replace_if_damaged(path, record)
+        return outcome == "written"
+
+    def _replace_if_damaged(self, path: str, record: bytes) -> bool:
+        """Replace the record at path only if it is provably damaged, and only that version of it."""
+        found = self._call("read", _get_raw(path))
+        if not found:
+            return False
+        verdict, _ = rec.decode(path, found[0], self._secret)
+        if verdict is rec.Verdict.OK:
+            return False  # a peer stored this key first: its record stays
+        if verdict is not rec.Verdict.DAMAGED or found[1] is None:
+            self._warn_unverifiable(path, verdict)
+            return False
+        # Race: a peer may replace the damaged version between our read and this write; the
+        # write is conditional on the version we judged, so the peer's record survives.
+        outcome = self._call("write", _put(path, record, {"e_tag": found[1]}))
+        return outcome == "written"
+
+    def _remove(self, key: bytes) -> bool:
+        self._check_writable("delete entries")
+        path = self._path(key)
+        import obstore
+
+        def remove(store: Any) -> bool:
+            try:
+                obstore.head(store, path)
+            except FileNotFoundError:
+                return False
+            obstore.delete(store, path)
+            return True
+
+        removed = self._call("delete", remove)
+        if removed is None:
+            raise ConnectionError(f"the object store {self.url} could not be reached: {path} may not be removed")
+        return bool(removed)
+
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise PermissionError(f"this ObjectStoreProgramCache is read_only=True: it does not {what}")
+
+    def _entry_paths(self, store: Any) -> list[str]:
+        import obstore
+
+        return [m["path"] for batch in obstore.list(store, f"{self._prefix}e/") for m in batch]
+
+    def __len__(self) -> int:
+        return len(self._call("count", self._entry_paths) or ())
+
+    def clear(self) -> None:
+        """Delete this prefix's entries (a command a person runs: every host's records go)."""
+        self._check_writable("clear")
+        import obstore
+
+        def delete_all(store: Any) -> None:
+            paths = self._entry_paths(store)
+            for i in range(0, len(paths), 1000):
+                obstore.delete(store, paths[i : i + 1000])
+
+        self._call("clear", delete_all)
+
+    # -- single flight across hosts ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def remote_lock(self, name: str, deadline: float, ready: Any, local_lock: str | None = None) -> Iterator[str]:
+        """Hold the lock object ``name`` for every host sharing the bucket ("acquired"), or learn
+        that a peer finished ("ready"), or give up at ``deadline`` ("timeout"). A read_only
+        store, a local directory or memory store, or a store that cannot be reached:
+        "unavailable" at once (the caller's file lock still serialises this host)."""
+        if self._read_only or self.url.startswith(("file://", "memory://")):
+            yield "unavailable"
+            return
+        path = f"{self._prefix}locks/{name}"
+        with objlock.hold(self._call, path, self._lock_ttl_s, deadline, ready) as outcome:
+            yield outcome
+
+    def stats(self) -> dict[str, float | int]:
+        out = super().stats()
+        out["read_only"] = int(self._read_only)
+        out["backing_off"] = int(self._health.down_now())
+        out["skipped_while_down"] = self._health.skipped
+        return out
+
+
+__all__ = ["ObjectStoreProgramCache"]
