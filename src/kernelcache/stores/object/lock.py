@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from kernelcache.stores import leases
+
 DEFAULT_TTL_S = 10.0
 _POLL_S = 0.1
 
@@ -95,37 +97,27 @@ def _take_over_expired(call: Call, path: str, body: bytes) -> Any:
 def hold(call: Call, path: str, ttl_s: float, deadline: float, ready: Callable[[], bool]) -> Iterator[str]:
     """Yield "acquired", "ready" (a peer published the result), "timeout" or "unavailable"."""
     token = uuid.uuid4().hex
-    while True:
+
+    def take() -> Any:
         body = _body(token, ttl_s)
         e_tag = call("lock", _create(path, body))
-        if e_tag is False:
-            e_tag = _take_over_expired(call, path, body)
-        if e_tag is None:
-            yield "unavailable"
-            return
-        if e_tag:
-            break
-        if ready():
-            yield "ready"
-            return
-        if time.monotonic() >= deadline:
-            yield "timeout"
-            return
-        time.sleep(_POLL_S)
-    stop = threading.Event()
-    refresher = threading.Thread(target=_refresh, args=(call, path, token, ttl_s, e_tag, stop), daemon=True)
-    refresher.start()
-    try:
-        yield "acquired"
-    finally:
-        stop.set()
-        refresher.join(timeout=5)
+        return _take_over_expired(call, path, body) if e_tag is False else e_tag
+
+    outcome, e_tag = leases.acquire_or_wait(take, ready, deadline, _POLL_S)
+    if outcome != "acquired":
+        yield outcome
+        return
+
+    def release() -> None:
         found = call("unlock", _read(path))
         # Race: between this read and the delete the lock changes hands only if it expired
         # (this holder stalled past the TTL); deleting the new holder's lock then costs at
         # most a duplicate compile of identical bytes.
         if found and found[1].get("token") == token:
             call("unlock", lambda store: _delete(store, path))
+
+    with leases.refreshed(lambda stop: _refresh(call, path, token, ttl_s, e_tag, stop), release):
+        yield "acquired"
 
 
 def _delete(store: Any, path: str) -> bool:

@@ -22,10 +22,11 @@ import hashlib
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from kernelcache.stores import leases
 
 DEFAULT_TTL_S = 5.0
 _POLL_S = 0.05
@@ -72,33 +73,24 @@ def hold(
     """
     mine = local_id(local_lock)
     token = f"{mine}:{uuid.uuid4().hex}"
-    while True:
+
+    def take() -> bool | None:
         # bool(): redis-py answers None both for "NX: already set" and (via call) for a
         # failure; False now means "held by a peer", None "Redis unreachable".
         got = call("lock", lambda c: bool(c.set(lock_key, token, nx=True, px=ttl_ms)))
-        if got is None:
-            yield "unavailable"
-            return
-        if not got and mine != _NO_LOCAL:
+        if got is False and mine != _NO_LOCAL:
             got = bool(_take_over_dead_local_holder(call, lock_key, mine, token, ttl_ms))
-        if got:
-            break
-        if ready():
-            yield "ready"
-            return
-        if time.monotonic() >= deadline:
-            yield "timeout"
-            return
-        time.sleep(_POLL_S)
-    stop = threading.Event()
-    refresher = threading.Thread(target=_refresh, args=(call, lock_key, token, ttl_ms, stop), daemon=True)
-    refresher.start()
-    try:
+        return got
+
+    outcome, _ = leases.acquire_or_wait(take, ready, deadline, _POLL_S)
+    if outcome != "acquired":
+        yield outcome
+        return
+    with leases.refreshed(
+        lambda stop: _refresh(call, lock_key, token, ttl_ms, stop),
+        lambda: call("unlock", lambda c: c.eval(_RELEASE_LUA, 1, lock_key, token)),
+    ):
         yield "acquired"
-    finally:
-        stop.set()
-        refresher.join(timeout=5)
-        call("unlock", lambda c: c.eval(_RELEASE_LUA, 1, lock_key, token))
 
 
 def _take_over_dead_local_holder(call: Call, lock_key: str, mine: str, token: str, ttl_ms: int) -> Any:

@@ -27,12 +27,12 @@ import contextlib
 import hashlib
 import re
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from kernelcache.log import logger
 from kernelcache.stores import record as rec
+from kernelcache.stores.backoff import Backoff
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.naming import entry_name
 from kernelcache.stores.redis import fleet as redisfleet
@@ -42,7 +42,6 @@ from kernelcache.stores.redis.conn import check_binary, check_url, make_client, 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
 _BACKOFF_S = 5.0
-_BACKOFF_CAP_S = 300.0
 # About 31 years: beyond it a socket timeout overflows time_t and Redis refuses the PX.
 _MAX_SECONDS = 1e9
 
@@ -152,11 +151,7 @@ class RedisProgramCache(RecordStore):
             self.url = repr(url)
         else:
             raise TypeError(f"url must be a redis URL str or a redis-py client, not {type(url).__name__}")
-        self._health_lock = threading.Lock()
-        self._down_until = 0.0
-        self._probing = False
-        self._backoff = self._retry_after
-        self._skipped = 0
+        self._health = Backoff(self._retry_after)
         self.last_error = ""
         self._stats = redisfleet.FleetStats(None if self._read_only else self._send_tally)
 
@@ -183,15 +178,8 @@ class RedisProgramCache(RecordStore):
         """Run fn(client); on a Redis failure return None (warned once, counted)."""
         import redis
 
-        with self._health_lock:
-            if self._down_until:
-                if time.monotonic() < self._down_until or self._probing:
-                    self._skipped += 1  # not an error: no call was made
-                    return None
-                # Race: when the back-off ends, many threads may call at once; one of them
-                # probes the server and the others keep skipping until it knows, so an
-                # outage costs one socket timeout per back-off period, not one per thread.
-                self._probing = True
+        if not self._health.may_call():
+            return None  # backing off (one prober per period: stores.backoff)
         try:
             result = fn(self._client if self._client is not None else self._connect())
         except unreachable_errors() as exc:
@@ -226,22 +214,15 @@ class RedisProgramCache(RecordStore):
             logger.warning("%s: %s", type(self).__name__, message)
 
     def _healthy(self) -> None:
-        with self._health_lock:
-            self._down_until = 0.0
-            self._probing = False
-            self._backoff = self._retry_after
+        self._health.healthy()
 
     def _note_error(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
 
     def _unreachable(self, what: str, exc: BaseException) -> None:
-        with self._health_lock:
-            # One failure is enough: a stopped server would otherwise cost a socket timeout
-            # on every call of a compile (look-up, lock, store).
-            self._down_until = time.monotonic() + self._backoff
-            pause = self._backoff
-            self._backoff = min(self._backoff * 2, _BACKOFF_CAP_S)
-            self._probing = False
+        # One failure is enough: a stopped server would otherwise cost a socket timeout
+        # on every call of a compile (look-up, lock, store).
+        pause = self._health.failed()
         self._note_error(exc)
         kind = type(exc).__name__
         self.warn_once(
@@ -372,9 +353,8 @@ class RedisProgramCache(RecordStore):
     # -- counters ----------------------------------------------------------------------------
 
     def _send_tally(self, tally: dict[str, int]) -> bool:
-        with self._health_lock:
-            if self._down_until and (time.monotonic() < self._down_until or self._probing):
-                return False  # backing off: the tally waits, and is no call the program skipped
+        if self._health.backing_off():
+            return False  # backing off: the tally waits, and is no call the program skipped
         key = redisfleet.stats_key(self._ns)
 
         def send(c: Any) -> bool:
@@ -403,9 +383,8 @@ class RedisProgramCache(RecordStore):
     def stats(self) -> dict[str, float | int]:
         out = super().stats()
         out["read_only"] = int(self._read_only)
-        with self._health_lock:
-            out["backing_off"] = int(bool(self._down_until and time.monotonic() < self._down_until))
-            out["skipped_while_down"] = self._skipped
+        out["backing_off"] = int(self._health.down_now())
+        out["skipped_while_down"] = self._health.skipped
         return out
 
     def close(self) -> None:
