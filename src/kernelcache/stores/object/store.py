@@ -119,6 +119,12 @@ class ObjectStoreProgramCache(RecordStore):
     def read_only(self) -> bool:
         return self._read_only
 
+    @property
+    def has_remote_lock(self) -> bool:
+        # A read_only store must not make others wait for it; a local directory or memory
+        # store is not shared between hosts (its processes meet on the file tier's locks).
+        return not self._read_only and not self.url.startswith(("file://", "memory://"))
+
     def _path(self, key: bytes) -> str:
         return f"{self._prefix}e/{entry_name(key)}"
 
@@ -269,7 +275,7 @@ class ObjectStoreProgramCache(RecordStore):
         that a peer finished ("ready"), or give up at ``deadline`` ("timeout"). A read_only
         store, a local directory or memory store, or a store that cannot be reached:
         "unavailable" at once (the caller's file lock still serialises this host)."""
-        if self._read_only or self.url.startswith(("file://", "memory://")):
+        if not self.has_remote_lock:
             yield "unavailable"
             return
         path = f"{self._prefix}locks/{name}"
