@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelcache.compile.metadata import read_record
+from kernelcache.compile.metadata import read_artifact
 from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests
@@ -86,9 +86,9 @@ class Lookup:
     def find(self) -> Found:
         """(key, record or None, header variant or None); key is b"" when no variant matches."""
         if not self.track:
-            return self.entry_key, read_record(self.cache, self.entry_key, caller_counts=True), None
+            return self.entry_key, read_artifact(self.cache, self.entry_key), None
         variant = manifests.matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.request.options))
         if variant is None:
             return b"", None, None
         key = manifests.full_key(self.base, variant, self.manifest_key)
-        return key, read_record(self.cache, key, caller_counts=True), variant
+        return key, read_artifact(self.cache, key), variant
