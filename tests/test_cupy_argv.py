@@ -99,3 +99,43 @@ def test_relocatable_flags_set_the_field_only_where_a_link_follows():
     assert argv_options((f"-arch={ARCH}", "-rdc=false")).relocatable_device_code is False
     with pytest.raises(ValueError, match="relocatable"):
         program_options(("-rdc=true",))  # a plain translation has nobody to link it
+
+
+INDEXED = (
+    "import json, sys\n"
+    "from kernelcache.integrations import cupy_index\n"
+    "from kernelcache.stores.default import default_cache\n"
+    "argv = tuple(json.loads(sys.argv[2]))\n"
+    "store = default_cache()\n"
+    "key = cupy_index.index_key(sys.argv[1], argv, 'cubin', None)\n"
+    "if sys.argv[3] == 'compile':\n"
+    "    from kernelcache import CompileInfo, compile_program\n"
+    "    from kernelcache.integrations.nvrtc_argv import argv_options\n"
+    "    info = CompileInfo()\n"
+    "    obj = compile_program(sys.argv[1], options=argv_options(argv), info=info)\n"
+    "    cupy_index.remember(store, key, info.key)\n"
+    "    print(json.dumps({'size': len(obj.code), 'hit': info.hit}))\n"
+    "else:\n"
+    "    found = cupy_index.find(store, key)\n"
+    "    modules = sorted(m for m in sys.modules if m.startswith('cuda.core'))\n"
+    "    print(json.dumps({'size': len(found[1]) if found else 0, 'cuda_core': modules,\n"
+    "                      'hits': store.stats().get('hits', 0)}))\n"
+)
+
+
+def test_a_warm_cupy_hit_through_the_index_imports_no_cuda_core(tmp_path):
+    # What a fresh process's first kernelcache.cupy hit costs over CuPy's own cache was
+    # mostly cuda.core's import: the index hit reads two records and nothing else.
+    import json
+
+    from conftest import run_python
+
+    env = {"KERNELCACHE_DIR": str(tmp_path / "kc")}
+    argv = json.dumps([f"-arch={ARCH}", "-DFOO=3"])
+    cold = json.loads(run_python(INDEXED, SOURCE, argv, "compile", env=env))
+    warm = json.loads(run_python(INDEXED, SOURCE, argv, "find", env=env))
+    assert cold["size"] == warm["size"] > 0 and not cold["hit"]
+    assert warm["cuda_core"] == []
+    assert warm["hits"] >= 1  # counted as a hit, like compile_program's
+    other = json.dumps([f"-arch={ARCH}", "-DFOO=4"])  # other inputs: no index record, a miss
+    assert json.loads(run_python(INDEXED, SOURCE, other, "find", env=env))["size"] == 0

@@ -37,7 +37,8 @@ except ImportError as exc:  # pragma: no cover - exercised where cupy is absent
         "kernelcache.cupy needs CuPy: install it with `pip install 'kernelcache[cupy]'` (the CUDA 13 wheel)"
     ) from exc
 
-from kernelcache.integrations import cupy_build
+from kernelcache.compile.metadata import decode_symbols
+from kernelcache.integrations import cupy_build, cupy_index
 from kernelcache.integrations.nvrtc_flags import option_fields
 
 __all__ = ["KernelCacheBackend", "RawKernel", "RawModule", "install_backend"]
@@ -91,33 +92,57 @@ class _Compiled:
         return mod
 
     def _build(self, log_stream: Any) -> tuple[bytes, dict[Any, Any]]:
-        from cuda.core._utils.cuda_utils import NVRTCError
-
-        from kernelcache.compile.flow import CompileInfo, compile_program
-        from kernelcache.integrations.nvrtc_argv import argv_options
+        from kernelcache.stores.default import default_cache_or_none
 
         source = cupy_build.source_for_nvrtc(self.code, self.translate_cucomplex)
         argv, target = cupy_build.command_line(self.options)
+        store = default_cache_or_none() if cupy_index.usable() else None
+        index = cupy_index.index_key(source, argv, target, self.name_expressions) if store is not None else b""
+        found = cupy_index.find(store, index) if index else None
+        if found is not None:  # a warm hit: no cuda.core import, no key derivation
+            entry_key, payload, meta = found
+            if log_stream is not None and meta.get("log"):
+                log_stream.write(meta["log"])
+            return self._linked(store, payload, argv, entry_key, decode_symbols(meta.get("symbols")))
+        return self._compile(source, argv, target, log_stream, index)
+
+    def _compile(
+        self, source: str, argv: tuple[str, ...], target: str, log_stream: Any, index: bytes
+    ) -> tuple[bytes, dict[Any, Any]]:
+        from cuda.core._utils.cuda_utils import NVRTCError
+
+        from kernelcache.compile.flow import CompileInfo, compile_program
+        from kernelcache.headers.scan import may_read_files
+        from kernelcache.integrations.nvrtc_argv import argv_options
+        from kernelcache.stores.default import default_cache_or_none
+
+        options = argv_options(argv)
         info = CompileInfo()
         try:
             obj = compile_program(
                 source,
                 "c++",
                 target,
-                options=argv_options(argv),
+                options=options,
                 name_expressions=self.name_expressions or (),
                 logs=log_stream,
                 info=info,
             )
         except NVRTCError as exc:
             raise cupy_build.compile_exception(exc, source, argv) from None
+        store = default_cache_or_none() if info.cached else None
+        if store is not None and index and info.key and not may_read_files(source, options):
+            cupy_index.remember(store, index, info.key)
         mapping = getattr(obj, "symbol_mapping", None) or {}
-        code = bytes(obj.code)
-        if cupy_build.needs_cudadevrt(argv):
-            from kernelcache.stores.default import default_cache_or_none
+        return self._linked(store, bytes(obj.code), argv, info.key, mapping)
 
-            store = default_cache_or_none() if info.cached else None
-            code = cupy_build.link_cudadevrt(store, info.key, code, sorted(_text(v) for v in mapping.values()))
+    @staticmethod
+    def _linked(
+        store: Any, code: bytes, argv: tuple[str, ...], key: bytes, mapping: dict[Any, Any]
+    ) -> tuple[bytes, dict[Any, Any]]:
+        if cupy_build.needs_cudadevrt(argv):  # CuPy links relocatable code with cudadevrt
+            kernels = sorted(_text(v) for v in mapping.values())
+            code = cupy_build.link_cudadevrt(store, key, code, kernels)
         return code, mapping
 
 
