@@ -1,7 +1,11 @@
-"""``kernelcache stats``: the counters of a disk cache, and of the fleet sharing a Redis namespace."""
+"""``kernelcache stats``: the counters of a disk cache, of the fleet sharing a Redis namespace,
+and what an object store holds. A tier that cannot be read is one line saying so; the others
+are still shown, and the command fails only when nothing at all could be read."""
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any
 
 import click
@@ -9,7 +13,7 @@ import click
 from kernelcache import config
 from kernelcache.cli import entries as ent
 from kernelcache.cli import table
-from kernelcache.stores.file.store import FileStreamProgramCache
+from kernelcache.cli.common import UserError, open_cache
 
 _ROWS = (
     "hits",
@@ -26,34 +30,96 @@ _ROWS = (
 )
 
 
-def collect(cache: FileStreamProgramCache, redis_url: str | None, namespace: str, zero: bool) -> dict[str, Any]:
-    """{"disk": counters[, "redis": the fleet's counters]}; with ``zero`` the counters are then reset."""
+def collect(
+    cache_dir: str | None,
+    redis_url: str | None,
+    namespace: str,
+    zero: bool,
+    by_host: bool = False,
+    object_store: str | None = None,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """({"disk": ..., "redis": the fleet's counters, "object": ...}, notes on what could not be read).
+
+    With ``zero`` the counters are then reset. UserError when no store could be read at all.
+    """
     per_store: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
+    if os.path.isdir(root) or not (redis_url or object_store):
+        per_store["disk"] = _disk(root, cache_dir, zero)
+    else:
+        notes.append(f"no cache directory at {root}: disk figures not shown")
+    if redis_url:
+        fleet, note = _redis_fleet(redis_url, namespace, by_host, zero)
+        if fleet is not None:
+            per_store["redis"] = fleet
+        notes += [note] if note else []
+    if object_store:
+        held, note = _object_store(object_store)
+        if held is not None:
+            per_store["object"] = held
+        notes += [note] if note else []
+    if not per_store:
+        raise UserError("; ".join(notes) or "nothing could be read")
+    return per_store, notes
+
+
+def _disk(root: str, cache_dir: str | None, zero: bool) -> dict[str, Any]:
+    cache = open_cache(cache_dir if cache_dir is not None else root)
     s: dict[str, Any] = dict(cache.stats())
     s["entries"] = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))
     s["max_size_bytes"] = cache.max_size_bytes  # None: no cap
     s["path"] = cache.path
-    per_store["disk"] = s
-    if redis_url:
-        per_store["redis"] = _redis_fleet(redis_url, namespace)
-        if zero:
-            from kernelcache.stores.redis.store import RedisProgramCache
-
-            with RedisProgramCache(redis_url, namespace=namespace) as rc:
-                rc.zero_stats()
     if zero:
         cache.zero_stats()
-    return per_store
+    return s
 
 
-def render(data: dict[str, dict[str, Any]], zero: bool) -> None:
-    """One table, a column per store, then where each store is."""
+def _redis_fleet(url: str, namespace: str, by_host: bool, zero: bool) -> tuple[dict[str, Any] | None, str]:
+    """The fleet counters in Redis (and per host), or None and the line saying why not."""
+    from kernelcache.stores.redis.store import RedisProgramCache
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the store's warning would repeat the note below
+        with RedisProgramCache(url, namespace=namespace, read_only=True) as rc:
+            fleet = rc.fleet_stats()
+            written = rc.namespace_written() if fleet is not None else None
+            hosts = rc.fleet_hosts() if fleet is not None and by_host else None
+            if fleet is None or written is None:
+                return None, f"Redis at {url} was not reached ({rc.last_error}): its figures are not shown"
+            out: dict[str, Any] = dict(fleet)
+            out["entries"] = len(rc)  # Redis keys: artifacts and header manifests
+    out["url"], out["namespace"] = url, namespace
+    if hosts is not None:
+        out["hosts"] = hosts
+    if zero:
+        with RedisProgramCache(url, namespace=namespace) as writer:
+            writer.zero_stats()
+    if not written:
+        return out, f"Redis namespace {namespace!r} at {url} has never been written (no counters, no entries)"
+    return out, ""
+
+
+def _object_store(url: str) -> tuple[dict[str, Any] | None, str]:
+    from kernelcache.stores.object.store import ObjectStoreProgramCache
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        store = ObjectStoreProgramCache(url, read_only=True)
+        usage = store.usage()
+    if usage is None:
+        return None, f"the object store {url} was not reached ({store.last_error}): its figures are not shown"
+    return {"entries": usage[0], "size_bytes": usage[1], "url": url}, ""
+
+
+def render(data: dict[str, dict[str, Any]], zero: bool, notes: list[str]) -> None:
+    """One table, a column per store, then where each store is, then what could not be read."""
     rows = []
     for row in _ROWS:
         cells = []
         for store in data.values():
             if row == "size":
-                cells.append(config.format_size(store["size_bytes"]) if "path" in store else "")
+                cells.append(config.format_size(store["size_bytes"]) if "size_bytes" in store else "")
             elif row == "max size":
                 cells.append(config.format_size(store["max_size_bytes"]) if "path" in store else "")
             else:
@@ -63,25 +129,30 @@ def render(data: dict[str, dict[str, Any]], zero: bool) -> None:
     # Plain text like ls (cli/table.py): rich's import and layout were a sixth of the command.
     click.echo(table.render("kernelcache stats", ("counter", *data), rows, right=range(1, len(data) + 1)))
     for name, store in data.items():
-        where = store.get("path") or f"{store.get('url')} namespace {store.get('namespace')} (every host's counts)"
+        if "path" in store:
+            where = store["path"]
+        elif name == "redis":
+            where = f"{store.get('url')} namespace {store.get('namespace')} (every host's counts)"
+        else:
+            where = str(store.get("url"))
         click.echo(f"{name}: {where}")
+    hosts = data.get("redis", {}).get("hosts")
+    if hosts is not None:
+        _render_hosts(hosts)
+    for note in notes:
+        click.echo(note)
     if zero:
         click.echo("counters zeroed (the figures above are from before; size and entries are kept)")
 
 
-def _redis_fleet(url: str, namespace: str) -> dict[str, Any]:
-    """The fleet counters in Redis; a Redis that cannot be reached is one clear error (ValueError)."""
-    import warnings
-
-    from kernelcache.stores.redis.store import RedisProgramCache
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the store's warning would repeat the error below
-        with RedisProgramCache(url, namespace=namespace, read_only=True) as rc:
-            fleet = rc.fleet_stats()
-            if fleet is None:
-                raise ValueError(f"cannot reach Redis at {url} ({rc.last_error})")
-            out: dict[str, Any] = dict(fleet)
-            out["entries"] = len(rc)  # Redis keys: artifacts and header manifests
-    out["url"], out["namespace"] = url, namespace
-    return out
+def _render_hosts(hosts: dict[str, dict[str, Any]]) -> None:
+    fields = ("processes", "hits", "misses", "hit_rate", "compiles", "compile_seconds_saved", "stores")
+    rows = []
+    for field in fields:
+        cells = []
+        for counters in hosts.values():
+            v = counters.get(field, 0)
+            cells.append(f"{v:.1%}" if field == "hit_rate" else f"{v:.3f}" if isinstance(v, float) else str(v))
+        rows.append((field, *cells))
+    title = "the fleet by host (hosts seen within a day; the totals keep every host)"
+    click.echo(table.render(title, ("counter", *hosts), rows, right=range(1, len(hosts) + 1)))

@@ -255,6 +255,16 @@ class ObjectStoreProgramCache(RecordStore):
     def __len__(self) -> int:
         return len(self._call("count", self._entry_paths) or ())
 
+    def usage(self) -> tuple[int, int] | None:
+        """(entries, bytes) under this prefix, from one listing; None when the store cannot be reached."""
+        import obstore
+
+        def sizes(store: Any) -> tuple[int, int]:
+            listed = [m["size"] for batch in obstore.list(store, f"{self._prefix}e/") for m in batch]
+            return len(listed), sum(listed)
+
+        return self._call("count", sizes)
+
     def clear(self) -> None:
         """Delete this prefix's entries (a command a person runs: every host's records go)."""
         self._check_writable("clear")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -92,6 +94,7 @@ atexit.register(_SENDER.flush_at_exit)
 
 def _after_fork_in_child() -> None:
     _SENDER.reset_in_child()
+    _counted_in.clear()  # the child is a process of its own
     for stats in list(_LIVE):
         stats._forget_parents_tally()
 
@@ -102,6 +105,63 @@ if hasattr(os, "register_at_fork"):
 
 def stats_key(namespace: str) -> str:
     return f"{namespace}:stats"
+
+
+# The per-host breakdown: one hash per host (the same fields, plus "processes"), and a sorted
+# set of host names scored by when each last sent. A host not seen for HOST_WINDOW_S drops out
+# of the breakdown (its hash expires a day later), never out of the totals.
+HOST_WINDOW_S = 86400.0
+_counted_in: set[str] = set()  # namespaces this process has added itself to "processes" in
+
+
+def _hosts_key(namespace: str) -> str:
+    return f"{namespace}:stats:hosts"
+
+
+def _host_key(namespace: str, host: str) -> str:
+    return f"{namespace}:stats:host:{host}"
+
+
+def send(client: Any, namespace: str, tally: dict[str, int]) -> bool:
+    """Add ``tally`` to the namespace's totals and to this host's breakdown: one round trip."""
+    host, now = socket.gethostname(), time.time()
+    first = namespace not in _counted_in
+    pipe = client.pipeline(transaction=False)
+    for name, value in tally.items():
+        pipe.hincrby(stats_key(namespace), name, value)
+        pipe.hincrby(_host_key(namespace, host), name, value)
+    if first:
+        pipe.hincrby(_host_key(namespace, host), "processes", 1)
+    pipe.expire(_host_key(namespace, host), int(2 * HOST_WINDOW_S))
+    pipe.zadd(_hosts_key(namespace), {host: now})
+    pipe.zremrangebyscore(_hosts_key(namespace), "-inf", now - HOST_WINDOW_S)
+    pipe.execute()
+    _counted_in.add(namespace)  # only once it was sent: a failed send is retried whole
+    return True
+
+
+def read_hosts(client: Any, namespace: str) -> dict[str, dict[str, float | int]]:
+    """{host: its counters, processes, last_seen} for the hosts seen within HOST_WINDOW_S."""
+    seen = client.zrangebyscore(_hosts_key(namespace), time.time() - HOST_WINDOW_S, "+inf", withscores=True)
+    out: dict[str, dict[str, float | int]] = {}
+    for raw_host, last_seen in seen:
+        host = raw_host.decode(errors="replace") if isinstance(raw_host, bytes) else str(raw_host)
+        raw = client.hgetall(_host_key(namespace, host))
+        counters = view(raw)
+        counters["processes"] = int(raw.get(b"processes", raw.get("processes", 0)))
+        counters["last_seen"] = float(last_seen)
+        out[host] = counters
+    return out
+
+
+def zero(client: Any, namespace: str) -> None:
+    """Delete the namespace's totals and every host's breakdown (one key per call: a cluster's
+    keys live on different nodes)."""
+    for raw_host in client.zrange(_hosts_key(namespace), 0, -1):
+        host = raw_host.decode(errors="replace") if isinstance(raw_host, bytes) else str(raw_host)
+        client.delete(_host_key(namespace, host))
+    client.delete(_hosts_key(namespace))
+    client.delete(stats_key(namespace))
 
 
 def view(raw: dict[Any, Any]) -> dict[str, float | int]:

@@ -355,16 +355,7 @@ class RedisProgramCache(RecordStore):
     def _send_tally(self, tally: dict[str, int]) -> bool:
         if self._health.backing_off():
             return False  # backing off: the tally waits, and is no call the program skipped
-        key = redisfleet.stats_key(self._ns)
-
-        def send(c: Any) -> bool:
-            pipe = c.pipeline(transaction=False)
-            for name, value in tally.items():
-                pipe.hincrby(key, name, value)
-            pipe.execute()
-            return True
-
-        return bool(self._call("count", send))
+        return bool(self._call("count", lambda c: redisfleet.send(c, self._ns, tally)))
 
     def fleet_stats(self) -> dict[str, float | int] | None:
         """Counters of every host sharing this namespace (hits, misses, stores, compiles,
@@ -373,12 +364,25 @@ class RedisProgramCache(RecordStore):
         raw = self._call("read counters", lambda c: c.hgetall(redisfleet.stats_key(self._ns)))
         return None if raw is None else redisfleet.view(raw)
 
+    def fleet_hosts(self) -> dict[str, dict[str, float | int]] | None:
+        """The fleet counters per host seen within a day (plus ``processes`` and ``last_seen``,
+        a Unix time); None when Redis cannot be reached. Totals (fleet_stats) keep every host."""
+        self._stats.flush()
+        return self._call("read counters", lambda c: redisfleet.read_hosts(c, self._ns))
+
+    def namespace_written(self) -> bool | None:
+        """Whether any host ever wrote counters or entries in this namespace; None: unreachable."""
+        def written(c: Any) -> bool:
+            return bool(c.exists(redisfleet.stats_key(self._ns))) or next(iter(self._scan(c)), None) is not None
+
+        return self._call("read counters", written)
+
     def zero_stats(self) -> None:
         """Zero this process's counters and, unless read_only, the fleet's counters in Redis."""
         super().zero_stats()
         if not self._read_only:
             self._stats.drop_tally()
-            self._call("zero counters", lambda c: c.delete(redisfleet.stats_key(self._ns)))
+            self._call("zero counters", lambda c: redisfleet.zero(c, self._ns))
 
     def stats(self) -> dict[str, float | int]:
         out = super().stats()
