@@ -203,7 +203,8 @@ class RawKernel(cupy.RawKernel):
             backend,
             translate_cucomplex=translate_cucomplex,
             enable_cooperative_groups=enable_cooperative_groups,
-        )  # jitify=True went to CuPy's own class; CuPy 14 warns when it is passed at all
+            **({} if jitify is None else {"jitify": jitify}),  # CuPy warns that jitify=False is deprecated
+        )  # jitify=True went to CuPy's own class
         self._compiled = _Compiled(code, options, None, translate_cucomplex)
         self._functions: dict[int, Any] = {}
 
@@ -282,6 +283,7 @@ class RawModule(cupy.RawModule):
             translate_cucomplex=translate_cucomplex,
             enable_cooperative_groups=enable_cooperative_groups,
             name_expressions=name_expressions,
+            **({} if jitify is None else {"jitify": jitify}),  # CuPy warns that jitify=False is deprecated
         )
         names = tuple(name_expressions) if name_expressions is not None else None
         self._compiled = _Compiled(code, tuple(options), names, translate_cucomplex) if code is not None else None
