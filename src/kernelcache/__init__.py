@@ -24,7 +24,7 @@ _EXPORTS = {
     "GuardedCache": "kernelcache.kernels.guarded",
     "InMemoryProgramCache": "kernelcache.stores.memory",
     "KernelCache": "kernelcache.kernels.cache",
-    "KernelCacheWarning": "kernelcache.stores.base",
+    "KernelCacheWarning": "kernelcache.log",
     "ObjectStoreProgramCache": "kernelcache.stores.object.store",  # needs the optional obstore client
     "ProgramCacheResource": "kernelcache.stores.base",
     "RedisProgramCache": "kernelcache.stores.redis.store",  # needs the optional redis client
@@ -81,7 +81,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
     from kernelcache.kernels.cache import KernelCache
     from kernelcache.kernels.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
     from kernelcache.keys.derive import explain_program_cache_key, make_program_cache_key
-    from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
+    from kernelcache.log import KernelCacheWarning
+    from kernelcache.stores.base import ProgramCacheResource
     from kernelcache.stores.default import default_cache
     from kernelcache.stores.file.store import FileStreamProgramCache
     from kernelcache.stores.file.treesafety import UnsafeCacheDirError

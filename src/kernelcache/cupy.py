@@ -48,7 +48,7 @@ def _handed_off(reason: str | None, make: Any) -> Any:
     """CuPy's own object for what kernelcache does not compile, with one warning saying so."""
     if reason is None:
         return None
-    from kernelcache.stores.base import KernelCacheWarning
+    from kernelcache.log import KernelCacheWarning
 
     warnings.warn(
         f"kernelcache.cupy: {reason} is compiled and cached by CuPy itself, not by kernelcache",

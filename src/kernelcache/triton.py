@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-import warnings
 from typing import Any
 
 try:
@@ -38,8 +36,8 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
 
 from kernelcache import config
 from kernelcache.integrations.materialized import check_file_name, materialize, private_root
-from kernelcache.log import logger
-from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
+from kernelcache.log import WarnOnce
+from kernelcache.stores.base import ProgramCacheResource
 
 __all__ = ["KernelCacheManager", "KernelCacheRemoteBackend"]
 
@@ -50,17 +48,11 @@ _GROUP_FORMAT = 1
 _GROUP_PREFIX = "__grp__"  # Triton's name for a group's own file
 _READ_ATTEMPTS = 2  # a group that changed while we read it is read once more, then a miss
 
-_warned: set[str] = set()
-_warn_lock = threading.Lock()
+_warned = WarnOnce("kernelcache.triton")
 
 
 def _warn_once(cause: str, message: str) -> None:
-    with _warn_lock:
-        if cause in _warned:
-            return
-        _warned.add(cause)
-    logger.warning("triton: %s", message)
-    warnings.warn(f"kernelcache.triton: {message}", KernelCacheWarning, stacklevel=3)
+    _warned.warn(cause, message, stacklevel=3, origin="triton")
 
 
 def _as_bytes(data: Any) -> bytes:

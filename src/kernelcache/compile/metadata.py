@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache.compile.schema import META_SCHEMA, SCHEMA_FIELD, meta_is_usable
 from kernelcache.keys.derive import code_bytes
-from kernelcache.log import logger
-from kernelcache.stores.base import KernelCacheWarning, Meta, ProgramCacheResource, RecordStore
+from kernelcache.log import KernelCacheWarning, WarnOnce
+from kernelcache.stores.base import Meta, ProgramCacheResource, RecordStore
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -129,17 +129,14 @@ def artifact_meta(
 
 # -- safe store access (a failing store never fails a compile) -----------------------------
 
-_warned: set[str] = set()
+_warned = WarnOnce()
 
 
 def warn_store(cache: ProgramCacheResource, what: str, exc: BaseException) -> None:
     """Warn once per (store class, action, error class) and count an error."""
-    cause = f"{type(cache).__name__}:{what}:{type(exc).__name__}"
-    if cause not in _warned:
-        _warned.add(cause)
-        message = f"the cache {type(cache).__name__} failed to {what} ({exc!r}); compiling without it"
-        logger.warning("%s", message)
-        warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=4)
+    name = type(cache).__name__
+    message = f"the cache {name} failed to {what} ({exc!r}); compiling without it"
+    _warned.warn(f"{name}:{what}:{type(exc).__name__}", message, stacklevel=4)
     count(cache, errors=1)
 
 
@@ -185,20 +182,15 @@ def count(cache: ProgramCacheResource, **deltas: int) -> None:
         pass
 
 
-_warned_traces: set[str] = set()
-
-
 def refuse_to_store(cache: ProgramCacheResource, why: str) -> None:
     """One KernelCacheWarning and an error count for a compile returned but not stored.
 
     A header race warns every time (each is its own event); a lost or missing trace
     warns once per process and cause, like any other store failure.
     """
-    if not why.startswith("a header changed"):
-        cause = why.split(" (")[0]
-        if cause in _warned_traces:
-            count(cache, errors=1)
-            return
-        _warned_traces.add(cause)
-    warnings.warn(f"kernelcache: this compile's result is returned but not stored: {why}", KernelCacheWarning, 5)
     count(cache, errors=1)
+    message = f"this compile's result is returned but not stored: {why}"
+    if why.startswith("a header changed"):
+        warnings.warn(f"kernelcache: {message}", KernelCacheWarning, 5)  # each race its own event
+    else:
+        _warned.warn("not stored: " + why.split(" (")[0], message, stacklevel=5, log=False)

@@ -21,7 +21,8 @@ from kernelcache.compile.flow import CompileInfo, compile_program
 from kernelcache.kernels.guarded import GuardedCache
 from kernelcache.kernels.loader import bad_bytes, device_options, kernel_of, on_device
 from kernelcache.keys.options import options_fingerprint
-from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
+from kernelcache.log import KernelCacheWarning
+from kernelcache.stores.base import ProgramCacheResource
 from kernelcache.stores.cuda_core import as_store
 
 if TYPE_CHECKING:

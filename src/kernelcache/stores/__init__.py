@@ -1,7 +1,8 @@
 """Byte stores: every one implements ProgramCacheResource (bytes in, the same bytes out)."""
 
+from kernelcache.log import KernelCacheWarning
 from kernelcache.stores import cuda_core  # noqa: F401 - registers our stores with cuda.core's ABC
-from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
+from kernelcache.stores.base import ProgramCacheResource
 from kernelcache.stores.file.store import FileStreamProgramCache
 from kernelcache.stores.file.treesafety import UnsafeCacheDirError
 from kernelcache.stores.memory import InMemoryProgramCache

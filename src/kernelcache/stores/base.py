@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import threading
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from kernelcache.log import logger
+from kernelcache.log import KernelCacheWarning as KernelCacheWarning  # re-exported: what stores warn with
+from kernelcache.log import WarnOnce
 from kernelcache.stats import MemoryStats, public_view
 
 if TYPE_CHECKING:
@@ -30,10 +29,6 @@ else:
     ValueLike = Union[bytes, bytearray, memoryview, Any]
 
 Meta = dict[str, Any]
-
-
-class KernelCacheWarning(RuntimeWarning):
-    """A cache problem that was degraded to a miss or a dropped write."""
 
 
 def as_key_bytes(key: object) -> bytes:
@@ -248,8 +243,7 @@ class RecordStore(ProgramCacheResource):
 
     def __init__(self) -> None:
         self._stats: Any = MemoryStats()
-        self._warned: set[str] = set()
-        self._warn_lock = threading.Lock()
+        self._warned = WarnOnce()
 
     @abc.abstractmethod
     def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
@@ -273,12 +267,7 @@ class RecordStore(ProgramCacheResource):
     def warn_once(self, cause: str, message: str) -> None:
         """Warn about ``cause`` the first time it happens in this store, and count an error."""
         self._stats.add(errors=1)
-        with self._warn_lock:
-            if cause in self._warned:
-                return
-            self._warned.add(cause)
-        logger.warning("%s: %s", type(self).__name__, message)
-        warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=3)
+        self._warned.warn(cause, message, stacklevel=3, origin=type(self).__name__)
 
     def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
         return self._counted_read(as_key_bytes(key), internal, want_meta=True)

@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import warnings
 
 from kernelcache import config
-from kernelcache.log import logger
-from kernelcache.stores.base import KernelCacheWarning, ProgramCacheResource
+from kernelcache.log import WarnOnce
+from kernelcache.stores.base import ProgramCacheResource
 from kernelcache.stores.file.store import FileStreamProgramCache
 
 _default_lock = threading.Lock()
 _default_caches: dict[tuple[object, ...], ProgramCacheResource] = {}
 # The memory tier in front of disk when the default cache is tiered (a shared tier is set).
 _DEFAULT_MEMORY_TIER_BYTES = 256 * 2**20
-_unusable_roots: set[str] = set()  # default roots already warned about (_warn_unusable)
-# Its own lock: _warn_unusable also runs inside _make_default_cache, under _default_lock.
-_unusable_lock = threading.Lock()
+_unusable = WarnOnce()  # default roots already warned about (_warn_unusable)
 
 
 def default_cache() -> ProgramCacheResource:
@@ -68,18 +65,13 @@ def default_cache_or_none() -> ProgramCacheResource | None:
 
 def _warn_unusable(root: str, exc: OSError, fallback: str) -> None:
     """One warning (and log line) per default root that cannot be used, saying what we do instead."""
-    with _unusable_lock:
-        first = root not in _unusable_roots
-        _unusable_roots.add(root)
-    if first:
-        message = (
-            f"the default cache directory {root} cannot be used ({exc}); {fallback} "
-            "(set KERNELCACHE_DIR to a writable directory, or pass cache=)"
-        )
-        logger.warning("%s", message)
-        # stacklevel: warnings.warn <- here <- default_cache_or_none or _make_default_cache
-        # <- ... <- compile_program's caller; close enough to point at the user's code.
-        warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=5)
+    message = (
+        f"the default cache directory {root} cannot be used ({exc}); {fallback} "
+        "(set KERNELCACHE_DIR to a writable directory, or pass cache=)"
+    )
+    # stacklevel: _warn_unusable <- default_cache_or_none or _make_default_cache <- ... <-
+    # compile_program's caller; close enough to point at the user's code.
+    _unusable.warn(root, message, stacklevel=5)
 
 
 def configured_cache(root: str | None, redis_url: str | None = None) -> ProgramCacheResource:

@@ -207,10 +207,7 @@ class RedisProgramCache(RecordStore):
         # counter thread would land in whatever the program runs meanwhile. Count and log it
         # only; the program's own next call to this store warns if Redis is still down.
         self._stats.add(errors=1)
-        with self._warn_lock:
-            first = "sender-" + cause not in self._warned
-            self._warned.add("sender-" + cause)
-        if first:
+        if self._warned.first("sender-" + cause):
             logger.warning("%s: %s", type(self).__name__, message)
 
     def _healthy(self) -> None:
