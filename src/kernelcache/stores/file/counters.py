@@ -16,8 +16,10 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from functools import partial
 
 from kernelcache.stats import COUNTERS, SLOT_OF, ZEROABLE, MemoryStats, check_names
+from kernelcache.stores.file.polling import poll_lock, try_lockf
 
 _SLOT = struct.Struct("<q")
 _MAGIC = b"KCSTATS1"
@@ -33,20 +35,8 @@ _LOCK_WAIT_S = 5.0
 
 def _lock_bounded(fd: int) -> None:
     """lockf(LOCK_EX) on fd, waiting at most _LOCK_WAIT_S; OSError(ETIMEDOUT) after."""
-    import fcntl
-
-    deadline, pause = time.monotonic() + _LOCK_WAIT_S, 0.0005
-    while True:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            if time.monotonic() >= deadline:
-                raise OSError(errno.ETIMEDOUT, "the counters file stayed locked by another process") from None
-        time.sleep(pause)
-        pause = min(pause * 2, 0.02)
+    if not poll_lock(partial(try_lockf, fd), _LOCK_WAIT_S):
+        raise OSError(errno.ETIMEDOUT, "the counters file stayed locked by another process")
 
 
 # Every open FileStats, so that deferred counts are written when the interpreter exits.

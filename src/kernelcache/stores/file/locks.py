@@ -24,12 +24,13 @@ locks/ hung every compile of its key, ``clear`` and ``verify --fix``; it is remo
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import stat
 import time
+from functools import partial
 
 from kernelcache.stores.file.ops import path_in
+from kernelcache.stores.file.polling import poll_lock, try_flock
 
 LOCK_SUFFIX = ".lock"
 _OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -112,15 +113,9 @@ def acquire(path: str, timeout: float, *, mode: int = 0o600, poll_s: float = 0.0
     while True:
         fd = _open(path, mode)
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        os.close(fd)
-                        return None
-                    time.sleep(poll_s)
+            if not poll_lock(partial(try_flock, fd), deadline - time.monotonic(), first_pause=poll_s, max_pause=poll_s):
+                os.close(fd)
+                return None
             if _is_at_path(fd, path):
                 return fd
         except BaseException:
@@ -146,9 +141,7 @@ def remove_if_idle(path: str) -> bool:
         if not _is_regular(fd):  # a planted FIFO or socket (a directory: unlink refuses)
             os.unlink(path)
             return True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not try_flock(fd):
             return False  # held: its holder is compiling (or evicting) right now
         if not _is_at_path(fd, path):
             return False  # another remover took it and a locker made a new one: not ours

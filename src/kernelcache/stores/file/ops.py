@@ -14,6 +14,9 @@ import stat as stat_mod
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
+
+from kernelcache.stores.file.polling import poll_lock, try_flock
 
 O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 # Files in the tree are opened without following a symlink (an entry linked to /dev/zero or
@@ -204,19 +207,13 @@ def pair_lock(directory: str) -> Iterator[None]:
         make_dirs(directory)
         fd = os.open(directory, flags)
     try:
-        deadline, pause = time.monotonic() + PAIR_LOCK_WAIT_S, 0.0005
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    why = f"its lock was held by another process for over {PAIR_LOCK_WAIT_S:g} s"
-                    raise OSError(errno.ETIMEDOUT, why, directory) from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.02)
-            except OSError:
-                break  # no flock here: the pre-lock behaviour (a rare race costs one recompile)
+        try:
+            held = poll_lock(partial(try_flock, fd), PAIR_LOCK_WAIT_S)
+        except OSError:
+            held = None  # no flock here: the pre-lock behaviour (a rare race costs one recompile)
+        if held is False:
+            why = f"its lock was held by another process for over {PAIR_LOCK_WAIT_S:g} s"
+            raise OSError(errno.ETIMEDOUT, why, directory)
         yield
     finally:
         os.close(fd)  # releases the flock
