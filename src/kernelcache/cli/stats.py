@@ -46,7 +46,7 @@ def collect(
     notes: list[str] = []
     root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
     if os.path.isdir(root) or not (redis_url or object_store):
-        per_store["disk"] = _disk(root, cache_dir, zero)
+        per_store["disk"] = _disk(cache_dir, zero)
     else:
         notes.append(f"no cache directory at {root}: disk figures not shown")
     if redis_url:
@@ -64,8 +64,8 @@ def collect(
     return per_store, notes
 
 
-def _disk(root: str, cache_dir: str | None, zero: bool) -> dict[str, Any]:
-    cache = open_cache(cache_dir if cache_dir is not None else root)
+def _disk(cache_dir: str | None, zero: bool) -> dict[str, Any]:
+    cache = open_cache(cache_dir)
     s: dict[str, Any] = dict(cache.stats())
     s["entries"] = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))
     s["max_size_bytes"] = cache.max_size_bytes  # None: no cap
