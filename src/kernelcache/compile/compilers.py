@@ -90,8 +90,8 @@ _OUTPUT = {
 }
 
 
-def _nvrtc_check(err: Any, prog: Any = None) -> None:
-    """Raise cuda.core's NVRTCError, in cuda.core's words, for a failed NVRTC call.
+def _nvrtc_check(err: Any, prog: Any = None, error: type[Exception] | None = None) -> None:
+    """Raise cuda.core's NVRTCError (or ``error``), in cuda.core's words, for a failed NVRTC call.
 
     The message is cuda.core's ("6: NVRTC_ERROR_COMPILATION, compilation log:\\n\\n<log>");
     its own check is not called because it reads the log into ``b" " * size``: for an empty
@@ -101,7 +101,8 @@ def _nvrtc_check(err: Any, prog: Any = None) -> None:
 
     if err == nvrtc.nvrtcResult.NVRTC_SUCCESS:
         return
-    from cuda.core._utils.cuda_utils import NVRTCError
+    if error is None:
+        from cuda.core._utils.cuda_utils import NVRTCError as error
 
     text = f"{int(err)}: {nvrtc.nvrtcGetErrorString(err)[1].decode()}"
     if prog is not None:
@@ -109,7 +110,7 @@ def _nvrtc_check(err: Any, prog: Any = None) -> None:
         buf = bytearray(size)
         nvrtc.nvrtcGetProgramLog(prog, buf)
         text += f", compilation log:\n\n{buf.decode('utf-8', errors='backslashreplace')}"
-    raise NVRTCError(text)
+    raise error(text)
 
 
 def _nvrtc_directly(code_type: str, target_type: str, options: Any) -> bool:
@@ -144,54 +145,115 @@ def nvrtc_compile(
     for step (same calls, flags, program name, lowered names, log, ObjectCode and NVRTCError),
     minus its serialisation. Tests: test_nvrtc_direct.py compares the bytes with cuda.core's.
     """
-    from cuda.bindings import nvrtc
-    from cuda.core import ObjectCode
+    flags = tuple(options.as_bytes("nvrtc", target_type))
+    call = NvrtcCall(code, options._name, flags, target_type, tuple(name_expressions), options.name)  # type: ignore[attr-defined]
+    return call.object_code(*call.run(log))
 
-    size_of, get, make = _OUTPUT[target_type]
-    # cuda.core names the NVRTC program by the bytes ProgramOptions encoded at creation.
-    err, prog = nvrtc.nvrtcCreateProgram(code.encode(), options._name, 0, [], [])  # type: ignore[attr-defined]
-    _nvrtc_check(err)
+
+def nvrtc_run(
+    code: str,
+    program_name: bytes,
+    flags: Sequence[bytes],
+    target_type: str,
+    name_expressions: Sequence[str | bytes],
+    log: LogCollector,
+    error: type[Exception] | None = None,
+) -> tuple[bytes, dict[str | bytes, bytes | None]]:
+    """nvrtc_compile's NVRTC calls alone: (output bytes, symbol mapping), nothing of cuda.core
+    imported unless a call fails and ``error`` is None (then NVRTCError is raised)."""
+    from cuda.bindings import nvrtc
+
+    size_of, get, _ = _OUTPUT[target_type]
+    err, prog = nvrtc.nvrtcCreateProgram(code.encode(), program_name, 0, [], [])
+    _nvrtc_check(err, None, error)
     try:
         for expr in name_expressions:
-            _nvrtc_check(nvrtc.nvrtcAddNameExpression(prog, expr.encode() if isinstance(expr, str) else expr)[0], prog)
-        flags = options.as_bytes("nvrtc", target_type)
+            added = nvrtc.nvrtcAddNameExpression(prog, expr.encode() if isinstance(expr, str) else expr)
+            _nvrtc_check(added[0], prog, error)
         # The compile itself releases the GIL: this is what runs on all cores.
-        _nvrtc_check(nvrtc.nvrtcCompileProgram(prog, len(flags), flags)[0], prog)
+        _nvrtc_check(nvrtc.nvrtcCompileProgram(prog, len(flags), list(flags))[0], prog, error)
         err, size = getattr(nvrtc, size_of)(prog)
-        _nvrtc_check(err, prog)
+        _nvrtc_check(err, prog, error)
         # Output buffers are fresh bytearrays: NVRTC writes into them in place, and a bytes
         # object such as b" " * 1 is an interpreter-wide singleton it would corrupt.
         data = bytearray(size)
-        _nvrtc_check(getattr(nvrtc, get)(prog, data)[0], prog)
+        _nvrtc_check(getattr(nvrtc, get)(prog, data)[0], prog, error)
         mapping: dict[str | bytes, bytes | None] = {}
         for expr in name_expressions:
             err, lowered = nvrtc.nvrtcGetLoweredName(prog, expr.encode() if isinstance(expr, str) else expr)
-            _nvrtc_check(err, prog)
+            _nvrtc_check(err, prog, error)
             mapping[expr] = lowered
         err, log_size = nvrtc.nvrtcGetProgramLogSize(prog)
-        _nvrtc_check(err, prog)
+        _nvrtc_check(err, prog, error)
         if log_size > 1:  # as cuda.core: a log of just its NUL is no log
             buf = bytearray(log_size)
-            _nvrtc_check(nvrtc.nvrtcGetProgramLog(prog, buf)[0], prog)
+            _nvrtc_check(nvrtc.nvrtcGetProgramLog(prog, buf)[0], prog, error)
             log.write(buf.decode("utf-8", errors="backslashreplace"))
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return getattr(ObjectCode, make)(bytes(data), name=options.name, symbol_mapping=mapping)  # type: ignore[no-any-return]
+    return bytes(data), mapping
 
 
-def _nvrtc_ptx_without_driver(
-    code: str, options: ProgramOptions, name_expressions: Sequence[str | bytes], log: LogCollector
-) -> ObjectCode:
-    """C++ -> PTX with NVRTC alone, for machines with no driver.
+@dataclasses.dataclass(frozen=True)
+class NvrtcCall:
+    """One compile as the NVRTC calls it is made of: all that a process needs to run it with
+    cuda.bindings alone (a compiler worker imports nothing of cuda.core for it)."""
 
-    cuda.core 1.2's Program.compile("ptx") asks the driver whether the PTX can be loaded and
-    raises where there is none; PTX generation itself never needed a driver. The PTX is
-    stored without its terminating NUL, as this path always did.
+    source: str
+    program_name: bytes  # what cuda.core names the NVRTC program: the bytes ProgramOptions encoded
+    flags: tuple[bytes, ...]
+    target_type: str
+    name_expressions: tuple[str | bytes, ...]
+    name: str | None  # the ObjectCode's name
+    # C++ -> PTX without a driver: cuda.core 1.2's Program.compile("ptx") asks the driver
+    # whether the PTX can be loaded and raises where there is none (PTX generation never
+    # needed one); that PTX is stored without its terminating NUL, as this path always did.
+    strip_nul: bool = False
+
+    def run(
+        self, log: LogCollector, error: type[Exception] | None = None
+    ) -> tuple[bytes, dict[str | bytes, bytes | None]]:
+        """(output bytes, symbol mapping); NVRTCError (or ``error``) in cuda.core's words."""
+        data, mapping = nvrtc_run(
+            self.source, self.program_name, self.flags, self.target_type, self.name_expressions, log, error
+        )
+        return (data.rstrip(b"\x00") if self.strip_nul else data), mapping
+
+    def object_code(self, data: bytes, mapping: dict[str | bytes, bytes | None]) -> ObjectCode:
+        from cuda.core import ObjectCode
+
+        make = getattr(ObjectCode, _OUTPUT[self.target_type][2])
+        return make(data, name=self.name, symbol_mapping=mapping)  # type: ignore[no-any-return]
+
+
+def plan_compile(
+    request: CompileRequest, trace_path: str | None, ptx_nul: bool | None = None
+) -> tuple[str | bytes, ProgramOptions, NvrtcCall | None]:
+    """What run_compiler hands the compiler: (source, options with the trace, the direct
+    NVRTC call, or None where cuda.core's Program compiles it).
+
+    ``ptx_nul``: C++ -> PTX as a direct call that keeps (True) or strips (False) the NUL; None:
+    as this process compiles it (through cuda.core where a driver exists, else stripped).
     """
-    from cuda.core import ObjectCode
-
-    obj = nvrtc_compile(code, "ptx", options, name_expressions, log)
-    return ObjectCode.from_ptx(bytes(obj.code).rstrip(b"\x00"), name=obj.name, symbol_mapping=obj.symbol_mapping)
+    code, code_type, target_type, options = request.code, request.code_type, request.target_type, request.options
+    if trace_path is not None:
+        options = dataclasses.replace(options, fdevice_time_trace=trace_path)
+    source: str | bytes = code if code_type == "nvvm" else _as_source_text(code)
+    ptx = code_type == "c++" and target_type == "ptx"
+    if ptx and ptx_nul is None and not driver_available():
+        ptx_nul = False
+    if (ptx and ptx_nul is not None) or _nvrtc_directly(code_type, target_type, options):
+        call = NvrtcCall(
+            str(source),
+            options._name,  # type: ignore[attr-defined]
+            tuple(options.as_bytes("nvrtc", target_type)),
+            target_type,
+            request.name_expressions,
+            options.name,
+            strip_nul=ptx and not ptx_nul,
+        )
+        return source, options, call
+    return source, options, None
 
 
 _RESET_SOURCE = 'extern "C" __global__ void kernelcache_trace_reset() {}\n'
@@ -257,18 +319,14 @@ def reset_nvrtc_trace_state(tmp_dir: str | None) -> None:
     (LLVM's time-trace profiler is thread_local; measured: another thread's untraced compile
     writes no ".json"), and this reset runs on the thread that failed before that thread
     compiles again. Test: test_failed_traced_compiles_on_threads_leave_no_stray_trace."""
-    from cuda.core import Program, ProgramOptions
-
     trace = new_trace_path(tmp_dir)
     if trace is None:
         return  # no room: a trace that cannot be written would abort the process
     try:
-        options = ProgramOptions(arch="sm_90", fdevice_time_trace=trace)
-        program = Program(_RESET_SOURCE, "c++", options=options)
-        try:
-            program.compile("cubin")  # NVRTC alone: no driver needed
-        finally:
-            program.close()
+        # What ProgramOptions(arch="sm_90", fdevice_time_trace=trace) hands NVRTC; NVRTC alone,
+        # no driver and no cuda.core needed (compiler workers run this too).
+        flags = [b"-arch=sm_90", b"--fdevice-time-trace=" + os.fsencode(trace)]
+        nvrtc_run(_RESET_SOURCE, b"default_program", flags, "cubin", (), LogCollector(), RuntimeError)
     except Exception:
         pass  # best effort: the user's own compile error is what gets raised
     finally:
@@ -280,27 +338,17 @@ def run_compiler(request: CompileRequest, trace_path: str | None) -> tuple[Objec
 
     ``trace_path``: where NVRTC writes its -fdevice-time-trace (the headers it read), or None.
     """
-    from cuda.core import Program
-
-    code_type, target_type, options, names = (
-        request.code_type,
-        request.target_type,
-        request.options,
-        request.name_expressions,
-    )
     log = LogCollector()
     start = time.perf_counter()
-    if trace_path is not None:
-        options = dataclasses.replace(options, fdevice_time_trace=trace_path)
-    source: str | bytes = request.code if code_type == "nvvm" else _as_source_text(request.code)
-    if code_type == "c++" and target_type == "ptx" and not driver_available():
-        obj = _nvrtc_ptx_without_driver(str(source), options, names, log)
-    elif _nvrtc_directly(code_type, target_type, options):
-        obj = nvrtc_compile(str(source), target_type, options, names, log)
+    source, options, call = plan_compile(request, trace_path)
+    if call is not None:
+        obj = call.object_code(*call.run(log))
     else:
-        program = Program(source, code_type, options=options)
+        from cuda.core import Program
+
+        program = Program(source, request.code_type, options=options)
         try:
-            obj = program.compile(target_type, name_expressions=names, logs=log)
+            obj = program.compile(request.target_type, name_expressions=request.name_expressions, logs=log)
         finally:
             program.close()
     return obj, log.text(), time.perf_counter() - start
