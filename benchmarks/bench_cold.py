@@ -2,12 +2,14 @@
 
     PYTHONPATH=src python benchmarks/bench_cold.py               # P=4 processes, K=16 variants
     PYTHONPATH=src python benchmarks/bench_cold.py -P 8 -K 64    # the H200 host's figures
+    PYTHONPATH=src python benchmarks/bench_cold.py --only b -K 64  # compile_many's modes alone
 
 (a) one miss, the demo's tiled matmul and a CUB kernel: compile_program on an empty cache,
     cuda.core's Program.compile(cache=FileStreamProgramCache) on an empty cache, and plain
     NVRTC (Program.compile, no cache);
-(b) a fresh process needing K variants: our loop of compile_program, our compile_many,
-    cuda.core's loop of Program.compile(cache=...); time after imports;
+(b) a fresh process needing K variants: our loop of compile_program, our compile_many (its
+    default choice, processes=True: worker processes, processes=False: threads), cuda.core's
+    loop of Program.compile(cache=...); time after imports (workers start inside it);
 (c) P processes each needing the same K variants, one cache dir, started together: wall
     and compiles (ours: compile_many, and our loop for reference; cuda.core: its loop);
 (d) the first hit in a fresh process, after imports (imports themselves shown apart);
@@ -80,8 +82,9 @@ def child(mode: str, root: str, sources_file: str, start_at: float) -> None:
         time.sleep(0.0005)
     began = time.perf_counter()
     compiles = 0
-    if mode == "many-ours":
-        compile_many([{"code": s, "options": opts} for s in sources], cache=cache)
+    if mode.startswith("many-"):  # many-ours: the default choice; many-procs, many-threads: forced
+        processes = {"many-procs": True, "many-threads": False}.get(mode)
+        compile_many([{"code": s, "options": opts} for s in sources], cache=cache, processes=processes)
     elif mode in ("loop-ours", "first-ours"):
         for s in sources:
             compile_program(s, options=opts, cache=cache)
@@ -199,6 +202,7 @@ def main() -> None:
     parser.add_argument("-K", "--kernels", type=int, default=16, help="variants per process (b, c)")
     parser.add_argument("--reps", type=int, default=5, help="repetitions per median")
     parser.add_argument("--skip-cub", action="store_true", help="skip the CUB kernel in (a)")
+    parser.add_argument("--only", default="abcde", help="the sections to run, e.g. --only b")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     P, K, reps = args.procs, args.kernels, args.reps
@@ -217,29 +221,39 @@ def main() -> None:
         with open(single, "w") as f:
             json.dump([sample_source()], f)
 
-        o, t, p = one_miss(work, sample_source(), False, reps)
-        row("(a) one miss, sample kernel", o * 1e3, t * 1e3, p * 1e3)
-        if not args.skip_cub:
+        if "a" in args.only:
+            o, t, p = one_miss(work, sample_source(), False, reps)
+            row("(a) one miss, sample kernel", o * 1e3, t * 1e3, p * 1e3)
+        if "a" in args.only and not args.skip_cub:
             o, t, p = one_miss(work, CUB, True, max(1, reps // 2))
             row("(a) one miss, CUB kernel", o * 1e3, t * 1e3, p * 1e3)
-        loop = fresh_process(work, "loop-ours", variants, reps)
-        many = fresh_process(work, "many-ours", variants, reps)
-        theirs = fresh_process(work, "loop-theirs", variants, reps)
-        row(f"(b) fresh process, K={K}: our loop", loop, theirs, unit="s")
-        row(f"(b) fresh process, K={K}: compile_many", many, theirs, unit="s")
-        w_many, c_many = fleet(work, "many-ours", variants, P)
-        w_loop, c_loop = fleet(work, "loop-ours", variants, P)
-        w_theirs, c_theirs = fleet(work, "loop-theirs", variants, P)
-        row(f"(c) P={P} x K={K}, one dir: wall, compile_many", w_many, w_theirs, unit="s")
-        row(f"(c) P={P} x K={K}, one dir: wall, our loop", w_loop, w_theirs, unit="s")
-        row(f"(c) P={P} x K={K}, one dir: compiles, compile_many", c_many, c_theirs, unit="")
-        row(f"(c) P={P} x K={K}, one dir: compiles, our loop", c_loop, c_theirs, unit="")
-        oi, oh = first_hit(work, "ours", single, reps)
-        ti, th = first_hit(work, "theirs", single, reps)
-        row("(d) fresh process: first hit after imports", oh * 1e3, th * 1e3)
-        row("(d) fresh process: the imports", oi * 1e3, ti * 1e3)
-        ours_us, theirs_us = warm_hit_us(work)
-        row("(e) warm process: a hit, full call", ours_us, theirs_us, unit="us")
+        if "b" in args.only:
+            # Interleaved, so that a burst of load on a shared machine hits every mode alike.
+            modes = ["loop-theirs", "loop-ours", "many-ours", "many-procs", "many-threads"]
+            runs: dict[str, list[float]] = {m: [] for m in modes}
+            for _ in range(reps):
+                for m in modes:
+                    runs[m].append(fresh_process(work, m, variants, 1))
+            theirs = statistics.median(runs["loop-theirs"])
+            row(f"(b) fresh process, K={K}: our loop", statistics.median(runs["loop-ours"]), theirs, unit="s")
+            for m, label in (("many-ours", "default"), ("many-procs", "processes=True"), ("many-threads", "threads")):
+                row(f"(b) fresh process, K={K}: compile_many, {label}", statistics.median(runs[m]), theirs, unit="s")
+        if "c" in args.only:
+            w_many, c_many = fleet(work, "many-ours", variants, P)
+            w_loop, c_loop = fleet(work, "loop-ours", variants, P)
+            w_theirs, c_theirs = fleet(work, "loop-theirs", variants, P)
+            row(f"(c) P={P} x K={K}, one dir: wall, compile_many", w_many, w_theirs, unit="s")
+            row(f"(c) P={P} x K={K}, one dir: wall, our loop", w_loop, w_theirs, unit="s")
+            row(f"(c) P={P} x K={K}, one dir: compiles, compile_many", c_many, c_theirs, unit="")
+            row(f"(c) P={P} x K={K}, one dir: compiles, our loop", c_loop, c_theirs, unit="")
+        if "d" in args.only:
+            oi, oh = first_hit(work, "ours", single, reps)
+            ti, th = first_hit(work, "theirs", single, reps)
+            row("(d) fresh process: first hit after imports", oh * 1e3, th * 1e3)
+            row("(d) fresh process: the imports", oi * 1e3, ti * 1e3)
+        if "e" in args.only:
+            ours_us, theirs_us = warm_hit_us(work)
+            row("(e) warm process: a hit, full call", ours_us, theirs_us, unit="us")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{'measure':<52} {'kernelcache':>12} {'cuda.core':>12} {'plain NVRTC':>12} {'ours/cuda.core':>15}")

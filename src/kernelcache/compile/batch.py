@@ -35,6 +35,8 @@ from kernelcache.compile.flight import SingleFlight
 from kernelcache.compile.flow import Call, CompileInfo, compile_uncached, fly, replay_hit, resolve_cache
 from kernelcache.compile.lookup import Lookup
 from kernelcache.compile.request import CompileRequest
+from kernelcache.compile.runners import batch_uses_processes
+from kernelcache.compile.workers import pool as workers_pool
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -123,6 +125,7 @@ class _Batch:
         self.errors: dict[int, BaseException] = {}
         self.infos: list[CompileInfo | None] = [None] * size
         self.budget = budget
+        self.processes = False  # misses compile in worker processes (runners.batch_uses_processes)
         self.stop = False
         self._on_done = on_done
         self._lock = threading.Lock()
@@ -178,7 +181,7 @@ class _Batch:
             self.finish(job.index, obj, job.info)
 
     def _try(self, job: _Job) -> ObjectCode | None:
-        call = Call(job.info)
+        call = Call(job.info, processes=self.processes)
         if job.look is None:
             return compile_uncached(job.request, call)
         # Waited the whole budget for a peer that still holds the key (a hung process, a dead
@@ -197,15 +200,17 @@ def run_batch(
     what: str = "compile_many",
     strict: bool = True,
     on_done: Callable[[int], object] | None = None,
+    processes: bool | None = None,
 ) -> _Batch:
     """The batch run to its end: ``.results``, ``.errors`` and ``.infos`` by request index.
 
     Bad arguments raise at once, before anything compiles; with ``strict=False`` a request
     whose arguments are wrong is that request's error instead. ``on_done(index)`` is called
-    (from any thread) as each request finishes.
+    (from any thread) as each request finishes. ``processes``: as compile_many's.
     """
     normalized = normalize_requests(requests, fields, what)
     workers = worker_count(max_workers)
+    batch_uses_processes(processes, 0)  # a wrong value raises before anything compiles
     store = None if config.disabled() else resolve_cache(cache)
     batch = _Batch([], len(normalized), config.wait_timeout_s(), on_done)
     jobs = []
@@ -234,6 +239,9 @@ def run_batch(
     if not jobs:
         return batch  # all hits: no thread started
     batch.fresh.extend(jobs)
+    batch.processes = batch_uses_processes(processes, len(jobs))
+    if batch.processes:  # every thread may hold a worker at once
+        workers_pool().limit = max(workers_pool().limit, min(workers, len(jobs)))
     threads = [threading.Thread(target=batch.work, name=f"kernelcache-compile-{n}") for n in range(1, workers)]
     del threads[max(len(jobs) - 1, 0) :]  # never more threads than misses (this thread is one)
     for thread in threads:
@@ -269,20 +277,26 @@ def compile_many(
     *,
     cache: ProgramCacheResource | None = None,
     max_workers: int | None = None,
+    processes: bool | None = None,
 ) -> list[ObjectCode]:
     """compile_program for every request at once; the results in request order.
 
     Each request is a mapping of compile_program's arguments: ``code``, and optionally
     ``code_type``, ``target_type``, ``options``, ``name_expressions``, ``extra_digest``.
     Hits are looked up first; misses compile on up to ``max_workers`` threads (default:
-    the CPU count). Processes sharing the store split the misses: each compiles the keys
-    no peer is compiling first, and waits only at the end for the keys a peer holds.
+    the CPU count), each thread handing its C++ compiles to a worker process when
+    ``processes`` is True, or by default (None) when at least runners.MIN_MISSES misses
+    remain on a host with more than one usable core (workers are started once per process
+    and reused; results, logs and errors are those of a compile in this process; a worker
+    killed during a compile costs that compile one retry). Processes sharing the store
+    split the misses: each compiles the keys no peer is compiling first, and waits only at
+    the end for the keys a peer holds.
     A request that fails does not stop the others: once they all finished (and were
     stored), CompileManyError is raised with ``.errors`` (request index -> exception) and
     ``.results`` (None where failed). Malformed requests raise TypeError/ValueError at
     once, before anything compiles.
     """
-    batch = run_batch(requests, cache, max_workers)
+    batch = run_batch(requests, cache, max_workers, processes=processes)
     if batch.errors:
         raise CompileManyError(batch.errors, batch.results)
     return batch.results

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
-from kernelcache.compile.compilers import run_compiler
 from kernelcache.compile.flight import BUSY, READY, SingleFlight
 from kernelcache.compile.lookup import Found, Lookup
 from kernelcache.compile.metadata import artifact_meta, count, object_from_record, refuse_to_store, write_record
 from kernelcache.compile.request import CompileRequest
+from kernelcache.compile.runners import runner_for
 from kernelcache.compile.tracing import HeaderTrace
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests, variants
@@ -65,13 +65,16 @@ class CompileInfo:
 class Call:
     """Where one call reports: its CompileInfo, its ``logs`` sink, when it started."""
 
-    __slots__ = ("info", "logs", "start", "want_headers")
+    __slots__ = ("info", "logs", "processes", "start", "want_headers")
 
-    def __init__(self, info: CompileInfo, logs: Any = None, want_headers: bool = False) -> None:
+    def __init__(
+        self, info: CompileInfo, logs: Any = None, want_headers: bool = False, processes: bool = False
+    ) -> None:
         self.info = info
         self.logs = logs
         self.start = time.perf_counter()
         self.want_headers = want_headers  # the list of tracked headers is built only when asked for
+        self.processes = processes  # its compile may run in a worker process (compile_many's choice)
 
     def emit_log(self, text: str) -> None:
         if self.logs is not None and text:
@@ -165,7 +168,7 @@ def resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource | 
 
 def compile_uncached(request: CompileRequest, call: Call) -> ObjectCode:
     """The compile of a call that has no cache to use (disabled, or none could be opened)."""
-    obj, log_text, seconds = run_compiler(request, None)
+    obj, log_text, seconds = runner_for(request, call.processes).run_compiler(request, None)
     call.emit_log(log_text)
     call.info.hit, call.info.cached, call.info.compile_seconds = False, False, seconds
     call.done()
@@ -223,7 +226,7 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
     count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
     trace = HeaderTrace(look.request, look.manifest_key, cache.tmp_dir) if look.track else None
     try:
-        obj, log_text, seconds = _compile(look.request, trace)
+        obj, log_text, seconds = _compile(look.request, trace, call.processes)
         count(cache, compiles=1)
         call.emit_log(log_text)
         call.info.hit, call.info.compile_seconds = False, seconds
@@ -240,14 +243,16 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
             trace.remove()
 
 
-def _compile(request: CompileRequest, trace: HeaderTrace | None) -> tuple[ObjectCode, str, float]:
-    """run_compiler with NVRTC's header trace; again without one if the trace itself failed it."""
+def _compile(request: CompileRequest, trace: HeaderTrace | None, processes: bool) -> tuple[ObjectCode, str, float]:
+    """The compile with NVRTC's header trace; again without one if the trace itself failed it.
+    Here or in a worker process (compile.runners; restrict=True: never here)."""
+    runner = runner_for(request, processes)
     try:
-        return run_compiler(request, trace.path if trace is not None else None)
+        return runner.run_compiler(request, trace.path if trace is not None else None)
     except Exception as exc:
         if trace is None or not trace.lost(exc):
             raise
-        return run_compiler(request, None)  # the caller's result, not stored (trace.not_stored)
+        return runner.run_compiler(request, None)  # the caller's result, not stored (trace.not_stored)
 
 
 def _store(

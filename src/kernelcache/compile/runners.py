@@ -1,0 +1,136 @@
+"""Where a compile runs: in the caller's process, or in a compiler worker (workers.py).
+
+``runner_for`` decides, per compile, and both runners take the same arguments and return the
+same ``(ObjectCode, log text, seconds)``: a result, a log, a warning or an error from a worker
+is what the same compile in this process would have given (worker_main.py runs the very
+NvrtcCall that compilers.plan_compile makes here). What goes to a worker:
+- every C++ compile with ``restrict=True`` (NVRTC keeps ``--restrict`` on for the rest of the
+  process that ran one: it must never be this process);
+- with ``processes``: every C++ compile except C++ -> PTX where this process has a driver
+  (cuda.core then checks the PTX against the driver, which a worker never loads).
+Anything else (NVVM IR, PTX input, which may need the driver's linker) runs here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kernelcache.compile import compilers
+from kernelcache.compile import workers as pool_mod
+from kernelcache.stores.base import KernelCacheWarning
+
+if TYPE_CHECKING:
+    from cuda.core import ObjectCode
+
+    from kernelcache.compile.request import CompileRequest
+
+__all__ = ["IN_PROCESS", "IN_WORKERS", "MIN_MISSES", "Runner", "batch_uses_processes", "runner_for"]
+
+# compile_many(processes=None) compiles in workers from this many misses on, on a host with
+# more than one usable core: below it, starting workers in a fresh process costs more than the
+# cores win (measured with benchmarks/bench_cold.py; the README says how).
+MIN_MISSES = 4
+
+
+class Runner(Protocol):
+    def run_compiler(self, request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]: ...
+
+
+class _InProcess:
+    """The compile runs in this process, on the calling thread."""
+
+    def run_compiler(self, request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]:
+        return compilers.run_compiler(request, trace_path)
+
+
+class _InWorkers:
+    """The compile runs in a worker; the calling thread waits for it.
+
+    A traced compile that fails leaves NVRTC's trace state set in the thread that ran it
+    (compilers.reset_nvrtc_trace_state): the worker resets itself before it answers."""
+
+    def run_compiler(self, request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]:
+        ptx = request.code_type == "c++" and request.target_type == "ptx"
+        _, _, call = compilers.plan_compile(request, trace_path, compilers.driver_available() if ptx else None)
+        if call is not None:
+            kind, args = "nvrtc", (call, trace_path and os.path.dirname(trace_path))
+        else:
+            kind, args = "program", (request, trace_path)
+        restrict = bool(getattr(request.options, "restrict", False))
+        try:
+            outcome, value, shown = pool_mod.pool().run(kind, args, restrict, trace_path)
+        except pool_mod.PoolUnavailable as exc:
+            _warn_once(
+                f"compiler workers cannot start here ({exc}); compiling in this process"
+                + (" (restrict=True: this process's later compiles are built with --restrict)" if restrict else "")
+            )
+            return IN_PROCESS.run_compiler(request, trace_path)
+        _replay(shown)
+        if outcome == "ok":
+            data, mapping, log_text, seconds = value
+            assert call is not None
+            return call.object_code(data, mapping), log_text, seconds
+        if outcome == "object":
+            return value  # type: ignore[no-any-return]
+        if outcome == "nvrtc-error":
+            from cuda.core._utils.cuda_utils import NVRTCError
+
+            raise NVRTCError(value)
+        raise value
+
+
+IN_PROCESS: Runner = _InProcess()
+IN_WORKERS: Runner = _InWorkers()
+
+
+def runner_for(request: CompileRequest, processes: bool = False) -> Runner:
+    """The runner for one compile (see the module docstring for the rule)."""
+    if request.code_type != "c++":
+        return IN_PROCESS
+    if getattr(request.options, "restrict", False):
+        return IN_WORKERS
+    if not processes or (request.target_type == "ptx" and compilers.driver_available()):
+        return IN_PROCESS
+    return IN_WORKERS
+
+
+def batch_uses_processes(processes: bool | None, misses: int) -> bool:
+    """compile_many's choice: ``processes`` when given, else workers from MIN_MISSES misses on
+    a host with more than one usable core. TypeError for anything but True, False or None."""
+    if processes is None:
+        return misses >= MIN_MISSES and pool_mod.usable_cores() > 1
+    if type(processes) is not bool:
+        raise TypeError(f"processes must be True, False or None (decide by the misses), not {processes!r}")
+    return processes
+
+
+def _replay(shown: list[tuple[str, str, str]]) -> None:
+    """The warnings the worker's compile raised, raised here (the caller's filters apply)."""
+    import importlib
+
+    for module, qualname, text in shown:
+        category: Any = UserWarning
+        try:
+            found: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                found = getattr(found, part)
+            if isinstance(found, type) and issubclass(found, Warning):
+                category = found
+        except Exception:
+            pass
+        warnings.warn(text, category, stacklevel=4)
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(message: str) -> None:
+    with _warned_lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    warnings.warn(message, KernelCacheWarning, stacklevel=4)

@@ -1,0 +1,107 @@
+"""Inside a compiler worker process: read a compile from the parent, run it, send the result.
+
+workers.py starts this as ``python -c <boot> <sys.path> <in fd> <out fd>`` (spawned, never
+forked from the caller). Nothing here imports the CUDA driver or creates a context: a direct
+NVRTC compile needs cuda.bindings' NVRTC alone; cuda.core is imported only for a compile that
+goes through its Program (debug, lineinfo, PCH), which for C++ -> cubin/LTO-IR needs no driver.
+
+One compile at a time, in the order received. Each message is one pickled tuple, framed by
+multiprocessing's Connection (a length, then the bytes): a reader gets a whole message or
+EOFError, never part of one. The first thing the worker sends is ``("ready", pid)``, after its
+imports: a worker that dies before that never started (see WorkerPool in workers.py).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+import warnings
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+class NvrtcFailed(Exception):
+    """An NVRTC call failed; the text is that of cuda.core's NVRTCError (the parent raises that)."""
+
+
+def main() -> None:
+    """Entry point: ``sys.argv[1:]`` = [sys.path as JSON (already applied), request fd, reply fd]."""
+    argv = sys.argv[1:]
+    # Ctrl-C in a terminal reaches the whole process group; it is the parent's to act on
+    # (it stops handing out compiles); a worker ends when its request pipe closes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    inbox, outbox = Connection(int(argv[1]), writable=False), Connection(int(argv[2]), readable=False)
+    from cuda.bindings import nvrtc
+
+    nvrtc.nvrtcVersion()  # load libnvrtc now, while the parent is still looking up
+    outbox.send_bytes(pickle.dumps(("ready", os.getpid())))
+    while True:
+        try:
+            message = pickle.loads(inbox.recv_bytes())
+        except EOFError:
+            return  # the parent closed the pool, or exited
+        outbox.send_bytes(pickle.dumps(answer(message), pickle.HIGHEST_PROTOCOL))
+
+
+def answer(message: tuple[Any, ...]) -> tuple[Any, ...]:
+    """One compile: ``(seq, kind, cwd, env, args)`` -> ``(seq, outcome, value, warnings)``."""
+    seq, kind, cwd, env, args = message
+    _take_on(cwd, env)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # the parent's filters decide what is shown
+        try:
+            outcome, value = _nvrtc(*args) if kind == "nvrtc" else _program(*args)
+        except Exception as exc:
+            outcome, value = "error", _picklable(exc)
+    # Warning categories travel by name: the parent resolves them (UserWarning if it cannot).
+    shown = [(w.category.__module__, w.category.__qualname__, str(w.message)) for w in caught]
+    return seq, outcome, value, shown
+
+
+def _take_on(cwd: str, env: dict[str, str]) -> None:
+    """The caller's working directory and environment, as they are at this compile: quoted
+    includes and relative include paths are read from the cwd, and the compilers read
+    variables at compile time."""
+    if os.getcwd() != cwd:
+        os.chdir(cwd)
+    if env != os.environ:
+        for name in [n for n in os.environ if n not in env]:
+            del os.environ[name]
+        os.environ.update(env)
+
+
+def _nvrtc(call: Any, trace_dir: str | None) -> tuple[str, Any]:
+    from kernelcache.compile.compilers import LogCollector, reset_nvrtc_trace_state
+
+    log = LogCollector()
+    start = time.perf_counter()
+    try:
+        data, mapping = call.run(log, NvrtcFailed)
+    except NvrtcFailed as exc:
+        if trace_dir is not None:
+            reset_nvrtc_trace_state(trace_dir)  # this process compiles next: reset it here
+        return "nvrtc-error", str(exc)
+    return "ok", (data, mapping, log.text(), time.perf_counter() - start)
+
+
+def _program(request: Any, trace: str | None) -> tuple[str, Any]:
+    from kernelcache.compile.compilers import reset_nvrtc_trace_state, run_compiler
+
+    try:
+        return "object", run_compiler(request, trace)
+    except Exception:
+        if trace is not None:
+            reset_nvrtc_trace_state(os.path.dirname(trace))
+        raise
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError naming its type and text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")

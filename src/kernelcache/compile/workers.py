@@ -1,0 +1,289 @@
+"""Compiler worker processes: compiles that run outside the caller's process.
+
+Why processes: NVRTC serialises part of every compile inside one process, so compiles on
+threads stop scaling long before the cores do (benchmarks/bench_nvrtc_scaling.py); compiles
+in separate processes do not. And NVRTC keeps ``--restrict`` on for the rest of a process
+once one compile used it, so every later compile there is built as if ``restrict=True``:
+a ``restrict=True`` compile therefore always runs in a worker, never in the caller's process,
+and a worker that ran one compiles only ``restrict=True`` requests from then on.
+
+The pool: one per process, created on first use; workers are started on demand (spawned with
+``subprocess``, i.e. fork + exec: a caller holding a CUDA context is never forked into a
+Python child) and reused until the process exits. A worker imports NVRTC's bindings, never
+the CUDA driver, and holds no context (worker_main.py). Each compile carries the caller's
+working directory and environment as they are at that moment. Only the compile moves:
+look-ups, single flight, header tracking and storing stay in the caller, exactly as for an
+in-process compile, so a worker never writes to a store.
+
+Failures: a worker that dies during a compile (killed, out of memory) costs that compile one
+retry on a fresh worker; a second death is that compile's error (WorkerCrashed). Nothing of a
+dead worker's reply is used: a reply is read whole or not at all. Workers that cannot start
+here (no usable interpreter, a broken environment) make the pool unavailable: compiles then
+run in the caller's process, with one warning. A forked child does not inherit the pool: it
+closes its copies of the pipes and starts its own workers if it needs any.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from kernelcache.compile import compilers
+
+__all__ = ["PoolUnavailable", "WorkerCrashed", "WorkerPool", "pool", "usable_cores"]
+
+# The caller's sys.path first: the worker imports the very kernelcache and cuda packages it runs.
+_BOOT = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from kernelcache.compile.worker_main import main; main()"
+)
+
+
+class WorkerCrashed(RuntimeError):
+    """A compiler worker died during this compile, and so did the fresh one it was retried on."""
+
+
+class _Died(Exception):
+    """The worker ended during an exchange (``started``: after it said it was ready)."""
+
+    def __init__(self, started: bool, why: str) -> None:
+        super().__init__(why)
+        self.started = started
+
+
+class _Worker:
+    """One worker process and the two pipes to it."""
+
+    def __init__(self) -> None:
+        import json
+
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        try:
+            args = [sys.executable, "-c", _BOOT, json.dumps(sys.path), str(req_r), str(rep_w)]
+            self.proc = subprocess.Popen(args, pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL)
+        except BaseException:
+            os.close(req_w)
+            os.close(rep_r)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self._to = Connection(req_w, readable=False)
+        self._from = Connection(rep_r, writable=False)
+        self.started = False  # it said "ready"
+        self.restrict = False  # it ran a restrict=True compile: NVRTC keeps --restrict on in it
+        self._seq = 0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exchange(self, kind: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Send one compile, return its reply ``(outcome, value, warnings)``; _Died if it ended."""
+        self._seq += 1
+        message = (self._seq, kind, os.getcwd(), dict(os.environ), args)
+        try:
+            self._to.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+            if not self.started:
+                hello = pickle.loads(self._from.recv_bytes())
+                if hello != ("ready", self.pid):
+                    raise _Died(False, f"compiler worker {self.pid} said {hello!r} instead of ready")
+                self.started = True
+            # A whole message or EOFError: a worker killed while writing its reply leaves
+            # nothing that could be taken for a result.
+            reply = pickle.loads(self._from.recv_bytes())
+        except (EOFError, OSError) as exc:
+            raise _Died(self.started, self._why_ended(exc)) from None
+        if reply[0] != self._seq:
+            raise _Died(self.started, f"compiler worker {self.pid} answered #{reply[0]} for #{self._seq}")
+        return reply[1:]
+
+    def _why_ended(self, exc: BaseException) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return f"compiler worker {self.pid} stopped answering ({type(exc).__name__})"
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        return f"compiler worker {self.pid} {how}"
+
+    def close(self, kill: bool = False) -> None:
+        """End the worker: closing its request pipe ends it; ``kill`` ends it now."""
+        if kill:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+        self._to.close()
+        self._from.close()
+        try:
+            self.proc.wait(timeout=None if kill else 5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def forget(self) -> None:
+        """In a forked child: drop this process's copies of the pipes; the worker is the parent's."""
+        self._to.close()
+        self._from.close()
+
+
+class WorkerPool:
+    """The process's compiler workers; ``run`` hands one compile to an idle worker."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # workers at most (compile_many raises it to its thread count)
+        self.crashes = 0  # workers that died during a compile
+        self.unavailable = ""  # why workers cannot start here ("" while they can)
+        self._cond = threading.Condition()
+        self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        self._starting = 0
+
+    def pids(self) -> list[int]:
+        """The process ids of the workers alive now."""
+        with self._cond:
+            return sorted(w.pid for w in self._all)
+
+    def run(self, kind: str, args: tuple[Any, ...], restrict: bool, trace_path: str | None) -> tuple[Any, ...]:
+        """One compile in a worker: ``(outcome, value, warnings)``.
+
+        WorkerCrashed when the worker dies during it twice; PoolUnavailable when workers
+        cannot start here (the caller then compiles in its own process).
+        """
+        for attempt in (1, 2):
+            worker = self._checkout(restrict)
+            try:
+                reply = worker.exchange(kind, args)
+            except _Died as died:
+                self._drop(worker)
+                if not died.started:
+                    self._give_up(str(died))
+                    raise PoolUnavailable(str(died)) from None
+                with self._cond:
+                    self.crashes += 1
+                if attempt == 2:
+                    raise WorkerCrashed(f"{died} during this compile, after a retry on a fresh worker") from None
+                if trace_path is not None:
+                    compilers.remove_trace(trace_path)  # NVRTC merges into a trace already there
+                continue
+            except BaseException:
+                # Interrupted (Ctrl-C) with a reply still owed: that worker is never reused.
+                self._drop(worker)
+                raise
+            worker.restrict = worker.restrict or restrict
+            self._checkin(worker)
+            return reply
+        raise AssertionError("unreachable")
+
+    def _checkout(self, restrict: bool) -> _Worker:
+        retire = None
+        with self._cond:
+            while True:
+                if self.unavailable:
+                    raise PoolUnavailable(self.unavailable)
+                # A worker in the right state: restrict=True compiles prefer one that already
+                # ran one (it can do nothing else), and may taint a clean one.
+                fits = [w for w in self._idle if w.restrict == restrict] or (self._idle[:] if restrict else [])
+                if fits:
+                    self._idle.remove(fits[0])
+                    return fits[0]
+                tainted = [w for w in self._idle if w.restrict]
+                if len(self._all) + self._starting < self.limit or tainted:
+                    if len(self._all) + self._starting >= self.limit:
+                        retire = tainted[0]  # make room: a clean compile cannot use it
+                        self._idle.remove(retire)
+                        self._all.discard(retire)
+                    self._starting += 1
+                    break
+                self._cond.wait()
+        if retire is not None:
+            retire.close()
+        try:
+            worker = _Worker()
+        except OSError as exc:
+            self._give_up(f"cannot start a compiler worker ({sys.executable}): {exc}")
+            with self._cond:
+                self._starting -= 1
+            raise PoolUnavailable(self.unavailable) from None
+        with self._cond:
+            self._starting -= 1
+            self._all.add(worker)
+        return worker
+
+    def _checkin(self, worker: _Worker) -> None:
+        with self._cond:
+            self._idle.append(worker)
+            self._cond.notify()
+
+    def _drop(self, worker: _Worker) -> None:
+        with self._cond:
+            self._all.discard(worker)
+            self._cond.notify()
+        worker.close(kill=True)
+
+    def _give_up(self, why: str) -> None:
+        with self._cond:
+            self.unavailable = self.unavailable or why
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """End every worker (idle ones at once; the pool can start new ones afterwards)."""
+        with self._cond:
+            workers, self._idle, self._all = list(self._all), [], set()
+        for worker in workers:
+            worker.close()
+
+    def forget(self) -> None:
+        """In a forked child: let go of the parent's workers without touching them or any lock."""
+        for worker in list(self._all):
+            worker.forget()
+        _FORGOTTEN.append(self)  # their Popen objects are the parent's to reap: never collected here
+
+
+class PoolUnavailable(Exception):
+    """Compiler workers cannot start in this process (the reason is the text)."""
+
+
+_POOL: WorkerPool | None = None
+_POOL_LOCK = threading.Lock()
+_FORGOTTEN: list[WorkerPool] = []
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def pool() -> WorkerPool:
+    """This process's worker pool (created, not started, on first use)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = WorkerPool(max(2, usable_cores()))
+        return _POOL
+
+
+def _forget_in_child() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL_LOCK = threading.Lock()  # another thread may have held it at the fork
+    if _POOL is not None:
+        _POOL.forget()
+        _POOL = None
+
+
+def _close_at_exit() -> None:
+    if _POOL is not None:
+        _POOL.close()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(_close_at_exit)

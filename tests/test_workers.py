@@ -1,0 +1,280 @@
+"""Compiles in worker processes: the same results as in this process, real kills, real forks,
+and NVRTC's --restrict leak kept out of the caller's process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import ARCH, settle_timestamps
+from cuda.core import ProgramOptions
+from test_compile import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
+
+from kernelcache import CompileManyError, FileStreamProgramCache, compile_many
+from kernelcache.compile.flow import probe
+from kernelcache.compile.workers import WorkerCrashed, pool
+
+CHILD = os.path.join(os.path.dirname(__file__), "_pool_children.py")
+BROKEN = 'extern "C" __global__ void broken(float* a) { a[threadIdx.x] = undefined_name; }\n'
+
+
+def child(*args: str, env: dict[str, str] | None = None) -> dict[str, object]:
+    out = subprocess.run([sys.executable, CHILD, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def records(cache: FileStreamProgramCache) -> dict[str, tuple[bytes, dict[str, object]]]:
+    """Every entry of the store: name -> (artifact, metadata without the timings)."""
+    out = {}
+    for entry in cache.iter_entries():
+        with open(entry.path, "rb") as f:
+            payload = f.read()
+        info = {k: v for k, v in (entry.meta or {}).items() if k != "created"}
+        if isinstance(info.get("meta"), dict):
+            info["meta"] = {k: v for k, v in info["meta"].items() if k != "compile_seconds"}
+        out[entry.name] = (payload, info)
+    return out
+
+
+def mixed_requests(inc: str) -> list[dict[str, object]]:
+    o = ProgramOptions(arch=ARCH)
+    return [
+        {"code": TEMPLATE, "options": o, "name_expressions": ("axpy<float>", "axpy<double>")},
+        {"code": WARNS, "options": o},  # a log
+        {"code": TEMPLATE, "options": ProgramOptions(arch=ARCH, lineinfo=True), "name_expressions": ("axpy<int>",)},
+        {"code": '#include "w.h"\nextern "C" __global__ void w(float* a) { a[0] = W; }\n', "options": o},
+        {
+            "code": '#include "v.h"\nextern "C" __global__ void v(float* a) { a[0] = V; }\n',
+            "options": ProgramOptions(arch=ARCH, include_path=inc),
+        },  # relative to the cwd
+        {
+            "code": TEMPLATE,
+            "target_type": "ltoir",
+            "options": ProgramOptions(arch=ARCH, link_time_optimization=True),
+            "name_expressions": ("axpy<float>",),
+        },
+        {"code": TEMPLATE, "target_type": "ptx", "options": o, "name_expressions": ("axpy<float>",)},
+    ]
+
+
+def test_results_records_and_headers_equal_an_in_process_compile(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w.h").write_text("#define W 3.0f\n")
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "v.h").write_text("#define V 4.0f\n")
+    settle_timestamps()
+    reqs = mixed_requests("inc")
+    here, there = FileStreamProgramCache(tmp_path / "threads"), FileStreamProgramCache(tmp_path / "procs")
+    alone = compile_many(reqs, cache=here, processes=False)
+    crashes = pool().crashes
+    spread = compile_many(reqs, cache=there, processes=True)
+    assert pool().pids() and pool().crashes == crashes
+    # lineinfo goes through cuda.core's Program, which names the source by a temp file: its
+    # bytes differ between any two compiles, in one process or not; all else must be equal.
+    varying = probe(reqs[2]["code"], options=reqs[2]["options"], cache=there, name_expressions=("axpy<int>",))
+    for i, (a, b) in enumerate(zip(alone, spread)):
+        assert (a.code_type, a.symbol_mapping) == (b.code_type, b.symbol_mapping)
+        if i != 2:
+            assert (bytes(a.code), a.name) == (bytes(b.code), b.name)
+        else:
+            assert len(a.code) == len(b.code) and a.name.endswith(".cu") and b.name.endswith(".cu")
+    # The same keys (the header-complete ones too), artifacts, logs, headers and manifests.
+    mine, theirs = records(here), records(there)
+    assert sorted(mine) == sorted(theirs) and len(mine) == len(reqs) + 2  # + the manifests of w.h, v.h
+    for name in mine:
+        if name != varying.entry_name:
+            assert mine[name] == theirs[name]
+        else:
+            assert mine[name][1].keys() == theirs[name][1].keys()
+    assert there.stats()["compiles"] == len(reqs)
+
+
+def test_errors_come_back_as_in_process(tmp_path) -> None:
+    reqs = [
+        {"code": BROKEN, "options": ProgramOptions(arch=ARCH)},
+        {"code": TEMPLATE, "options": ProgramOptions(arch=ARCH)},
+    ]
+    caught = []
+    for processes, where in ((False, "threads"), (True, "procs")):
+        with pytest.raises(CompileManyError) as err:
+            compile_many(reqs, cache=FileStreamProgramCache(tmp_path / where), processes=processes)
+        caught.append(err.value)
+    a, b = (e.errors[0] for e in caught)
+    assert (type(a), str(a), a.__cause__, a.__context__) == (type(b), str(b), None, None)
+    assert "undefined_name" in str(b) and caught[1].results[1] is not None
+
+
+def test_the_worker_compiles_in_the_callers_cwd_of_the_moment(tmp_path, monkeypatch) -> None:
+    code = '#include "c.h"\nextern "C" __global__ void c(float* a) { a[0] = C; }\n'
+    got = {}
+    for name, value in (("one", "1.5f"), ("two", "2.5f")):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "c.h").write_text(f"#define C {value}\n")
+    settle_timestamps()
+    for name in ("one", "two", "one"):
+        monkeypatch.chdir(tmp_path / name)
+        reqs = [{"code": code, "options": ProgramOptions(arch=ARCH)}]
+        procs = compile_many(reqs, cache=FileStreamProgramCache(tmp_path / f"p-{name}"), processes=True)
+        here = compile_many(reqs, cache=FileStreamProgramCache(tmp_path / f"t-{name}"), processes=False)
+        assert bytes(procs[0].code) == bytes(here[0].code)
+        got.setdefault(name, bytes(procs[0].code))
+    assert got["one"] != got["two"]
+
+
+def test_restrict_never_leaks_into_what_is_stored(tmp_path) -> None:
+    # A writer compiles with restrict=True, then without; a reader in another process and a
+    # fresh process that compiled nothing else must see the same non-restrict code.
+    for mode in ("one-by-one", "many"):
+        root = str(tmp_path / mode)
+        w = child("writer", root, mode)
+        assert "ld.global.nc" in w["restricted"]  # restrict=True did apply, in its worker
+        truth = child("fresh", "2")["ptx"]
+        assert "ld.global.nc" not in truth
+        assert w["clean"][0] == truth and w["after"] == truth
+        r = child("reader", root)
+        assert r["2"] == {"hit": True, "ptx": truth}
+        if mode == "many":  # kernels 4 and 6 came from workers that also compiled restricted ones
+            for n in ("4", "6"):
+                assert r[n]["hit"] and r[n]["ptx"] == child("fresh", n)["ptx"]
+
+
+def _stat(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read()
+
+
+def _busy_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _kill_when_compiling(known: set[int], kills: int, killed: list[int]) -> None:
+    """SIGKILL ``kills`` workers, each once it has burnt CPU on the compile (not at its start)."""
+    deadline = time.monotonic() + 120
+    while len(killed) < kills and time.monotonic() < deadline:
+        for pid in pool().pids():
+            if pid in known:
+                continue
+            try:
+                start = _busy_ticks(pid)
+                time.sleep(0.4)  # its imports take a fraction of that; the CUB compile seconds
+                if _busy_ticks(pid) - start < 10:
+                    continue
+                os.kill(pid, signal.SIGKILL)
+            except (OSError, ValueError):
+                continue
+            known.add(pid)
+            killed.append(pid)
+        time.sleep(0.01)
+
+
+@needs_bundled_headers
+@pytest.mark.parametrize("kills", [1, 2])
+def test_a_worker_killed_mid_compile_costs_one_retry_or_one_error(tmp_path, kills) -> None:
+    pool().close()  # fresh workers only, so the watcher knows which ones are compiling the CUB kernel
+    cache = FileStreamProgramCache(tmp_path / "c")
+    heavy = {"code": HEAVY, "options": ProgramOptions(arch=ARCH, use_bundled_headers=True, std="c++17")}
+    small = {"code": TEMPLATE, "options": ProgramOptions(arch=ARCH)}
+    killed: list[int] = []
+    crashes = pool().crashes
+    watcher = threading.Thread(target=_kill_when_compiling, args=(set(), kills, killed))
+    watcher.start()
+    try:
+        if kills == 1:
+            objs = compile_many([heavy], cache=cache, processes=True, max_workers=1)
+        else:
+            with pytest.raises(CompileManyError) as err:
+                compile_many([heavy], cache=cache, processes=True, max_workers=1)
+    finally:
+        watcher.join()
+    assert len(killed) == kills and pool().crashes - crashes == kills
+    assert not set(killed) & set(pool().pids())
+    if kills == 1:  # retried on a fresh worker: the right code, stored once
+        alone = compile_many([heavy], cache=FileStreamProgramCache(tmp_path / "t"), processes=False)
+        assert bytes(objs[0].code) == bytes(alone[0].code)
+        assert cache.stats()["compiles"] == 1 and records(cache)
+    else:  # that request's error; nothing stored; the next batch works on fresh workers
+        assert isinstance(err.value.errors[0], WorkerCrashed) and "signal 9" in str(err.value.errors[0])
+        assert cache.stats()["compiles"] == 0 and not records(cache)
+        assert compile_many([small], cache=cache, processes=True)[0] is not None
+
+
+def test_a_forked_child_does_not_inherit_the_pool(tmp_path) -> None:
+    reqs = [{"code": TEMPLATE, "options": ProgramOptions(arch=ARCH), "name_expressions": ("axpy<float>",)}]
+    compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "parent"), processes=True)
+    mine = pool().pids()
+    assert mine
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a pool of its own, empty until it compiles
+        code = 1
+        try:
+            os.close(r)
+            inherited = pool().pids()
+            compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "child"), processes=True)
+            os.write(w, json.dumps({"inherited": inherited, "own": pool().pids()}).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        seen = json.loads(f.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert seen["inherited"] == [] and seen["own"] and not set(seen["own"]) & set(mine)
+    # The parent's workers were left alone by the child and still serve the parent.
+    compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "parent2"), processes=True)
+    assert set(mine) <= set(pool().pids())
+
+
+def test_workers_end_with_their_parent_even_a_killed_one(tmp_path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, CHILD, "pool_pids", str(tmp_path), "60"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pids = json.loads(proc.stdout.readline())["pids"]  # type: ignore[union-attr]
+        assert pids
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+            time.sleep(0.05)
+        # Reaped by init once they exit (their parent is gone): gone, or at most zombies.
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and " Z " not in _stat(p)]
+        assert not alive
+    finally:
+        proc.kill()
+
+
+def test_workers_load_no_driver_and_hold_no_context(tmp_path) -> None:
+    reqs = [{"code": TEMPLATE, "options": ProgramOptions(arch=ARCH), "name_expressions": ("axpy<float>",)}]
+    compile_many(reqs, cache=FileStreamProgramCache(tmp_path), processes=True)
+    for pid in pool().pids():
+        with open(f"/proc/{pid}/maps") as f:
+            maps = f.read()
+        assert "libnvrtc" in maps and "libcuda.so" not in maps
+
+
+def test_workers_that_cannot_start_leave_the_compile_in_this_process(tmp_path) -> None:
+    got = child("no_interpreter", str(tmp_path))
+    assert len(got["digests"]) == 3 and any("compiler workers cannot start" in w for w in got["warnings"])
+    assert FileStreamProgramCache(tmp_path).stats()["compiles"] == 3
+
+
+def test_processes_must_be_a_bool_or_none(tmp_path) -> None:
+    with pytest.raises(TypeError, match="processes must be True, False or None"):
+        compile_many(
+            [{"code": TEMPLATE, "options": ProgramOptions(arch=ARCH)}],
+            cache=FileStreamProgramCache(tmp_path),
+            processes=1,
+        )  # type: ignore[arg-type]
+    assert FileStreamProgramCache(tmp_path).stats()["compiles"] == 0
