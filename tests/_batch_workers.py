@@ -11,8 +11,9 @@ def variant(i: int) -> str:
     return f'extern "C" __global__ void scale{i}(float* a) {{ a[threadIdx.x] *= {i + 1}.0f; }}\n'
 
 
-def compile_variants(root: str, arch: str, count: int, start_at: float) -> list[bytes]:
-    """compile_many of ``count`` variants on a shared cache dir, started at ``start_at``."""
+def compile_variants(root: str, arch: str, count: int, start_at: float, processes: bool | None = None) -> list[bytes]:
+    """compile_many of ``count`` variants on a shared cache dir, started at ``start_at``
+    (``processes``: compile_many's, compiles in worker processes or on threads)."""
     from cuda.core import ProgramOptions
 
     from kernelcache import FileStreamProgramCache, compile_many
@@ -22,7 +23,7 @@ def compile_variants(root: str, arch: str, count: int, start_at: float) -> list[
     requests = [{"code": variant(i), "options": ProgramOptions(arch=arch)} for i in range(count)]
     while time.time() < start_at:  # every process starts at once: the worst case for sharing
         time.sleep(0.001)
-    return [bytes(obj.code) for obj in compile_many(requests, cache=cache, max_workers=2)]
+    return [bytes(obj.code) for obj in compile_many(requests, cache=cache, max_workers=2, processes=processes)]
 
 
 def compile_one_held(root: str, code: str, arch: str, started: object) -> None:

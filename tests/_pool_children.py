@@ -31,7 +31,7 @@ def writer(root: str, batch: str) -> dict[str, object]:
     """restrict=True compiles of kernel 1, then kernel 2 without it, into the store at ``root``."""
     from cuda.core import ProgramOptions
 
-    from kernelcache import FileStreamProgramCache, compile_many, compile_program
+    from kernelcache import FileStreamProgramCache, InMemoryProgramCache, compile_many, compile_program
 
     cache = FileStreamProgramCache(root)
     if batch == "many":  # a mixed batch in worker processes: the clean ones must stay clean
@@ -50,8 +50,10 @@ def writer(root: str, batch: str) -> dict[str, object]:
             compile_program(kernel(1), "c++", "ptx", options=ProgramOptions(arch=ARCH, restrict=True), cache=cache)
         )
         clean = [_ptx(compile_program(kernel(2), "c++", "ptx", options=ProgramOptions(arch=ARCH), cache=cache))]
-    # And this process's own compiles afterwards, in this process, uncached: still clean?
-    after = _ptx(compile_program(kernel(2), "c++", "ptx", options=ProgramOptions(arch=ARCH), cache=None))
+    # And this process's own compile afterwards, in this process, into an empty store: clean?
+    after = _ptx(
+        compile_program(kernel(2), "c++", "ptx", options=ProgramOptions(arch=ARCH), cache=InMemoryProgramCache())
+    )
     return {"restricted": restricted, "clean": clean, "after": after}
 
 

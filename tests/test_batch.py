@@ -165,13 +165,14 @@ def test_headers_are_tracked_per_request_when_compiled_on_threads(tmp_path) -> N
     assert hits == [True, True, False, True]
 
 
-def test_processes_sharing_a_dir_compile_each_key_exactly_once(tmp_path) -> None:
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "worker-processes"])
+def test_processes_sharing_a_dir_compile_each_key_exactly_once(tmp_path, processes) -> None:
     procs, kernels = 4, 8
     root = str(tmp_path)
     ctx = mp.get_context("spawn")
     start_at = time.time() + 4.0  # after every interpreter has imported cuda.core
     with ctx.Pool(procs) as pool:
-        results = pool.starmap(bw.compile_variants, [(root, ARCH, kernels, start_at)] * procs)
+        results = pool.starmap(bw.compile_variants, [(root, ARCH, kernels, start_at, processes)] * procs)
     assert all(r == results[0] for r in results)  # everyone got the same bytes, in order
     s = FileStreamProgramCache(root).stats()
     assert (s["compiles"], s["misses"], s["hits"]) == (kernels, kernels, procs * kernels - kernels)
