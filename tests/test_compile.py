@@ -428,7 +428,7 @@ def test_full_disk_still_returns_a_correct_object(tmp_path) -> None:
 
 
 class _BrokenStore(InMemoryProgramCache):
-    def _read(self, key, want_meta=True):
+    def _read(self, key):
         raise ConnectionError("store is down")
 
     def _write(self, key, payload, meta):

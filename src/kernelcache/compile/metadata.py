@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache.compile.schema import META_SCHEMA, SCHEMA_FIELD, meta_is_usable
 from kernelcache.keys.derive import code_bytes
 from kernelcache.log import KernelCacheWarning, WarnOnce
-from kernelcache.stores.base import Meta, ProgramCacheResource, RecordStore
+from kernelcache.stores.base import CountingStore, Meta, ProgramCacheResource
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -148,7 +148,7 @@ def read_record(cache: ProgramCacheResource, key: bytes, *, caller_counts: bool 
     cannot skip counting counts it as internal).
     """
     try:
-        if caller_counts and isinstance(cache, RecordStore):
+        if caller_counts and isinstance(cache, CountingStore):
             return cache.get_record_uncounted(key)
         return cache.get_record(key, internal=True)
     except Exception as exc:

@@ -232,13 +232,12 @@ class ProgramCacheResource(abc.ABC):
         self.close()
 
 
+class CountingStore(ProgramCacheResource):
+    """Base of kernelcache's own stores: the mapping API over counted look-ups.
 
-
-class RecordStore(ProgramCacheResource):
-    """Base of kernelcache's own stores: implement ``_read``, ``_write``, ``_remove``.
-
-    This class turns those three into the mapping API, does the key/value coercion once,
-    counts hits/misses/stores, and issues each kind of warning once per store.
+    Implement ``_counted_read`` (a look-up that moves the counters), ``get_record_uncounted``,
+    ``set_record`` and ``_remove``; this class derives the mapping API from them, counts hits,
+    misses and stores, and issues each kind of warning once per store.
     """
 
     def __init__(self) -> None:
@@ -246,15 +245,12 @@ class RecordStore(ProgramCacheResource):
         self._warned = WarnOnce()
 
     @abc.abstractmethod
-    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
-        """Return the verified ``(payload, meta)`` for key, or None (absent or unusable).
-
-        With ``want_meta=False`` the meta may be returned empty (saves parsing it).
-        """
+    def _counted_read(self, key: bytes, internal: bool) -> tuple[bytes, Meta] | None:
+        """The record under key (None: absent or unusable), counted as get_record documents."""
 
     @abc.abstractmethod
-    def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
-        """Store payload and meta; return False if the write was dropped."""
+    def get_record_uncounted(self, key: bytes) -> tuple[bytes, Meta] | None:
+        """get_record touching no counter at all: for a caller that counts the hit or miss itself."""
 
     @abc.abstractmethod
     def _remove(self, key: bytes) -> bool:
@@ -270,26 +266,7 @@ class RecordStore(ProgramCacheResource):
         self._warned.warn(cause, message, stacklevel=3, origin=type(self).__name__)
 
     def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
-        return self._counted_read(as_key_bytes(key), internal, want_meta=True)
-
-    def get_many(self, keys: Sequence[bytes | str], *, internal: bool = False) -> list[tuple[bytes, Meta] | None]:
-        records = self._read_many([as_key_bytes(key) for key in keys])
-        for record in records:
-            self._count_read(record, internal)
-        return records
-
-    def _read_many(self, keys: Sequence[bytes]) -> list[tuple[bytes, Meta] | None]:
-        """``_read`` of every key; a remote store overrides it with one round trip."""
-        return [self._read(key, True) for key in keys]
-
-    def get_record_uncounted(self, key: bytes) -> tuple[bytes, Meta] | None:
-        """get_record touching no counter at all: for a caller that counts the hit or miss itself."""
-        return self._read(key, True)
-
-    def _counted_read(self, key: bytes, internal: bool, want_meta: bool) -> tuple[bytes, Meta] | None:
-        record = self._read(key, want_meta)
-        self._count_read(record, internal)
-        return record
+        return self._counted_read(as_key_bytes(key), internal)
 
     def _count_read(self, record: tuple[bytes, Meta] | None, internal: bool) -> None:
         """One look-up's counters: internal_gets, or a user hit (with its bytes) or miss."""
@@ -300,23 +277,14 @@ class RecordStore(ProgramCacheResource):
         else:
             self._stats.add_deferred(hits=1, bytes_read=len(record[0]))
 
-    def set_record(
-        self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False
-    ) -> bool:
-        data = as_value_bytes(payload)
-        written = self._write(as_key_bytes(key), data, dict(meta or {}))
-        if written and not internal:
-            self._stats.add_deferred(stores=1, bytes_written=len(data))
-        return written
-
     def __getitem__(self, key: bytes | str) -> bytes:
-        record = self._counted_read(as_key_bytes(key), False, want_meta=False)
+        record = self._counted_read(as_key_bytes(key), False)
         if record is None:
             raise KeyError(key)
         return record[0]
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
-        record = self._counted_read(as_key_bytes(key), False, want_meta=False)
+        record = self._counted_read(as_key_bytes(key), False)
         return default if record is None else record[0]
 
     def __setitem__(self, key: bytes | str, value: ValueLike) -> None:
@@ -342,3 +310,46 @@ class RecordStore(ProgramCacheResource):
 
     def stats(self) -> dict[str, float | int]:
         return public_view(self._stats.snapshot())
+
+
+class RecordStore(CountingStore):
+    """A store of one backend: implement ``_read``, ``_write``, ``_remove``.
+
+    This class turns those three into CountingStore's look-ups and writes, doing the
+    key/value coercion once.
+    """
+
+    @abc.abstractmethod
+    def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
+        """Return the verified ``(payload, meta)`` for key, or None (absent or unusable)."""
+
+    @abc.abstractmethod
+    def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
+        """Store payload and meta; return False if the write was dropped."""
+
+    def get_many(self, keys: Sequence[bytes | str], *, internal: bool = False) -> list[tuple[bytes, Meta] | None]:
+        records = self._read_many([as_key_bytes(key) for key in keys])
+        for record in records:
+            self._count_read(record, internal)
+        return records
+
+    def _read_many(self, keys: Sequence[bytes]) -> list[tuple[bytes, Meta] | None]:
+        """``_read`` of every key; a remote store overrides it with one round trip."""
+        return [self._read(key) for key in keys]
+
+    def get_record_uncounted(self, key: bytes) -> tuple[bytes, Meta] | None:
+        return self._read(key)
+
+    def _counted_read(self, key: bytes, internal: bool) -> tuple[bytes, Meta] | None:
+        record = self._read(key)
+        self._count_read(record, internal)
+        return record
+
+    def set_record(
+        self, key: bytes | str, payload: ValueLike, meta: Meta | None = None, *, internal: bool = False
+    ) -> bool:
+        data = as_value_bytes(payload)
+        written = self._write(as_key_bytes(key), data, dict(meta or {}))
+        if written and not internal:
+            self._stats.add_deferred(stores=1, bytes_written=len(data))
+        return written

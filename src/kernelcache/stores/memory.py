@@ -68,7 +68,7 @@ class InMemoryProgramCache(RecordStore):
         except KeyError:
             return default
 
-    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+    def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         with self._lock:
             self._apply_pending_hits()
             record = self._entries.get(key)

@@ -7,9 +7,9 @@ import threading
 from collections.abc import Callable, Sequence
 
 from kernelcache.stores.base import (
+    CountingStore,
     Meta,
     ProgramCacheResource,
-    RecordStore,
     ValueLike,
     as_key_bytes,
     as_value_bytes,
@@ -20,7 +20,7 @@ _TO_SERVING_TIER = ("hits", "bytes_read", "compile_us_saved")
 _TO_EVERY_TIER = ("misses", "compiles")
 
 
-class TieredProgramCache(RecordStore):
+class TieredProgramCache(CountingStore):
     """Reads walk ``tiers`` in order; a hit in a lower tier is copied into every tier above it.
 
     Writes go to every tier (a read-only Redis tier skips them). Counting follows what the
@@ -55,7 +55,7 @@ class TieredProgramCache(RecordStore):
         for i, tier in enumerate(self.tiers):
             if mode == "user":
                 record = tier.get_record(key)
-            elif mode == "uncounted" and isinstance(tier, RecordStore):
+            elif mode == "uncounted" and isinstance(tier, CountingStore):
                 record = tier.get_record_uncounted(key)
             else:
                 record = tier.get_record(key, internal=True)
@@ -74,9 +74,6 @@ class TieredProgramCache(RecordStore):
         for upper in self.tiers[:served]:
             upper.set_record(key, record[0], record[1], internal=True)
 
-    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
-        return self._walk(key, "user")
-
     def get_many(self, keys: Sequence[bytes | str], *, internal: bool = False) -> list[tuple[bytes, Meta] | None]:
         """Each tier is asked once for the keys still missing (one round trip per remote tier)."""
         wanted = [as_key_bytes(key) for key in keys]
@@ -94,7 +91,7 @@ class TieredProgramCache(RecordStore):
             self._count_read(record, internal)
         return found
 
-    def _counted_read(self, key: bytes, internal: bool, want_meta: bool) -> tuple[bytes, Meta] | None:
+    def _counted_read(self, key: bytes, internal: bool) -> tuple[bytes, Meta] | None:
         record = self._walk(key, "internal" if internal else "user")
         self._count_read(record, internal)
         return record
@@ -114,9 +111,6 @@ class TieredProgramCache(RecordStore):
         if written and not internal:
             self._stats.add_deferred(stores=1, bytes_written=len(data))
         return written
-
-    def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
-        return self.set_record(key, payload, meta)
 
     def add_stats(self, **deltas: int) -> None:
         """Count a layer's events here and in the tiers they happened in (see the class doc)."""

@@ -47,7 +47,7 @@ class EntryReading:
 
         def warn_once(self, cause: str, message: str) -> None: ...
 
-    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+    def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         path = self._entry_path(key)
         previous = None
         for attempt in range(3):

@@ -159,7 +159,7 @@ class ObjectStoreProgramCache(RecordStore):
 
     # -- the store -------------------------------------------------------------------------------
 
-    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+    def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         path = self._path(key)
         found = self._call("read", _get_raw(path))
         if not found:

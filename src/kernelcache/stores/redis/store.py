@@ -230,7 +230,7 @@ class RedisProgramCache(RecordStore):
 
     # -- the store -------------------------------------------------------------------------
 
-    def _read(self, key: bytes, want_meta: bool = True) -> tuple[bytes, Meta] | None:
+    def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         rk = self._entry_key(key)
         return self._judge(rk, self._call("read", lambda c: c.get(rk)))
 
