@@ -293,3 +293,18 @@ def test_a_flag_is_refused_exactly_when_nvrtc_refuses_it(flag, tmp_path):
         code = 'extern "C" __global__ void k(float* x) { x[0] = 1; }'
         ours = compile_program(code, options=options, cache=FileStreamProgramCache(tmp_path)).code is not None
     assert ours == _nvrtc_accepts(flags)
+
+
+def test_a_hand_off_reaches_cupys_class_when_ours_replaced_it_on_the_cupy_module(monkeypatch):
+    # CuPy's own test suite, run with kernelcache's classes, puts them on the cupy module:
+    # the hand-off of nvcc/jitify must still build CuPy's object, not recurse into ours.
+    kcupy = pytest.importorskip("kernelcache.cupy")
+    import cupy
+
+    own_kernel, own_module = cupy.RawKernel, cupy.RawModule
+    monkeypatch.setattr(cupy, "RawKernel", kcupy.RawKernel)
+    monkeypatch.setattr(cupy, "RawModule", kcupy.RawModule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert type(cupy.RawKernel(TEMPLATED, "scale", backend="nvcc")) is own_kernel
+        assert type(cupy.RawModule(code=TEMPLATED, jitify=True)) is own_module

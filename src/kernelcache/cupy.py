@@ -43,6 +43,11 @@ from kernelcache.integrations.nvrtc_flags import option_fields
 
 __all__ = ["KernelCacheBackend", "RawKernel", "RawModule", "install_backend"]
 
+# CuPy's own classes, taken now: a program (or a test suite) may put ours in their place on
+# the cupy module, and a hand-off must still reach CuPy's.
+_CUPY_RAW_KERNEL = cupy.RawKernel
+_CUPY_RAW_MODULE = cupy.RawModule
+
 
 def _handed_off(reason: str | None, make: Any) -> Any:
     """CuPy's own object for what kernelcache does not compile, with one warning saying so."""
@@ -150,7 +155,7 @@ def _text(value: str | bytes) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
-class RawKernel(cupy.RawKernel):
+class RawKernel(_CUPY_RAW_KERNEL):  # type: ignore[misc, valid-type]
     """``cupy.RawKernel(code, name, options=(), backend="nvrtc", *, translate_cucomplex=False,
     enable_cooperative_groups=False, jitify=None)`` compiled by kernelcache.
 
@@ -171,7 +176,7 @@ class RawKernel(cupy.RawKernel):
     ) -> Any:
         def make() -> Any:
             extra = {} if jitify is None else {"jitify": jitify}
-            return cupy.RawKernel(
+            return _CUPY_RAW_KERNEL(
                 code,
                 name,
                 options,
@@ -227,7 +232,7 @@ class RawKernel(cupy.RawKernel):
         self._kernel(log_stream)
 
 
-class RawModule(cupy.RawModule):
+class RawModule(_CUPY_RAW_MODULE):  # type: ignore[misc, valid-type]
     """``cupy.RawModule(*, code=None, path=None, options=(), ..., name_expressions=None)``
     compiled by kernelcache; ``path=`` (a prebuilt cubin/PTX) is CuPy's own loader.
     ``backend='nvcc'`` and ``jitify=True`` return CuPy's own RawModule (one KernelCacheWarning)."""
@@ -246,7 +251,7 @@ class RawModule(cupy.RawModule):
     ) -> Any:
         def make() -> Any:
             extra = {} if jitify is None else {"jitify": jitify}
-            return cupy.RawModule(
+            return _CUPY_RAW_MODULE(
                 code=code,
                 path=path,
                 options=options,
