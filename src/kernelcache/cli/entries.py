@@ -155,7 +155,7 @@ def verify(cache: FileStreamProgramCache, *, fix: bool, progress: bool) -> dict[
     ``checked`` counts entries as ``ls`` lists them (artifacts); header manifests are
     checked too and counted apart (``manifests_checked``).
 
-    Safe on a live cache (issue 10 #1): what looks like damage is judged again under the
+    Safe on a live cache: what looks like damage is judged again under the
     entry's pair lock (no writer is between its two renames then), and a file younger than
     the scan is never damage (it was written during it). Lock files nobody holds are removed
     with --fix, each under its own lock.

@@ -2,7 +2,7 @@
 
 Why not rich's Table: it measures every cell of every row twice and renders through its
 segment machinery, about 0.5 ms a row; at 2,000 entries ``ls`` took over a second, past the
-0.3 s budget (DECISIONS.md). It also reads ``[...]`` in a cell as markup, so a kernel name
+0.3 s a listing may take. It also reads ``[...]`` in a cell as markup, so a kernel name
 expression such as ``fill<float[n]>`` lost its ``[n]``. Here a cell is its text, as it is:
 the same output on a terminal, in a pipe and in a test.
 """

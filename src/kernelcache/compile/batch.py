@@ -213,6 +213,31 @@ def run_batch(
     batch_uses_processes(processes, 0)  # a wrong value raises before anything compiles
     store = None if config.disabled() else resolve_cache(cache)
     batch = _Batch([], len(normalized), config.wait_timeout_s(), on_done)
+    jobs = _hits_first(batch, normalized, store, strict, what)
+    if not jobs:
+        return batch  # all hits: no thread started
+    batch.fresh.extend(jobs)
+    batch.processes = batch_uses_processes(processes, len(jobs))
+    if batch.processes:  # every thread may hold a worker at once
+        workers_pool().limit = max(workers_pool().limit, min(workers, len(jobs)))
+    threads = [threading.Thread(target=batch.work, name=f"kernelcache-compile-{n}") for n in range(1, workers)]
+    del threads[max(len(jobs) - 1, 0) :]  # never more threads than misses (this thread is one)
+    for thread in threads:
+        thread.start()
+    try:
+        batch.work()
+    except BaseException:
+        batch.stop = True  # Ctrl-C: the threads finish their current compile and take no more
+        raise
+    for thread in threads:
+        thread.join()
+    return batch
+
+
+def _hits_first(
+    batch: _Batch, normalized: list[dict[str, Any]], store: ProgramCacheResource | None, strict: bool, what: str
+) -> list[_Job]:
+    """Look every request up in this thread: hits finish now; the misses come back as jobs."""
     jobs = []
     for i, fields_given in enumerate(normalized):
         fields_given.pop("name", None)
@@ -236,24 +261,7 @@ def run_batch(
             batch.finish(i, replay_hit(look, found, call), call.info)
         except Exception as exc:
             batch.finish(i, error=exc)
-    if not jobs:
-        return batch  # all hits: no thread started
-    batch.fresh.extend(jobs)
-    batch.processes = batch_uses_processes(processes, len(jobs))
-    if batch.processes:  # every thread may hold a worker at once
-        workers_pool().limit = max(workers_pool().limit, min(workers, len(jobs)))
-    threads = [threading.Thread(target=batch.work, name=f"kernelcache-compile-{n}") for n in range(1, workers)]
-    del threads[max(len(jobs) - 1, 0) :]  # never more threads than misses (this thread is one)
-    for thread in threads:
-        thread.start()
-    try:
-        batch.work()
-    except BaseException:
-        batch.stop = True  # Ctrl-C: the threads finish their current compile and take no more
-        raise
-    for thread in threads:
-        thread.join()
-    return batch
+    return jobs
 
 
 def _lookup(

@@ -2,9 +2,9 @@
 
 NVRTC 13 has no -M/-E, but ``-fdevice-time-trace=<file>`` writes a JSON trace whose
 "Processing Header File" events name every header it processed, nested and empty ones
-included. compile_program turns that list into a *variant* (variants.py): each header with
+included. compile_program turns that list into a *variant* (headers.variants): each header with
 its place on the search path and its content digest, plus the names the texts probe
-(includes.py).
+(headers.scan).
 
 The search dirs are, in NVRTC's order for a quoted include: the directory of
 ``options.name``, the current directory, then ``include_path``. Headers of the toolchain

@@ -3,7 +3,7 @@
 A C++ entry's key (its "full key") is the source+options key plus the digest of the headers
 the compile read, which are known only after the compile. So compile_program stores, under
 a manifest key derived from the source+options key, a manifest: a few *variants* (each a set
-of headers with their digests, see headers.py), newest first. A look-up takes the first
+of headers with their digests, see variants.py), newest first. A look-up takes the first
 variant whose headers still validate and derives the full key from it.
 
 Manifests are memoised per process and per store, full keys per process: any variant that

@@ -4,7 +4,7 @@ A variant holds
 - ``headers``: each header the trace listed as (search dir index, path relative to it,
   content SHA-256); index -1 keeps an absolute path (a header named by its absolute path,
   or outside every search dir);
-- ``probes``: each literal name the source and its headers look for (includes.py) as
+- ``probes``: each literal name the source and its headers look for (headers.scan) as
   (includer, kind, name, where it resolved or -1): the includer is -1 for the main source,
   else the position of its header in ``headers``;
 - ``first_include``: where include_path starts among the search dirs (angle-bracket names).
@@ -67,10 +67,40 @@ def build_variant(
     """(the variant for the headers one compile read, the paths that changed during it).
 
     ``option_macros``: includes.option_macros(options), names the options' macros hold."""
-    changed: list[str] = []
-    digests: dict[str, str] = {}
     texts: dict[str | None, list[tuple[str, str, str]]] = {None: includes.directives(source)}
     texts[None] += [(includes.INCLUDE, "q", name) for name in pre_include]
+    digests, changed = _read_headers(headers, skip_roots, before, texts)
+    # Probes, resolved now against the files as they are; the race checks below make sure
+    # "now" is what NVRTC saw.
+    probes, named_absolute, named_relative = _resolve_probes(
+        includes.probes(texts, option_macros), dirs, first_include
+    )
+    changed += _changed_during(digests, probes, start_ns)
+    entries, position = _header_entries(digests, dirs, named_absolute, named_relative)
+    recorded: dict[tuple[int, str, str], int] = {}
+    for includer, _how, kind, name, at, _places in probes:
+        where = -1 if includer is None else position.get(includer, -2)
+        if where != -2:
+            recorded.setdefault((where, kind, name), at)
+    variant: dict[str, Any] = {
+        "headers": entries,
+        "probes": sorted([w, k, n, at] for (w, k, n), at in recorded.items()),
+        "first_include": first_include,
+    }
+    variant["digest"] = variant_digest(variant)
+    return variant, sorted(set(changed))
+
+
+def _read_headers(
+    headers: Sequence[str],
+    skip_roots: Sequence[str],
+    before: Mapping[str, str],
+    texts: dict[str | None, list[tuple[str, str, str]]],
+) -> tuple[dict[str, str], list[str]]:
+    """(path -> content digest of each header the trace listed, the paths that changed); the
+    directives of each header's text are added to ``texts``."""
+    changed: list[str] = []
+    digests: dict[str, str] = {}
     for path in sorted(headers):
         if any(path == r or path.startswith(r + os.sep) for r in skip_roots):
             continue
@@ -88,11 +118,18 @@ def build_variant(
             changed.append(path)
             found = []
         texts[path] = found
+    return digests, changed
 
-    texts = includes.probes(texts, option_macros)
-    # Probes, resolved now against the files as they are; the race checks below make sure
-    # "now" is what NVRTC saw.
-    probes: list[tuple[str | None, str, str, str, int, list[str]]] = []
+
+_Probe = tuple[str | None, str, str, str, int, list[str]]  # includer, how, kind, name, where found, places
+
+
+def _resolve_probes(
+    texts: Mapping[str | None, Sequence[tuple[str, str, str]]], dirs: Sequence[str], first_include: int
+) -> tuple[list[_Probe], set[str], set[str]]:
+    """Each probe resolved against the files as they are, and the paths found through an
+    absolute and through a relative name."""
+    probes: list[_Probe] = []
     named_absolute: set[str] = set()
     named_relative: set[str] = set()
     for includer, found in texts.items():
@@ -104,8 +141,13 @@ def build_variant(
             if at >= 0:
                 path = os.path.normpath(os.path.join(places[at], name) if places[at] else name)
                 (named_absolute if os.path.isabs(name) else named_relative).add(path)
-    changed += _changed_during(digests, probes, start_ns)
+    return probes, named_absolute, named_relative
 
+
+def _header_entries(
+    digests: Mapping[str, str], dirs: Sequence[str], named_absolute: set[str], named_relative: set[str]
+) -> tuple[list[list[Any]], dict[str, int]]:
+    """The variant's header entries ([dir index or -1, path, digest]) and each path's position."""
     entries: list[list[Any]] = []
     position: dict[str, int] = {}
     for path, digest in digests.items():
@@ -116,23 +158,12 @@ def build_variant(
             position.setdefault(path, len(entries))
             index, rel = _locate(path, dirs)
             entries.append([index, rel, digest])
-    recorded: dict[tuple[int, str, str], int] = {}
-    for includer, _how, kind, name, at, _places in probes:
-        where = -1 if includer is None else position.get(includer, -2)
-        if where != -2:
-            recorded.setdefault((where, kind, name), at)
-    variant: dict[str, Any] = {
-        "headers": entries,
-        "probes": sorted([w, k, n, at] for (w, k, n), at in recorded.items()),
-        "first_include": first_include,
-    }
-    variant["digest"] = variant_digest(variant)
-    return variant, sorted(set(changed))
+    return entries, position
 
 
 def _changed_during(
     digests: Mapping[str, str],
-    probes: Sequence[tuple[str | None, str, str, str, int, list[str]]],
+    probes: Sequence[_Probe],
     start_ns: int,
 ) -> list[str]:
     """Paths whose state at the end of the compile may not be what NVRTC read.

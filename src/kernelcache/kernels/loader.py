@@ -1,6 +1,6 @@
 """Loading a compiled module on a device: whose context, and what the driver's errors mean.
 
-Kept apart from KernelCache (kernels.py) because both rules are about the driver, not
+Kept apart from KernelCache (kernels.cache) because both rules are about the driver, not
 about caching: a load happens in the requested device's primary context and leaves the
 calling thread's current context as it found it; and a driver error is read for what it
 says about a cached entry -- bad bytes (heal), a wrong kernel name (the caller's

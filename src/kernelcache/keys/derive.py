@@ -15,7 +15,7 @@ import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.keys.options import _HASHED_FIELDS, _encode, option_components
+from kernelcache.keys.options import HASHED_FIELDS, encode, option_components
 from kernelcache.keys.toolchain import Toolchain, toolchain_for
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def code_bytes(code: object) -> bytes:
 
 def _name_expressions_bytes(name_expressions: Sequence[Any]) -> bytes:
     if type(name_expressions) is tuple and not name_expressions:
-        return b"l0:"  # the common case, same bytes as _encode(())
+        return b"l0:"  # the common case, same bytes as encode(())
     if isinstance(name_expressions, (str, bytes)):
         raise TypeError("name_expressions must be a sequence of names, not a single str/bytes")
     items = list(name_expressions)
@@ -87,7 +87,7 @@ def _name_expressions_bytes(name_expressions: Sequence[Any]) -> bytes:
             raise TypeError(f"name_expressions items must be str or bytes, not {type(n).__name__}")
     # str and bytes stay distinct (symbol_mapping is keyed by the object the caller gave);
     # order does not count: each expression is looked up by itself, as cuda.core's key says.
-    encoded = sorted(_encode(n) for n in items)
+    encoded = sorted(encode(n) for n in items)
     return b"l%d:%s" % (len(encoded), b"".join(encoded))
 
 
@@ -105,7 +105,7 @@ def key_components(
     """The named, encoded inputs of a key, in order. Validates every argument.
 
     ``headers_tracked=True`` is compile_program's promise to append the digest of the
-    headers the compile read (see headers.py); include_path/pre_include are then accepted
+    headers the compile read (see headers.manifests); include_path/pre_include are then accepted
     without extra_digest. ``toolchain`` is the probe result to use (computed once per
     process when None).
     """
@@ -250,7 +250,7 @@ def _explain_options(options: Any) -> dict[str, str]:
     if options is None:
         options = default_options()
     out = {}
-    for name in _HASHED_FIELDS:
+    for name in HASHED_FIELDS:
         value = getattr(options, name, None)
         if value is not None:
             out[f"options.{name}"] = repr(value)

@@ -125,7 +125,8 @@ NVVM_ONLY = frozenset({"use_libdevice", "extra_sources"})
 # --create-pch=False), so False counts as set for the refusal and extra_digest checks.
 _FLAG_IF_NOT_NONE = frozenset({"create_pch", "time", "fdevice_time_trace", "use_pch", "pch_dir"})
 
-_HASHED_FIELDS = tuple(f for f, p in OPTION_POLICY.items() if p in (HASH, TRACKED, NEEDS_DIGEST))
+# The fields whose values enter a key (explain_program_cache_key shows each of them).
+HASHED_FIELDS = tuple(f for f, p in OPTION_POLICY.items() if p in (HASH, TRACKED, NEEDS_DIGEST))
 
 
 def _names_something(value: Any) -> bool:
@@ -181,7 +182,7 @@ def _gate(gate: str, value: Any) -> Any:
     return value
 
 
-def _encode(value: Any) -> bytes:
+def encode(value: Any) -> bytes:
     """A canonical, type-tagged, length-prefixed encoding (no two values share one)."""
     if value is None:
         return b"N"
@@ -198,12 +199,12 @@ def _encode(value: Any) -> bytes:
         raw = bytes(value)
         return b"b%d:%s" % (len(raw), raw)
     if isinstance(value, (list, tuple)):
-        parts = [_encode(v) for v in value]
+        parts = [encode(v) for v in value]
         return b"l%d:%s" % (len(parts), b"".join(parts))
     if isinstance(value, float):
-        return b"f" + _encode(value.hex())
+        return b"f" + encode(value.hex())
     # An enum or other object: its type and repr, tagged so it cannot pose as a str.
-    return b"o" + _encode(f"{type(value).__module__}.{type(value).__qualname__}:{value!r}")
+    return b"o" + encode(f"{type(value).__module__}.{type(value).__qualname__}:{value!r}")
 
 
 @functools.cache
@@ -283,7 +284,7 @@ def _encode_linker_options(options: Any, driver_linker: bool) -> bytes:
         gated = _gate(gate, value)
         if gated == _gate(gate, None) and type(gated) is type(_gate(gate, None)):
             continue  # the linker receives nothing for it, as for None
-        parts.append(_TAGS[name] + _encode(gated))
+        parts.append(_TAGS[name] + encode(gated))
     return b"".join(parts)
 
 
@@ -347,7 +348,7 @@ def _encode_options(options: Any, code_type: str, has_digest: bool, headers_trac
                 "whenever those headers change>, or drop the directory from the name"
             )
         tag = _TAGS.get(name) or b"%d:%s" % (len(name), name.encode())
-        encoded = tag + _encode(value)
+        encoded = tag + encode(value)
         parts.append(encoded)
         # Only fields without checks may skip the code above next time, and only scalars: in a
         # tuple, ("N", 1) == ("N", True) although they encode differently.

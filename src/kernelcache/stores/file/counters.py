@@ -115,7 +115,7 @@ class FileStats:
         # write the header. A file with another magic (another layout) is restarted from
         # zero: no entry is lost, and size_bytes, the one counter that drives eviction, is
         # rebuilt at once: reconciled_at restarts at zero too, so the next store opened with
-        # a size cap rescans the directory (stores/sizecap.py).
+        # a size cap rescans the directory (sizecap.py).
         import fcntl
 
         assert self._fd is not None

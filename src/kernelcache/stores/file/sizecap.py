@@ -5,10 +5,10 @@ process using the directory. A writer *reserves* its bytes before it stages them
 in flight count), and settles after publishing (minus what it replaced); each removal
 subtracts the bytes it freed. O(1) per write, no directory walk. Eviction brings it down to
 a low-water mark, least recently *read* entries first (the file store sets atime on a
-read, at most once a second per entry: fileops.TOUCH_GRANULARITY_NS), and sweeps the
-staged files of dead writers (fileops.sweep_dead_temps).
+read, at most once a second per entry: ops.TOUCH_GRANULARITY_NS), and sweeps the
+staged files of dead writers (ops.sweep_dead_temps).
 
-The invariant (issue 10 #7): the tracked size, in-flight bytes included, exceeds the cap by
+The invariant: the tracked size, in-flight bytes included, exceeds the cap by
 at most one value per writer. A writer whose reservation puts the store over the cap waits
 for the one evictor (instead of returning and leaving the store further over) and stages
 only once the room is made.

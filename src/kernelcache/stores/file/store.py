@@ -1,7 +1,6 @@
 """FileStreamProgramCache: artifacts as plain files in a directory shared by many processes.
 
-Layout (a reader ignores format directories it does not know; the project's map of it is
-../shared/ARCHITECTURE.md, outside this repository)::
+Layout (a reader ignores format directories it does not know)::
 
     <root>/v2/entries/<2 hex>/<name>          the artifact, verbatim (cuobjdump reads it)
     <root>/v2/entries/<2 hex>/<name>.meta     sidecar: header line + JSON metadata (sidecar.py)
@@ -15,9 +14,9 @@ entry; a sidecar whose metadata was not checked) is never read: its entries are 
 ``kernelcache clear`` / ``prune`` remove the files it wrote (remove_old_layouts, oldlayout.py).
 
 Every decision that concerns other processes is explained where it is made. The sidecar
-format is sidecar.py, reading and judging an entry pair entryread.py, size tracking and
-eviction sizecap.py, the file operations fileops.py, who may own and write the tree
-treesafety.py.
+format is sidecar.py, reading and judging an entry pair read.py, size tracking and eviction
+sizecap.py, the file operations ops.py, the lock files locks.py, who may own and write the
+tree treesafety.py, the counters counters.py.
 """
 
 from __future__ import annotations
@@ -88,7 +87,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     umask; an entry a member wrote is as trusted as that member). Otherwise the tree must be
     yours and writable by you only, since anyone who can write it can plant code that your
     GPU will run (default: ``KERNELCACHE_ALLOW_SHARED``). Either way every directory of the
-    tree is checked at construction (stores/treesafety.py) and the root is resolved once.
+    tree is checked at construction (treesafety.py) and the root is resolved once.
     ``touch_on_read=False``: reads leave the last-used times (and so the eviction order)
     alone, for diagnostics such as ``kernelcache explain``.
     ``create=False``: open for reading only what exists: the root must exist
@@ -123,7 +122,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         self._allow_shared = config.allow_shared() if allow_shared is None else bool(allow_shared)
         self._tmp_max_age_s = DEFAULT_TMP_MAX_AGE_S if tmp_max_age_s is None else tmp_max_age_s
         self._touch = bool(touch_on_read)
-        # Resolved once (issue 10 #13): a symlinked root re-pointed later by its owner must
+        # Resolved once: a symlinked root re-pointed later by its owner must
         # not swap the tree under this store; every path below is built from this one.
         self._root = make_root(given, self._allow_shared, create)
         base = os.path.join(self._root, FORMAT_DIR)
@@ -233,13 +232,13 @@ class FileStreamProgramCache(EntryReading, RecordStore):
             # CRC check on read, which makes the entry a miss: the verification that every
             # read does already covers it, and a second fsync would double a write's cost.
             # Each staged file stays flocked until published: a sweeper takes an unlocked
-            # one for a dead writer's leftover (fileops.sweep_dead_temps).
+            # one for a dead writer's leftover (ops.sweep_dead_temps).
             staged.append(stage_held(self._tmp, sidecar, durable=False, mode=self._file_mode))
             staged.append(stage_held(self._tmp, payload, mode=self._file_mode))
             (meta_tmp, _), (entry_tmp, _) = staged
             # The two renames and the measure of what they replace happen under the pair
             # lock: two writers of one key would otherwise interleave them and leave one's
-            # entry with the other's sidecar (see fileops.pair_lock). Sidecar first, entry
+            # entry with the other's sidecar (see ops.pair_lock). Sidecar first, entry
             # second: a reader (it takes no lock) that sees the new entry is guaranteed to
             # find a sidecar at least as new; the reverse pairing -- new sidecar, old entry --
             # fails the check and is retried in _read.
@@ -295,7 +294,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         self._sizecap.settle(-freed)
 
     def remove_idle_locks(self) -> int:
-        """Remove the lock files nobody holds, each under its own lock (stores/lockfiles.py)."""
+        """Remove the lock files nobody holds, each under its own lock (locks.py)."""
         return lockfiles.remove_idle(self._locks)
 
     # -- the rest of the mapping API -------------------------------------------------

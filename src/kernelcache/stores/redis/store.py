@@ -17,7 +17,7 @@ Redis for ``retry_after_s`` (doubling while it stays down). A server that answer
 error (out of memory under ``noeviction``, a read-only replica) is not down: that one write
 is dropped with one warning, and reads go on.
 
-Single flight across hosts: ``remote_lock`` (``stores.redislock``). Fleet counters:
+Single flight across hosts: ``remote_lock`` (``stores.redis.lock``). Fleet counters:
 ``stores.redisfleet``.
 """
 
