@@ -24,6 +24,8 @@ import os
 import re
 from decimal import Decimal, InvalidOperation
 
+from kernelcache import configfile
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -58,6 +60,39 @@ _SIZE_UNITS = {
 
 class ConfigError(ValueError):
     """An environment variable holds a value kernelcache cannot use."""
+
+
+# Every variable kernelcache reads: (name, what `kernelcache config` calls it, its default).
+# A KERNELCACHE_* variable not listed here is a warning naming the closest listed one.
+VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("KERNELCACHE_DIR", "cache dir", "the user cache dir"),
+    ("KERNELCACHE_MAX_SIZE", "max size", "10.0 GB"),
+    ("KERNELCACHE_ALLOW_SHARED", "team mode (allow shared)", "off"),
+    ("KERNELCACHE_WAIT_TIMEOUT", "wait timeout", "600 s"),
+    ("KERNELCACHE_DISABLE", "disable", "off"),
+    ("KERNELCACHE_RECACHE", "recache (compile, store, replace)", "off"),
+    ("KERNELCACHE_REDIS_URL", "redis url", "unset"),
+    ("KERNELCACHE_REDIS_SECRET", "redis secret", "unset"),
+    ("KERNELCACHE_REDIS_READ_ONLY", "redis read only", "off"),
+    ("KERNELCACHE_OBJECT_STORE_URL", "object store url", "unset"),
+    ("KERNELCACHE_OBJECT_STORE_SECRET", "object store secret", "unset"),
+    ("KERNELCACHE_OBJECT_STORE_READ_ONLY", "object store read only", "off"),
+    ("KERNELCACHE_BUNDLES", "bundles", "unset"),
+    ("KERNELCACHE_BUNDLE_SECRET", "bundle secret", "unset"),
+    ("KERNELCACHE_RECORD", "record", "unset"),
+    ("KERNELCACHE_REQUIRE_HIT", "require hit", "off"),
+    ("KERNELCACHE_BASE_DIR", "base dir", "unset"),
+    ("KERNELCACHE_CONFIG", "config file", "<user config dir>/kernelcache/config.toml"),
+)
+# Read by kernelcache's own test suite only (tests/): not a setting, never warned about.
+_TEST_VARIABLES = ("KERNELCACHE_BIG_TESTS",)
+KNOWN = tuple(name for name, _, _ in VARIABLES) + _TEST_VARIABLES
+
+
+def _env(name: str, default: str = "") -> str:
+    """The value of ``name`` ("" when unset): the environment's, else the config file's (configfile.py)."""
+    configfile.ensure_loaded(KNOWN, ConfigError)
+    return os.environ.get(name, default)
 
 
 def _shown(raw: str) -> str:
@@ -96,7 +131,7 @@ def format_size(nbytes: int | None) -> str:
 
 
 def _flag(name: str) -> bool:
-    raw = os.environ.get(name, "")
+    raw = _env(name, "")
     value = raw.strip().lower()
     if value in _TRUE:
         return True
@@ -107,7 +142,7 @@ def _flag(name: str) -> bool:
 
 def cache_dir() -> str:
     """``KERNELCACHE_DIR`` if set (``~`` expanded), else the platform's user cache dir for "kernelcache"."""
-    env = os.environ.get("KERNELCACHE_DIR")
+    env = _env("KERNELCACHE_DIR")
     if env:
         # Set where no shell expands it (a systemd unit, a Dockerfile ENV), "~/kc" means the
         # home's kc, never a directory named "~" in whatever the current directory is.
@@ -119,7 +154,7 @@ def cache_dir() -> str:
 
 def cache_dir_is_from_env(root: str) -> bool:
     """Whether ``root`` is the directory ``KERNELCACHE_DIR`` names (so errors can name the variable)."""
-    env = os.environ.get("KERNELCACHE_DIR")
+    env = _env("KERNELCACHE_DIR")
     return bool(env) and os.path.abspath(os.path.expanduser(env)) == os.path.abspath(root)
 
 
@@ -130,7 +165,7 @@ def disabled() -> bool:
 
 def wait_timeout_s() -> float:
     """``KERNELCACHE_WAIT_TIMEOUT`` (seconds a caller waits for a peer's compile) if set, else 600."""
-    raw = os.environ.get("KERNELCACHE_WAIT_TIMEOUT", "")
+    raw = _env("KERNELCACHE_WAIT_TIMEOUT", "")
     try:
         value = float(raw) if raw.strip() else 600.0
     except ValueError:
@@ -144,7 +179,7 @@ def wait_timeout_s() -> float:
 
 def max_size_bytes() -> int | None:
     """``KERNELCACHE_MAX_SIZE`` (e.g. ``10GB``; ``none`` for no cap), else 10 GB: the default cache's cap."""
-    raw = os.environ.get("KERNELCACHE_MAX_SIZE", "")
+    raw = _env("KERNELCACHE_MAX_SIZE", "")
     if not raw.strip():
         return DEFAULT_MAX_SIZE
     if raw.strip().lower() in _NO_CAP:
@@ -160,6 +195,19 @@ def max_size_bytes() -> int | None:
     return size
 
 
+def cap_for(root: str) -> tuple[int | None, str]:
+    """The cap in force for the cache at ``root`` and where it came from: KERNELCACHE_MAX_SIZE
+    (the environment or the config file), else the cap stored in the cache directory, else 10 GB."""
+    if _env("KERNELCACHE_MAX_SIZE").strip():
+        return max_size_bytes(), f"KERNELCACHE_MAX_SIZE ({configfile.source('KERNELCACHE_MAX_SIZE')})"
+    from kernelcache.stores.file import dircap
+
+    found = dircap.read(root)
+    if found is not None:
+        return found[0], f"the cache directory ({dircap.path_of(root)})"
+    return DEFAULT_MAX_SIZE, "default"
+
+
 def allow_shared() -> bool:
     """``KERNELCACHE_ALLOW_SHARED`` is 1/true/yes/on: accept a group-shared (team) cache directory."""
     return _flag("KERNELCACHE_ALLOW_SHARED")
@@ -167,7 +215,7 @@ def allow_shared() -> bool:
 
 def redis_url() -> str | None:
     """``KERNELCACHE_REDIS_URL``: when set, the default cache is memory -> disk -> this Redis."""
-    raw = os.environ.get("KERNELCACHE_REDIS_URL", "").strip()
+    raw = _env("KERNELCACHE_REDIS_URL", "").strip()
     if not raw:
         return None
     if not raw.startswith(_REDIS_SCHEMES):
@@ -188,7 +236,7 @@ def redis_url() -> str | None:
 
 def redis_secret() -> str | None:
     """``KERNELCACHE_REDIS_SECRET``: sign Redis entries, and trust only entries signed with it."""
-    return os.environ.get("KERNELCACHE_REDIS_SECRET") or None
+    return _env("KERNELCACHE_REDIS_SECRET") or None
 
 
 def redis_read_only() -> bool:
@@ -198,7 +246,7 @@ def redis_read_only() -> bool:
 
 def object_store_url() -> str | None:
     """``KERNELCACHE_OBJECT_STORE_URL`` (``s3://bucket/path``, ``gs://...``, ``az://...``): a tier after Redis."""
-    raw = os.environ.get("KERNELCACHE_OBJECT_STORE_URL", "").strip()
+    raw = _env("KERNELCACHE_OBJECT_STORE_URL", "").strip()
     if not raw:
         return None
     from kernelcache.stores.object.conn import check_url
@@ -211,7 +259,7 @@ def object_store_url() -> str | None:
 
 def object_store_secret() -> str | None:
     """``KERNELCACHE_OBJECT_STORE_SECRET``: sign object-store records, and trust only records signed with it."""
-    return os.environ.get("KERNELCACHE_OBJECT_STORE_SECRET") or None
+    return _env("KERNELCACHE_OBJECT_STORE_SECRET") or None
 
 
 def object_store_read_only() -> bool:
@@ -229,6 +277,7 @@ _DEFAULT_CACHE_VARS = (
     "KERNELCACHE_OBJECT_STORE_URL",
     "KERNELCACHE_OBJECT_STORE_SECRET",
     "KERNELCACHE_OBJECT_STORE_READ_ONLY",
+    "KERNELCACHE_CONFIG",
 )
 
 
@@ -243,6 +292,7 @@ def default_cache_raw() -> tuple[object, ...]:
     here); on CPython for POSIX the environment's backing dict (bytes -> bytes, kept in
     sync by os.environ itself) answers the same question without one.
     """
+    configfile.ensure_loaded(KNOWN, ConfigError)  # a compare when KERNELCACHE_CONFIG is unchanged
     data = getattr(os.environ, "_data", None)
     if isinstance(data, dict) and os.name == "posix":
         return tuple([data.get(name) for name in _ENCODED_VARS])
@@ -265,7 +315,10 @@ _CHECKS = (
 
 
 def check() -> None:
-    """Validate every variable; one ConfigError naming each bad one (the CLI runs this first)."""
+    """Validate every variable; one ConfigError naming each bad one, one line each (the CLI
+    runs this first). A KERNELCACHE_* variable kernelcache does not read is one warning."""
+    configfile.ensure_loaded(KNOWN, ConfigError)
+    configfile.warn_unknown_variables(KNOWN)
     problems = []
     for read in _CHECKS:
         try:
@@ -273,4 +326,4 @@ def check() -> None:
         except ConfigError as exc:
             problems.append(str(exc))
     if problems:
-        raise ConfigError("; ".join(problems))
+        raise ConfigError("\n".join(problems))

@@ -47,7 +47,8 @@ class UserError(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"kernelcache: error: {self.format_message()}", err=True)
+        for line in self.format_message().splitlines() or [""]:  # several problems: one line each
+            click.echo(f"kernelcache: error: {line}", err=True)
 
 
 class Group(click.Group):
@@ -58,7 +59,10 @@ class Group(click.Group):
             raise
         except (ValueError, OSError, KeyError) as exc:
             # Expected failures (bad manifest, unreadable dir...) are one line, not a traceback.
-            raise UserError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
+            text = str(exc).strip()
+            # A ConfigError names each bad variable on a line of its own; other errors: their first line.
+            shown = text if isinstance(exc, config.ConfigError) else text.splitlines()[0] if text else ""
+            raise UserError(shown or type(exc).__name__) from exc
 
 
 class Declined(click.ClickException):
@@ -86,10 +90,10 @@ def open_cache(
     if removes is not None:
         require_cache_root(root, removes)
     # verify opens without the start-up sweep of stale temp files, so it can report them.
-    # The cap is the default cache's (KERNELCACHE_MAX_SIZE), so that stats shows it.
+    # The cap is the default cache's (KERNELCACHE_MAX_SIZE, else the directory's), so that stats shows it.
     # create=False: a directory without a tree is an empty cache, and stays as it is.
     tmp_max_age_s = None if sweep else float("inf")
-    return FileStreamProgramCache(root, config.max_size_bytes(), tmp_max_age_s=tmp_max_age_s, create=create)
+    return FileStreamProgramCache(root, config.cap_for(root)[0], tmp_max_age_s=tmp_max_age_s, create=create)
 
 
 def _named(cache_dir: str | None, root: str) -> str:

@@ -385,5 +385,11 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
     _emit(result, as_json, explain_text)
 
 
+from kernelcache.cli.setup import config_group, init  # noqa: E402 - the commands of their own module
+
+main.add_command(config_group)
+main.add_command(init)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

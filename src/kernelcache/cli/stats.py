@@ -69,6 +69,7 @@ def _disk(cache_dir: str | None, zero: bool) -> dict[str, Any]:
     s: dict[str, Any] = dict(cache.stats())
     s["entries"] = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))
     s["max_size_bytes"] = cache.max_size_bytes  # None: no cap
+    s["max_size_source"] = config.cap_for(cache.path)[1]
     s["path"] = cache.path
     if zero:
         cache.zero_stats()
@@ -130,7 +131,8 @@ def render(data: dict[str, dict[str, Any]], zero: bool, notes: list[str]) -> Non
     click.echo(table.render("kernelcache stats", ("counter", *data), rows, right=range(1, len(data) + 1)))
     for name, store in data.items():
         if "path" in store:
-            where = store["path"]
+            cap = config.format_size(store["max_size_bytes"])
+            where = f"{store['path']} (max size {cap}: {store.get('max_size_source', 'default')})"
         elif name == "redis":
             where = f"{store.get('url')} namespace {store.get('namespace')} (every host's counts)"
         else:

@@ -80,11 +80,9 @@ def configured_cache(root: str | None, redis_url: str | None = None) -> ProgramC
     write (``kernelcache warm``), so that warming fills the fleet's shared tiers too."""
     config.check()
     settings = Settings.from_config()
-    settings = dataclasses.replace(
-        settings,
-        root=root if root is not None else settings.root,
-        redis_url=redis_url or settings.redis_url,
-    )
+    if root is not None:
+        settings = dataclasses.replace(settings, root=root, max_size=config.cap_for(root)[0])
+    settings = dataclasses.replace(settings, redis_url=redis_url or settings.redis_url)
     return _make_default_cache(settings, skip_unusable_disk=False)  # a directory the user named must work
 
 
@@ -104,9 +102,10 @@ class Settings:
 
     @classmethod
     def from_config(cls) -> Settings:
+        root = config.cache_dir()
         return cls(
-            root=config.cache_dir(),
-            max_size=config.max_size_bytes(),
+            root=root,
+            max_size=config.cap_for(root)[0],
             allow_shared=config.allow_shared(),
             redis_url=config.redis_url(),
             redis_secret=config.redis_secret(),

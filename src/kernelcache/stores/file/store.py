@@ -30,6 +30,7 @@ from typing import Any
 from kernelcache import config
 from kernelcache.memo import remember
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
+from kernelcache.stores.file import dircap
 from kernelcache.stores.file import locks as lockfiles
 from kernelcache.stores.file.counters import FileStats
 from kernelcache.stores.file.marker import FORMAT_DIR
@@ -81,7 +82,8 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     """A persistent, multi-process byte store in a directory.
 
     ``path``: the cache root (default: ``KERNELCACHE_DIR`` or the platformdirs user cache
-    dir). ``max_size_bytes``: cap on artifact + sidecar bytes (None: no cap); the least
+    dir). ``max_size_bytes``: cap on artifact + sidecar bytes (None: no cap; by default the cap
+    stored in the directory by ``kernelcache config set max-size``, else none); the least
     recently *read* entries go first. ``allow_shared=True`` makes it a team cache: a
     group-writable, setgid tree that every member of its group reads and writes (files by
     umask; an entry a member wrote is as trusted as that member). Otherwise the tree must be
@@ -107,7 +109,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     def __init__(
         self,
         path: str | os.PathLike[str] | None = None,
-        max_size_bytes: int | None = None,
+        max_size_bytes: int | None | dircap.FromDirectory = dircap.FROM_DIRECTORY,
         *,
         allow_shared: bool | None = None,
         tmp_max_age_s: float | None = None,
@@ -115,7 +117,8 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         create: bool = True,
     ) -> None:
         super().__init__()
-        self._max_size = check_max_size(max_size_bytes)
+        if not isinstance(max_size_bytes, dircap.FromDirectory):
+            check_max_size(max_size_bytes)
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         given = os.path.abspath(os.fspath(path) if path is not None else config.cache_dir())
@@ -125,6 +128,8 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         # Resolved once: a symlinked root re-pointed later by its owner must
         # not swap the tree under this store; every path below is built from this one.
         self._root = make_root(given, self._allow_shared, create)
+        from_dir = isinstance(max_size_bytes, dircap.FromDirectory)
+        self._max_size = dircap.cap_of(self._root) if from_dir else max_size_bytes
         base = os.path.join(self._root, FORMAT_DIR)
         self._entries = os.path.join(base, "entries")
         self._tmp = os.path.join(base, "tmp")

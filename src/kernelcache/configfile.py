@@ -1,0 +1,152 @@
+"""The config file: ``KERNELCACHE_*`` values written once for every process of a user or host.
+
+``KERNELCACHE_CONFIG`` names it (default ``<user config dir>/kernelcache/config.toml``). Each
+key is a variable's name, with or without the ``KERNELCACHE_`` prefix, in either case, ``-``
+or ``_`` (``max_size = "20GB"``, ``redis-url = "redis://cache:6379/0"``,
+``allow_shared = true``). The environment wins over the file: a value from the file is put
+into the process's environment only where the variable is unset, so every reader in
+config.py (and every child process) sees one set of values. Which value came from where is
+remembered for ``kernelcache config``.
+
+The file is read again when ``KERNELCACHE_CONFIG`` changes, not when the file does: a
+process reads it once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import threading
+import warnings
+from typing import Any
+
+PREFIX = "KERNELCACHE_"
+_UNLOADED = object()
+_lock = threading.Lock()
+_warn_lock = threading.Lock()  # its own: ensure_loaded warns about a file's keys under _lock
+_loaded_for: object = _UNLOADED  # the KERNELCACHE_CONFIG value the file was read for
+_loaded_path: str | None = None
+_injected: dict[str, str] = {}  # variable -> the text this file put into the environment
+_warned_unknown: set[str] = set()
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_CONFIG_KEY = os.fsencode("KERNELCACHE_CONFIG")
+
+
+def default_path() -> str:
+    import platformdirs
+
+    return os.path.join(platformdirs.user_config_dir("kernelcache", appauthor=False), "config.toml")
+
+
+def _config_env() -> str | None:
+    if isinstance(_ENV_DATA, dict):
+        raw = _ENV_DATA.get(_CONFIG_KEY)
+        return None if raw is None else os.fsdecode(raw)
+    return os.environ.get("KERNELCACHE_CONFIG")
+
+
+def ensure_loaded(known: tuple[str, ...], error: type[Exception]) -> None:
+    """Read the config file if ``KERNELCACHE_CONFIG`` changed since it was read (cheap otherwise).
+
+    ``known``: every variable name kernelcache reads; ``error``: raised for a file that cannot
+    be used (config.ConfigError), naming the file and what is wrong.
+    """
+    global _loaded_for, _loaded_path
+    raw = _config_env()
+    if raw == _loaded_for:
+        return
+    with _lock:
+        if raw == _loaded_for:
+            return
+        _unload()
+        path = os.path.expanduser(raw) if raw else default_path()
+        if raw and not os.path.isfile(path):
+            raise error(f"KERNELCACHE_CONFIG={raw!r}: no such file; create it or unset the variable")
+        values = _read(path, error) if os.path.isfile(path) else {}
+        for key, value in values.items():
+            name = _variable(key)
+            if name not in known:
+                _warn_unknown(name, known, f"in {path}")
+                continue
+            text = _text(value, key, path, error)
+            if name not in os.environ:
+                os.environ[name] = text
+                _injected[name] = text
+        _loaded_for, _loaded_path = raw, path if values else None
+
+
+def _unload() -> None:
+    # A different file now: take back what the previous one set (unless a program changed it since).
+    for name, text in _injected.items():
+        if os.environ.get(name) == text:
+            del os.environ[name]
+    _injected.clear()
+
+
+def _read(path: str, error: type[Exception]) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, ValueError) as exc:
+        why = f"the config file {path} cannot be used ({exc}); fix it, or point KERNELCACHE_CONFIG elsewhere"
+        raise error(why) from None
+
+
+def _variable(key: str) -> str:
+    name = key.strip().upper().replace("-", "_")
+    return name if name.startswith(PREFIX) else PREFIX + name
+
+
+def _text(value: object, key: str, path: str, error: type[Exception]) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise error(f"{path}: {key} = {value!r} is not a string, number or true/false")
+
+
+def source(name: str) -> str:
+    """Where the value in force of variable ``name`` came from: environment, config file, default."""
+    if name in _injected and os.environ.get(name) == _injected[name]:
+        return f"config file {_loaded_path}"
+    return "environment" if name in os.environ else "default"
+
+
+def file_in_use() -> str | None:
+    """The config file whose values are in force, if any held values."""
+    return _loaded_path
+
+
+def warn_unknown_variables(known: tuple[str, ...]) -> None:
+    """One warning per ``KERNELCACHE_*`` variable of the environment that kernelcache does not read."""
+    for name in sorted(os.environ):
+        if name.startswith(PREFIX) and name not in known:
+            _warn_unknown(name, known, "in the environment")
+
+
+def _warn_unknown(name: str, known: tuple[str, ...], where: str) -> None:
+    with _warn_lock:
+        if name in _warned_unknown:
+            return
+        _warned_unknown.add(name)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f": did you mean {close[0]}?" if close else " (see `kernelcache config` for the known ones)"
+    message = f"kernelcache: {name} {where} is not a variable kernelcache reads{hint}"
+    from kernelcache.log import logger
+    from kernelcache.stores.base import KernelCacheWarning
+
+    logger.warning("%s", message)
+    warnings.warn(message, KernelCacheWarning, stacklevel=4)
+
+
+def _reset_in_child() -> None:
+    global _lock, _warn_lock
+    _lock, _warn_lock = threading.Lock(), threading.Lock()  # a parent's thread may have held them
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)
