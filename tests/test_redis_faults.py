@@ -268,12 +268,12 @@ def test_cli_stats_shows_the_fleet(tmp_path, server, ns) -> None:
     assert (data["disk"]["hits"], data["disk"]["misses"]) == (0, 1)  # host b's disk: it missed there
 
 
-def test_cli_stats_unreachable_redis_is_one_line_and_fails(tmp_path) -> None:
+def test_cli_stats_unreachable_redis_is_one_line_and_the_disk_is_still_shown(tmp_path) -> None:
     out = _cli("stats", "--cache-dir", str(tmp_path), "--redis", "redis://127.0.0.1:1/0")
-    assert out.returncode != 0
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach Redis at redis://127.0.0.1:1/0" in lines[0], out.stderr
-    assert "Warning" not in out.stderr
+    assert out.returncode == 0, out.stderr  # the disk could be read: its figures, and one line for Redis
+    said = (out.stdout + out.stderr).strip().splitlines()
+    assert sum("127.0.0.1:1" in line for line in said) == 1, said
+    assert "Traceback" not in out.stderr and "Warning" not in out.stderr
     bad = _cli("stats", "--cache-dir", str(tmp_path), "--redis", "http://127.0.0.1:1")
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
 
