@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import config
 from kernelcache.compile.flight import BUSY, READY, SingleFlight
 from kernelcache.compile.lookup import Found, Lookup
-from kernelcache.compile.metadata import artifact_meta, count, object_from_record, refuse_to_store, write_record
+from kernelcache.compile.metadata import artifact_meta, object_from_record, refuse_to_store
 from kernelcache.compile.request import CompileRequest
 from kernelcache.compile.runners import runner_for
 from kernelcache.compile.tracing import HeaderTrace
@@ -31,6 +31,7 @@ from kernelcache.stores.base import ProgramCacheResource, as_value_bytes
 from kernelcache.stores.cuda_core import as_store
 from kernelcache.stores.default import default_cache, default_cache_or_none
 from kernelcache.stores.naming import entry_name, key_prefix
+from kernelcache.stores.safe import count, write_record
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions

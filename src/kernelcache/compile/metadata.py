@@ -4,9 +4,9 @@ The artifact is stored verbatim; its metadata (a JSON-able dict) carries what a 
 give back the same ObjectCode as the compile did (kind, name, symbol mapping of name
 expressions, log) and what tools list (kernels, options, toolchain, headers).
 
-The store is reached only through read_record/write_record/count here: a store that fails
-never fails a compile; it becomes a miss or a dropped write, ONE warning per cause, and an
-``errors`` count.
+The store is reached only through stores.safe (read_record/write_record/count): a store
+that fails never fails a compile; it becomes a miss or a dropped write, one warning per
+cause, and an ``errors`` count.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from kernelcache.compile.schema import META_SCHEMA, SCHEMA_FIELD, meta_is_usable
 from kernelcache.keys.derive import code_bytes
 from kernelcache.log import KernelCacheWarning, WarnOnce
-from kernelcache.stores.base import CountingStore, Meta, ProgramCacheResource
+from kernelcache.stores.base import Meta, ProgramCacheResource
+from kernelcache.stores.safe import count, read_record
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -127,33 +128,13 @@ def artifact_meta(
     }
 
 
-# -- safe store access (a failing store never fails a compile) -----------------------------
+# -- reading an artifact, refusing to store one ------------------------------------------
 
-_warned = WarnOnce()
-
-
-def warn_store(cache: ProgramCacheResource, what: str, exc: BaseException) -> None:
-    """Warn once per (store class, action, error class) and count an error."""
-    name = type(cache).__name__
-    message = f"the cache {name} failed to {what} ({exc!r}); compiling without it"
-    _warned.warn(f"{name}:{what}:{type(exc).__name__}", message, stacklevel=4)
-    count(cache, errors=1)
+_warned = WarnOnce()  # compile results returned but not stored
 
 
-def read_record(cache: ProgramCacheResource, key: bytes, *, caller_counts: bool = False) -> tuple[bytes, Meta] | None:
-    """A look-up that is never a user hit or miss in the store's counters.
 
-    By default an internal look-up (``internal_gets``). ``caller_counts=True``: the caller
-    counts this look-up as its own hit or miss, so the store counts nothing (a store that
-    cannot skip counting counts it as internal).
-    """
-    try:
-        if caller_counts and isinstance(cache, CountingStore):
-            return cache.get_record_uncounted(key)
-        return cache.get_record(key, internal=True)
-    except Exception as exc:
-        warn_store(cache, "read", exc)
-        return None
+
 
 
 def read_artifact(cache: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta] | None:
@@ -166,20 +147,8 @@ def read_artifact(cache: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta]
     return record if record is not None and meta_is_usable(record[1]) else None
 
 
-def write_record(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Meta, internal: bool = False) -> None:
-    """Store payload + metadata; a failure warns and is dropped."""
-    try:
-        cache.set_record(key, payload, meta, internal=internal)
-    except Exception as exc:
-        warn_store(cache, "write", exc)
 
 
-def count(cache: ProgramCacheResource, **deltas: int) -> None:
-    """Add to the store's counters; a store that cannot count is left alone."""
-    try:
-        cache.add_stats(**deltas)
-    except Exception:
-        pass
 
 
 def refuse_to_store(cache: ProgramCacheResource, why: str) -> None:

@@ -25,7 +25,6 @@ import os
 import threading
 from typing import Any
 
-from kernelcache.compile.metadata import read_record, write_record
 from kernelcache.headers import scan as includes
 from kernelcache.headers import variants
 from kernelcache.headers.digests import file_digest
@@ -33,6 +32,7 @@ from kernelcache.keys.derive import digest_components
 from kernelcache.keys.options import OPTION_POLICY, TRACKED, emits_flag
 from kernelcache.memo import remember
 from kernelcache.stores.base import ProgramCacheResource
+from kernelcache.stores.safe import read_record, write_record
 from kernelcache.stores.tiered import TieredProgramCache
 
 _MEMO_LIMIT = 4096

@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from kernelcache import __version__
-from kernelcache.compile.metadata import count, read_artifact, read_record, write_record
+from kernelcache.compile.metadata import read_artifact
 from kernelcache.keys.derive import KEY_SCHEMA_VERSION
 from kernelcache.keys.toolchain import nvrtc_identity
+from kernelcache.stores.safe import count, read_record, write_record
 
 _DOMAIN = b"kernelcache.cupy.index/1\x00"
 _VERSION_LINE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
