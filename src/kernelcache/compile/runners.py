@@ -14,13 +14,12 @@ Anything else (NVVM IR, PTX input, which may need the driver's linker) runs here
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelcache.compile import compilers
 from kernelcache.compile import workers as pool_mod
-from kernelcache.stores.base import KernelCacheWarning
+from kernelcache.log import WarnOnce
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -63,9 +62,11 @@ class _InWorkers:
         try:
             outcome, value, shown = pool_mod.pool().run(kind, args, restrict, trace_path)
         except pool_mod.PoolUnavailable as exc:
-            _warn_once(
+            _warned.warn(
+                f"no-workers-{restrict}",
                 f"compiler workers cannot start here ({exc}); compiling in this process"
-                + (" (restrict=True: this process's later compiles are built with --restrict)" if restrict else "")
+                + (" (restrict=True: this process's later compiles are built with --restrict)" if restrict else ""),
+                stacklevel=3,
             )
             return IN_PROCESS.run_compiler(request, trace_path)
         _replay(shown)
@@ -82,6 +83,7 @@ class _InWorkers:
         raise value
 
 
+_warned = WarnOnce()
 IN_PROCESS: Runner = _InProcess()
 IN_WORKERS: Runner = _InWorkers()
 
@@ -122,15 +124,3 @@ def _replay(shown: list[tuple[str, str, str]]) -> None:
         except Exception:
             pass
         warnings.warn(text, category, stacklevel=4)
-
-
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def _warn_once(message: str) -> None:
-    with _warned_lock:
-        if message in _warned:
-            return
-        _warned.add(message)
-    warnings.warn(message, KernelCacheWarning, stacklevel=4)
