@@ -165,9 +165,11 @@ def test_headers_are_tracked_per_request_when_compiled_on_threads(tmp_path) -> N
     assert hits == [True, True, False, True]
 
 
-@pytest.mark.parametrize("processes", [False, True], ids=["threads", "worker-processes"])
-def test_processes_sharing_a_dir_compile_each_key_exactly_once(tmp_path, processes) -> None:
-    procs, kernels = 4, 8
+@pytest.mark.parametrize(
+    ("processes", "kernels"), [(False, 8), (True, 8), (None, 16)], ids=["threads", "workers", "default"]
+)
+def test_processes_sharing_a_dir_compile_each_key_exactly_once(tmp_path, processes, kernels) -> None:
+    procs = 4
     root = str(tmp_path)
     ctx = mp.get_context("spawn")
     start_at = time.time() + 4.0  # after every interpreter has imported cuda.core

@@ -18,6 +18,7 @@ from test_compile import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
 
 from kernelcache import CompileManyError, FileStreamProgramCache, compile_many
 from kernelcache.compile.flow import probe
+from kernelcache.compile.runners import MIN_MISSES
 from kernelcache.compile.workers import WorkerCrashed, pool
 
 CHILD = os.path.join(os.path.dirname(__file__), "_pool_children.py")
@@ -64,18 +65,27 @@ def mixed_requests(inc: str) -> list[dict[str, object]]:
     ]
 
 
-def test_results_records_and_headers_equal_an_in_process_compile(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("processes", [True, None], ids=["all-in-workers", "default"])
+def test_results_records_and_headers_equal_an_in_process_compile(tmp_path, monkeypatch, processes) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "w.h").write_text("#define W 3.0f\n")
     (tmp_path / "inc").mkdir()
     (tmp_path / "inc" / "v.h").write_text("#define V 4.0f\n")
     settle_timestamps()
     reqs = mixed_requests("inc")
+    if processes is None:  # enough misses for the default to use workers (and the caller's thread)
+        reqs += [
+            {"code": TEMPLATE.replace("a * x[i]", f"{n}.0f * x[i]"), "options": ProgramOptions(arch=ARCH)}
+            for n in range(MIN_MISSES - len(reqs))
+        ]
     here, there = FileStreamProgramCache(tmp_path / "threads"), FileStreamProgramCache(tmp_path / "procs")
     alone = compile_many(reqs, cache=here, processes=False)
-    crashes = pool().crashes
-    spread = compile_many(reqs, cache=there, processes=True)
-    assert pool().pids() and pool().crashes == crashes
+    crashes, compiled = pool().crashes, pool().compiles
+    spread = compile_many(reqs, cache=there, processes=processes)
+    in_workers = pool().compiles - compiled
+    assert pool().crashes == crashes
+    # True: every compile in a worker; the default: the caller's thread compiles here, the rest there.
+    assert in_workers == len(reqs) if processes else 0 < in_workers < len(reqs)
     # lineinfo goes through cuda.core's Program, which names the source by a temp file: its
     # bytes differ between any two compiles, in one process or not; all else must be equal.
     varying = probe(reqs[2]["code"], options=reqs[2]["options"], cache=there, name_expressions=("axpy<int>",))

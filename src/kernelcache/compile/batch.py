@@ -126,6 +126,9 @@ class _Batch:
         self.infos: list[CompileInfo | None] = [None] * size
         self.budget = budget
         self.processes = False  # misses compile in worker processes (runners.batch_uses_processes)
+        # The thread whose compiles stay in this process, if any (the default's choice: the
+        # caller's thread needs no worker to start, and one thread of NVRTC runs unserialised).
+        self.here: threading.Thread | None = None
         self.stop = False
         self._on_done = on_done
         self._lock = threading.Lock()
@@ -181,7 +184,7 @@ class _Batch:
             self.finish(job.index, obj, job.info)
 
     def _try(self, job: _Job) -> ObjectCode | None:
-        call = Call(job.info, processes=self.processes)
+        call = Call(job.info, processes=self.processes and threading.current_thread() is not self.here)
         if job.look is None:
             return compile_uncached(job.request, call)
         # Waited the whole budget for a peer that still holds the key (a hung process, a dead
@@ -218,8 +221,10 @@ def run_batch(
         return batch  # all hits: no thread started
     batch.fresh.extend(jobs)
     batch.processes = batch_uses_processes(processes, len(jobs))
+    if batch.processes and processes is None:
+        batch.here = threading.current_thread()
     if batch.processes:  # every thread may hold a worker at once
-        workers_pool().limit = max(workers_pool().limit, min(workers, len(jobs)))
+        workers_pool().limit = max(workers_pool().limit, min(workers, len(jobs)) - (batch.here is not None))
     threads = [threading.Thread(target=batch.work, name=f"kernelcache-compile-{n}") for n in range(1, workers)]
     del threads[max(len(jobs) - 1, 0) :]  # never more threads than misses (this thread is one)
     for thread in threads:
@@ -292,13 +297,13 @@ def compile_many(
     Each request is a mapping of compile_program's arguments: ``code``, and optionally
     ``code_type``, ``target_type``, ``options``, ``name_expressions``, ``extra_digest``.
     Hits are looked up first; misses compile on up to ``max_workers`` threads (default:
-    the CPU count), each thread handing its C++ compiles to a worker process when
-    ``processes`` is True, or by default (None) when at least runners.MIN_MISSES misses
-    remain on a host with more than one usable core (workers are started once per process
-    and reused; results, logs and errors are those of a compile in this process; a worker
-    killed during a compile costs that compile one retry). Processes sharing the store
-    split the misses: each compiles the keys no peer is compiling first, and waits only at
-    the end for the keys a peer holds.
+    the CPU count). ``processes=True``: each thread hands its C++ compiles to a worker
+    process. None (default): so do all threads but the caller's, which compiles here, when
+    at least runners.MIN_MISSES misses remain on a host with more than one usable core.
+    Workers are started once per process and reused; results, logs and errors are those of
+    a compile in this process; a worker killed during a compile costs that compile one retry.
+    Processes sharing the store split the misses: each compiles the keys no peer is
+    compiling first, and waits only at the end for the keys a peer holds.
     A request that fails does not stop the others: once they all finished (and were
     stored), CompileManyError is raised with ``.errors`` (request index -> exception) and
     ``.results`` (None where failed). Malformed requests raise TypeError/ValueError at

@@ -29,9 +29,11 @@ if TYPE_CHECKING:
 __all__ = ["IN_PROCESS", "IN_WORKERS", "MIN_MISSES", "Runner", "batch_uses_processes", "runner_for"]
 
 # compile_many(processes=None) compiles in workers from this many misses on, on a host with
-# more than one usable core: below it, starting workers in a fresh process costs more than the
-# cores win (measured with benchmarks/bench_cold.py; the README says how).
-MIN_MISSES = 4
+# more than one usable core. Measured with benchmarks/bench_cold.py --only b on 2 cores (a
+# fresh process, workers started inside the time; ratios to cuda.core's loop): K=8 threads
+# 0.72, default 0.80; K=12 threads 0.58, default 0.67; K=16 0.61 vs 0.56; K=32 0.53 vs 0.50.
+# Below it a worker's start (an interpreter and NVRTC's load, ~0.1 CPU-s) is not paid back.
+MIN_MISSES = 16
 
 
 class Runner(Protocol):

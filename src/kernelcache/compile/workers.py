@@ -139,6 +139,7 @@ class WorkerPool:
     def __init__(self, limit: int) -> None:
         self.limit = limit  # workers at most (compile_many raises it to its thread count)
         self.crashes = 0  # workers that died during a compile
+        self.compiles = 0  # compiles that workers answered
         self.unavailable = ""  # why workers cannot start here ("" while they can)
         self._cond = threading.Condition()
         self._idle: list[_Worker] = []
@@ -177,6 +178,8 @@ class WorkerPool:
                 self._drop(worker)
                 raise
             worker.restrict = worker.restrict or restrict
+            with self._cond:
+                self.compiles += 1
             self._checkin(worker)
             return reply
         raise AssertionError("unreachable")
