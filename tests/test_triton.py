@@ -416,3 +416,31 @@ def test_a_group_naming_a_path_is_a_miss_and_writes_nothing_outside(tmp_path, mo
         warnings.simplefilter("ignore")
         backend.put("__grp__other.json", json.dumps({"child_paths": ["kern.cubin", "../x"]}).encode())
     assert KernelCacheManager(key).get_group("other.json") is None
+
+
+def test_a_local_group_of_two_versions_falls_through_to_a_complete_remote_one(tmp_path, monkeypatch):
+    # Host b's disk holds writer 1's manifest with writer 2's members (two writers stored one
+    # group with different bytes while b read it); Redis holds writer 2's complete group.
+    # b must not miss for ever on its local tiers: it reads Redis's group and repairs its own.
+    need_redis()
+    from kernelcache.stores.redis.store import RedisProgramCache
+    from kernelcache.triton import _TritonFiles
+
+    server = RedisServer(str(tmp_path))
+    try:
+        key = _key("two-writers")
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "t"))
+        mkey = triton_cache.get_cache_manager(key).key  # the key Triton hands a cache manager
+        v1 = {n: f"v1:{n}".encode() for n in NAMES}
+        v2 = {n: f"v2:{n}".encode() for n in NAMES}
+        disk = FileStreamProgramCache(str(tmp_path / "b" / "kc"))
+        _TritonFiles(mkey, disk).put_group("kern.json", v1)
+        for name, data in v2.items():
+            _TritonFiles(mkey, disk).put(name, data)  # members of the other version
+        _TritonFiles(mkey, RedisProgramCache(server.url)).put_group("kern.json", v2)
+        env = _env(tmp_path / "b" / "kc", KERNELCACHE_REDIS_URL=server.url)
+        assert _run(env, "get", key, *NAMES)["group"] == {n: f"v2:{n}" for n in NAMES}
+        server.stop()  # the local tiers alone now serve the repaired group
+        assert _TritonFiles(mkey, FileStreamProgramCache(str(tmp_path / "b" / "kc"))).get_group("kern.json") == v2
+    finally:
+        server.stop()

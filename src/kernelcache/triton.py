@@ -112,9 +112,9 @@ class _TritonFiles:
         record = self.store.get_record(self._file_key(name), internal=internal)
         return None if record is None else record[0]
 
-    def put(self, name: str, data: bytes) -> bool:
+    def _member_meta(self, name: str) -> dict[str, Any]:
         ext = name.rsplit(".", 1)[-1] if "." in name else ""
-        meta = {
+        return {
             "kind": "triton",
             "code_type": "triton",
             "target_type": ext or "file",
@@ -122,20 +122,9 @@ class _TritonFiles:
             "triton_key": self.key,
             "triton_version": triton.__version__,
         }
-        return self.store.set_record(self._file_key(name), data, meta)
 
-    def put_group(self, name: str, members: dict[str, bytes]) -> bool:
-        """Store every member that the store does not hold as given, then the manifest."""
-        digests = {}
-        for member, data in members.items():
-            # Re-put a member a peer replaced since we wrote it (or that was evicted): the
-            # manifest must name bytes that are in the store now, or readers would miss on
-            # it until the next compile.
-            if self.get(member, internal=True) != data and not self.put(member, data):
-                return False  # a member that is not stored makes no group
-            digests[member] = hashlib.sha256(data).hexdigest()
-        manifest = json.dumps({"format": _GROUP_FORMAT, "members": digests}, sort_keys=True).encode()
-        meta = {
+    def _group_meta(self, members: dict[str, bytes]) -> dict[str, Any]:
+        return {
             "kind": "triton-group",
             "code_type": "triton",
             "target_type": "group",
@@ -143,43 +132,94 @@ class _TritonFiles:
             "triton_key": self.key,
             "triton_version": triton.__version__,
         }
+
+    @staticmethod
+    def _manifest(members: dict[str, bytes]) -> bytes:
+        digests = {member: hashlib.sha256(data).hexdigest() for member, data in members.items()}
+        return json.dumps({"format": _GROUP_FORMAT, "members": digests}, sort_keys=True).encode()
+
+    def put(self, name: str, data: bytes) -> bool:
+        return self.store.set_record(self._file_key(name), data, self._member_meta(name))
+
+    def put_group(self, name: str, members: dict[str, bytes]) -> bool:
+        """Store every member that the store does not hold as given, then the manifest."""
+        for member, data in members.items():
+            # Re-put a member a peer replaced since we wrote it (or that was evicted): the
+            # manifest must name bytes that are in the store now, or readers would miss on
+            # it until the next compile.
+            if self.get(member, internal=True) != data and not self.put(member, data):
+                return False  # a member that is not stored makes no group
         # Last write: until it lands, readers see no group (a writer killed before this
         # line leaves members only, which nobody reads as a group).
-        return self.store.set_record(_GROUP_DOMAIN + self._prefix + name.encode("utf-8"), manifest, meta)
+        return self.store.set_record(self._group_key(name), self._manifest(members), self._group_meta(members))
 
     def get_group(self, name: str) -> dict[str, bytes] | None:
-        """Every member of the group, each matching the manifest's digest; else None."""
+        """Every member of the group, each matching the manifest's digest; else None.
+
+        A group found but not verifying through the tiers together (a host's local tiers
+        holding a manifest and members of two writers' versions) is read from each tier
+        alone, nearest first: the first complete one is returned and replaces the group in
+        the tiers above it. So a stale local copy never shadows a complete group further down.
+        """
+        members = None
         for _ in range(_READ_ATTEMPTS):
-            record = self.store.get_record(_GROUP_DOMAIN + self._prefix + name.encode("utf-8"))
-            if record is None:
-                return None
-            try:
-                manifest = json.loads(record[0])
-                digests = manifest["members"]
-                if manifest.get("format") != _GROUP_FORMAT or not isinstance(digests, dict):
-                    raise ValueError("unknown group format")
-            except (ValueError, KeyError, TypeError):
-                return None  # a format this version does not know: a miss
-            if not all(_is_plain(member) for member in digests):
-                # Written by another writer (any host sharing an unsigned store): a member
-                # named "../x" would make Triton's own file manager (RemoteCacheManager) write
-                # outside its directory, and our copies cannot be named so. A miss.
-                _warn_once("group-names", f"group {name!r} names a file that is not a plain name; a miss")
-                return None
-            members: dict[str, bytes] = {}
-            # Every member in one round trip per tier (a remote tier answers them together).
-            found = self.store.get_many([self._file_key(m) for m in digests], internal=True)
-            for (member, digest), record in zip(digests.items(), found):
-                data = None if record is None else record[0]
-                # Race: a peer rewrote this member (with other bytes) after our manifest
-                # was written, or evicted it. The digest catches both; read once more in
-                # case the peer's own manifest has landed meanwhile.
-                if data is None or hashlib.sha256(data).hexdigest() != digest:
-                    break
-                members[member] = data
-            else:
-                return members
+            members = self._read_group(self.store, name)
+            if members != "unverified":
+                return members  # type: ignore[return-value]
+        tiers = list(getattr(self.store, "tiers", ()))
+        for i, tier in enumerate(tiers):
+            found = self._read_group(tier, name)
+            if isinstance(found, dict):
+                self._replace_above(tiers[:i], name, found)
+                return found
         return None
+
+    def _group_key(self, name: str) -> bytes:
+        return _GROUP_DOMAIN + self._prefix + name.encode("utf-8")
+
+    def _read_group(self, store: ProgramCacheResource, name: str) -> dict[str, bytes] | str | None:
+        """The verified members from ``store``; None: no group there (or one this version
+        cannot read); "unverified": a manifest whose members do not all match it."""
+        record = store.get_record(self._group_key(name), internal=store is not self.store)
+        if record is None:
+            return None
+        try:
+            manifest = json.loads(record[0])
+            digests = manifest["members"]
+            if manifest.get("format") != _GROUP_FORMAT or not isinstance(digests, dict):
+                raise ValueError("unknown group format")
+        except (ValueError, KeyError, TypeError):
+            return None  # a format this version does not know: a miss
+        if not all(_is_plain(member) for member in digests):
+            # Written by another writer (any host sharing an unsigned store): a member
+            # named "../x" would make Triton's own file manager (RemoteCacheManager) write
+            # outside its directory, and our copies cannot be named so. A miss.
+            _warn_once("group-names", f"group {name!r} names a file that is not a plain name; a miss")
+            return None
+        members: dict[str, bytes] = {}
+        # Every member in one round trip per tier (a remote tier answers them together).
+        found = store.get_many([self._file_key(m) for m in digests], internal=True)
+        for (member, digest), got in zip(digests.items(), found):
+            data = None if got is None else got[0]
+            # Race: a peer rewrote this member (with other bytes) after our manifest
+            # was written, or evicted it. The digest catches both; the caller reads once
+            # more in case the peer's own manifest has landed meanwhile.
+            if data is None or hashlib.sha256(data).hexdigest() != digest:
+                return "unverified"
+            members[member] = data
+        return members
+
+    def _replace_above(self, tiers: list[ProgramCacheResource], name: str, members: dict[str, bytes]) -> None:
+        """Write a verified group into ``tiers`` (members first, the manifest last, as put_group)."""
+        # Race: another host may rewrite the group meanwhile; each tier then holds one
+        # writer's members or another's, and the manifest written last names ours, which a
+        # reader verifies (a mismatch is a miss there and a fall-through again).
+        for tier in tiers:
+            if tier.read_only:
+                continue
+            for member, data in members.items():
+                tier.set_record(self._file_key(member), data, self._member_meta(member), internal=True)
+            tier.set_record(self._group_key(name), self._manifest(members), self._group_meta(members), internal=True)
 
 
 class KernelCacheManager(CacheManager):
