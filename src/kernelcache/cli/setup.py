@@ -9,8 +9,9 @@ from typing import Any
 
 import click
 
-from kernelcache import config, configfile
+from kernelcache import config
 from kernelcache.cli.common import CACHE_DIR_OPTION, JSON_OPTION, UserError, emit, open_cache
+from kernelcache.config import file as configfile
 
 _SECRETS = ("KERNELCACHE_REDIS_SECRET", "KERNELCACHE_OBJECT_STORE_SECRET", "KERNELCACHE_BUNDLE_SECRET")
 

@@ -1,4 +1,4 @@
-"""The store compile_program uses when given none: built from the environment (config.py).
+"""The store compile_program uses when given none: built from the environment (kernelcache.config).
 
 One instance per configuration: the raw variables are read on every call (a few
 microseconds), parsed and checked once per distinct configuration, when its store is made.
@@ -88,7 +88,7 @@ def configured_cache(root: str | None, redis_url: str | None = None) -> ProgramC
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What shapes the default cache, parsed and checked (config.py reads every value)."""
+    """What shapes the default cache, parsed and checked (kernelcache.config reads every value)."""
 
     root: str
     max_size: int | None

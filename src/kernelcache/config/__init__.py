@@ -24,7 +24,7 @@ import os
 import re
 from decimal import Decimal, InvalidOperation
 
-from kernelcache import configfile
+from kernelcache.config import file as configfile
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -90,7 +90,7 @@ KNOWN = tuple(name for name, _, _ in VARIABLES) + _TEST_VARIABLES
 
 
 def _env(name: str, default: str = "") -> str:
-    """The value of ``name`` ("" when unset): the environment's, else the config file's (configfile.py)."""
+    """The value of ``name`` ("" when unset): the environment's, else the config file's (config.file)."""
     configfile.ensure_loaded(KNOWN, ConfigError)
     return os.environ.get(name, default)
 

@@ -5,7 +5,7 @@ key is a variable's name, with or without the ``KERNELCACHE_`` prefix, in either
 or ``_`` (``max_size = "20GB"``, ``redis-url = "redis://cache:6379/0"``,
 ``allow_shared = true``). The environment wins over the file: a value from the file is put
 into the process's environment only where the variable is unset, so every reader in
-config.py (and every child process) sees one set of values. Which value came from where is
+kernelcache.config (and every child process) sees one set of values. Which value came from where is
 remembered for ``kernelcache config``.
 
 The file is read again when ``KERNELCACHE_CONFIG`` changes, not when the file does: a
