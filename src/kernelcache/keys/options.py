@@ -318,35 +318,8 @@ def _encode_options(options: Any, code_type: str, has_digest: bool, headers_trac
                 if not value:
                     continue  # read by truth: False is None
                 value = True
-        if nvrtc and policy == REJECT:
-            if emits_flag(name, value):
-                raise ValueError(
-                    f"ProgramOptions.{name}={value!r} makes NVRTC write a file as a side effect (it receives "
-                    "the flag for any value but None, False included), which a cache hit would skip; "
-                    "compile without the cache for this option"
-                )
+        if nvrtc and not _nvrtc_keys(name, value, policy, has_digest, headers_tracked):
             continue
-        if nvrtc and policy in (NEEDS_DIGEST, TRACKED):
-            if not emits_flag(name, value):
-                continue  # NVRTC receives nothing for it, as for None (include_path=())
-            if policy == NEEDS_DIGEST and not has_digest:
-                raise ValueError(
-                    f"ProgramOptions.{name} makes the compile read files whose content the key cannot "
-                    "see; pass extra_digest=<bytes that change whenever those files change>"
-                )
-            if policy == TRACKED and not has_digest and not headers_tracked:
-                raise ValueError(
-                    f"ProgramOptions.{name} names headers whose content the key cannot see; use "
-                    "kernelcache.compile_program (it tracks the headers a compile reads), or pass "
-                    "extra_digest=<bytes that change whenever those headers change>"
-                )
-        if nvrtc and name == "name" and not has_digest and not headers_tracked and _has_directory(value):
-            raise ValueError(
-                f"ProgramOptions.name={value!r} has a directory component, and NVRTC reads quoted "
-                "#includes relative to it, which the key cannot see; use kernelcache.compile_program "
-                "(it tracks the headers a compile reads), pass extra_digest=<bytes that change "
-                "whenever those headers change>, or drop the directory from the name"
-            )
         tag = _TAGS.get(name) or b"%d:%s" % (len(name), name.encode())
         encoded = tag + encode(value)
         parts.append(encoded)
@@ -355,6 +328,40 @@ def _encode_options(options: Any, code_type: str, has_digest: bool, headers_trac
         if policy == HASH and name not in NVVM_ONLY and name != "name" and type(value) in _SCALARS:
             remember(memo, (name, value, type(value)), encoded, 4096)
     return b"".join(parts)
+
+
+def _nvrtc_keys(name: str, value: Any, policy: str, has_digest: bool, headers_tracked: bool) -> bool:
+    """Whether an NVRTC field enters the key; ValueError for a value no key can stand for."""
+    if policy == REJECT:
+        if emits_flag(name, value):
+            raise ValueError(
+                f"ProgramOptions.{name}={value!r} makes NVRTC write a file as a side effect (it receives "
+                "the flag for any value but None, False included), which a cache hit would skip; "
+                "compile without the cache for this option"
+            )
+        return False
+    if policy in (NEEDS_DIGEST, TRACKED):
+        if not emits_flag(name, value):
+            return False  # NVRTC receives nothing for it, as for None (include_path=())
+        if policy == NEEDS_DIGEST and not has_digest:
+            raise ValueError(
+                f"ProgramOptions.{name} makes the compile read files whose content the key cannot "
+                "see; pass extra_digest=<bytes that change whenever those files change>"
+            )
+        if policy == TRACKED and not has_digest and not headers_tracked:
+            raise ValueError(
+                f"ProgramOptions.{name} names headers whose content the key cannot see; use "
+                "kernelcache.compile_program (it tracks the headers a compile reads), or pass "
+                "extra_digest=<bytes that change whenever those headers change>"
+            )
+    if name == "name" and not has_digest and not headers_tracked and _has_directory(value):
+        raise ValueError(
+            f"ProgramOptions.name={value!r} has a directory component, and NVRTC reads quoted "
+            "#includes relative to it, which the key cannot see; use kernelcache.compile_program "
+            "(it tracks the headers a compile reads), pass extra_digest=<bytes that change "
+            "whenever those headers change>, or drop the directory from the name"
+        )
+    return True
 
 
 def _has_directory(name: object) -> bool:
