@@ -26,3 +26,102 @@ def test_several_bad_variables_are_one_line_each(tmp_path) -> None:
         "KERNELCACHE_MAX_SIZE",
         "KERNELCACHE_WAIT_TIMEOUT",
     ]
+
+
+def _cache_with(root: str, n: int, kernels: list[str] | None = None) -> None:
+    from kernelcache import FileStreamProgramCache
+
+    with FileStreamProgramCache(root) as cache:
+        for i in range(n):
+            meta = {"code_type": "c++", "target_type": "cubin", "arch": "sm_90", "kernels": kernels or [f"k{i}"]}
+            cache.set_record(f"key-{i}".encode(), b"\x7fELF" + bytes(200), meta)
+
+
+def test_a_tilde_in_cache_dir_is_the_home_directory(tmp_path) -> None:
+    home = tmp_path / "home"
+    _cache_with(str(home / "kc"), 1)
+    env = {**os.environ, "HOME": str(home)}
+    for args in (["--cache-dir=~/kc"], ["--cache-dir", "~/kc"]):
+        proc = _kc("stats", *args, "--json", env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert '"entries": 1' in proc.stdout
+    assert not os.path.exists(tmp_path / "~")
+
+
+def test_allow_shared_is_accepted_before_the_subcommand(tmp_path) -> None:
+    root = tmp_path / "team"
+    root.mkdir()
+    os.chmod(root, 0o2770)
+    from kernelcache import FileStreamProgramCache
+
+    FileStreamProgramCache(root, allow_shared=True).close()
+    refused = _kc("stats", "--cache-dir", str(root))
+    assert refused.returncode == 2 and "--allow-shared" in refused.stderr  # the flag the refusal suggests
+    proc = _kc("--allow-shared", "stats", "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_prune_max_size_0_means_no_cap_as_for_the_variable(tmp_path) -> None:
+    _cache_with(str(tmp_path / "c"), 3)
+    proc = _kc("prune", "--max-size", "0", "--cache-dir", str(tmp_path / "c"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert '"removed": 0' in proc.stdout
+    assert '"entries": 3' in _kc("stats", "--json", "--cache-dir", str(tmp_path / "c")).stdout
+
+
+def test_a_closed_pipe_is_no_error(tmp_path) -> None:
+    _cache_with(str(tmp_path / "c"), 3000)
+    for args in (["ls"], ["stats"], ["ls", "--json"]):
+        reader = subprocess.Popen(
+            [sys.executable, "-m", "kernelcache", *args, "--cache-dir", str(tmp_path / "c")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert reader.stdout is not None and reader.stderr is not None
+        reader.stdout.readline()  # `| head -1`: one line read, then the pipe closes
+        reader.stdout.close()
+        err = reader.stderr.read().decode()
+        assert reader.wait(timeout=120) == 0, err
+        assert "Broken pipe" not in err and "Traceback" not in err
+
+
+def test_export_to_a_terminal_is_refused(tmp_path) -> None:
+    import pty
+
+    _cache_with(str(tmp_path / "c"), 1)
+    main, child = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kernelcache", "export", "key", "-o", "-", "--cache-dir", str(tmp_path / "c")],
+            stdout=child,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(child)
+    os.set_blocking(main, False)
+    try:
+        written = os.read(main, 4096)
+    except (BlockingIOError, OSError):
+        written = b""
+    os.close(main)
+    assert proc.returncode == 2 and "terminal" in proc.stderr
+    assert b"ELF" not in written
+    # to a file or a pipe it works
+    entry = _kc("ls", "--json", "--cache-dir", str(tmp_path / "c")).stdout.split('"key": "')[1][:12]
+    out = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "export", entry, "-o", "-", "--cache-dir", str(tmp_path / "c")],
+        capture_output=True,
+    )
+    assert out.returncode == 0 and out.stdout.startswith(b"\x7fELF")
+
+
+def test_ls_keeps_kernel_names_whole(tmp_path) -> None:
+    names = [f"very_long_kernel_name_number_{i}<float, 128>" for i in range(4)]
+    _cache_with(str(tmp_path / "c"), 1, kernels=names)
+    wide = _kc("ls", "--cache-dir", str(tmp_path / "c"), env={**os.environ, "COLUMNS": "400"}).stdout
+    assert ", ".join(names) in wide
+    narrow = _kc("ls", "--cache-dir", str(tmp_path / "c"), env={**os.environ, "COLUMNS": "80"}).stdout
+    folded = " ".join(line.strip() for line in narrow.splitlines()[3:])
+    assert all(name.split("<")[0] in folded for name in names)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import click
@@ -23,19 +24,29 @@ def _allow_shared(ctx: click.Context, param: click.Parameter, value: bool) -> No
 
 def CACHE_DIR_OPTION(f: Any) -> Any:  # noqa: N802 - used like the other option constants
     """--cache-dir and --allow-shared: every command that opens a cache takes both."""
-    f = click.option(
-        "--allow-shared",
-        is_flag=True,
-        expose_value=False,
-        callback=_allow_shared,
-        help="Accept a group-shared team cache directory (same as KERNELCACHE_ALLOW_SHARED=1).",
-    )(f)
+    f = ALLOW_SHARED_OPTION(f)
     return click.option(
         "--cache-dir",
         default=None,
         metavar="DIR",
+        callback=_expand_user,
         help="Cache directory (default: KERNELCACHE_DIR or the user cache dir).",
     )(f)
+
+
+def _expand_user(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # --cache-dir=~/kc reaches us unexpanded (the shell expands a ~ only at the start of a
+    # word): it means the home's kc, never a directory named "~" in the current directory.
+    return os.path.expanduser(value) if value is not None else None
+
+
+ALLOW_SHARED_OPTION = click.option(
+    "--allow-shared",
+    is_flag=True,
+    expose_value=False,
+    callback=_allow_shared,
+    help="Accept a group-shared team cache directory (same as KERNELCACHE_ALLOW_SHARED=1).",
+)
 
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -57,6 +68,11 @@ class Group(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
+        except BrokenPipeError:
+            # `kernelcache ls | head -1`: the reader has what it wanted. Not an error; and the
+            # interpreter's exit flush must not hit the closed pipe again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise click.exceptions.Exit(0) from None
         except (ValueError, OSError, KeyError) as exc:
             # Expected failures (bad manifest, unreadable dir...) are one line, not a traceback.
             text = str(exc).strip()

@@ -15,6 +15,7 @@ import click
 from kernelcache import config
 from kernelcache.cli import entries as ent
 from kernelcache.cli.common import (
+    ALLOW_SHARED_OPTION,
     CACHE_DIR_OPTION,
     JSON_OPTION,
     Declined,
@@ -30,6 +31,7 @@ from kernelcache.stores.file.store import FileStreamProgramCache
 
 @click.group(cls=Group)
 @click.version_option(package_name="kernelcache")
+@ALLOW_SHARED_OPTION  # before the command too: `kernelcache --allow-shared stats`
 def main() -> None:
     """kernelcache: compile CUDA kernels once, reuse them everywhere."""
     config.check()  # a bad KERNELCACHE_* variable is one line before anything is opened
@@ -226,6 +228,8 @@ def export(key_prefix: str, output: str, cache_dir: str | None, as_json: bool) -
     """Write the raw artifact (cuobjdump / nvdisasm read it as it is)."""
     if output == "-" and as_json:
         raise UserError("-o - writes the artifact to stdout; --json would mix text into it: choose one")
+    if output == "-" and sys.stdout.isatty():
+        raise UserError("-o - would write binary into this terminal: redirect it (> file, | xxd) or give -o FILE")
     cache = _open(cache_dir)
     entry = _resolve(cache, key_prefix)
     data = ent.read_verified(entry)
@@ -266,7 +270,9 @@ def verify(cache_dir: str | None, fix: bool, as_json: bool) -> None:
 
 @main.command()
 @CACHE_DIR_OPTION
-@click.option("--max-size", default=None, help="Evict least recently used entries down to this size (e.g. 2GB).")
+@click.option(
+    "--max-size", default=None, help="Evict least recently used entries down to this size (2GB; 0 or none: no cap)."
+)
 @click.option("--older-than", default=None, help="Remove entries not used for this long (e.g. 30d, 12h).")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @JSON_OPTION
@@ -274,7 +280,8 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, d
     """Remove entries (and header manifests) by age of last use, then by size (LRU first)."""
     if max_size is None and older_than is None:
         raise UserError("give --max-size SIZE and/or --older-than AGE (e.g. --max-size 2GB, --older-than 30d)")
-    size_cap = config.parse_size(max_size) if max_size is not None else None
+    # One meaning of 0 for the cap everywhere (KERNELCACHE_MAX_SIZE=0, set max-size 0): no cap.
+    size_cap = config.parse_cap(max_size) if max_size is not None else None
     max_age = ent.parse_age(older_than) if older_than is not None else None
     cache = _open(cache_dir, removes=None if dry_run else "prune")
     result = ent.prune(cache, size_cap, max_age, now=time.time(), dry_run=dry_run)

@@ -13,7 +13,7 @@ _PREFIX = 12  # digits of an entry name that ls prints: unique in any real cache
 
 
 def ls_table(data: list[dict[str, Any]]) -> None:
-    """``ls``: one row per entry, in 80 columns.
+    """``ls``: one row per entry, as wide as the terminal ($COLUMNS; 80 in a pipe).
 
     Plain aligned text, not rich's Table: 2,000 rows must print in well under 0.3 s
     (cli/table.py says why). The key column is never shortened: `show` and `export` accept
@@ -28,7 +28,7 @@ def ls_table(data: list[dict[str, Any]]) -> None:
             str(r["size"]),
             ent.when(r["last_used"], short=True),
             "" if r["compile_seconds"] is None else f"{r['compile_seconds']:.3f}",
-            ", ".join(r["kernels"])[:60],
+            ", ".join(r["kernels"]),  # folded at word boundaries to the terminal's width, never cut
         )
         for r in data
     ]

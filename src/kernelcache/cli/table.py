@@ -56,8 +56,10 @@ def render(
     def line(cells: Sequence[str]) -> list[str]:
         parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells[:-1], widths))]
         last, w = cells[-1], widths[-1] or 1
-        # Words (kernel names) stay whole where they fit; a longer one is cut at the width.
-        chunks = (textwrap.wrap(last, w, break_on_hyphens=False) if len(last) > w else [last]) or [""]
+        # Words (kernel names) stay whole: a name longer than the width gets a line of its
+        # own that runs past it, rather than being cut where nobody can search for it.
+        wrap = textwrap.wrap(last, w, break_on_hyphens=False, break_long_words=False) if len(last) > w else [last]
+        chunks = wrap or [""]
         first = _GAP.join([*parts, chunks[0].rjust(w) if n - 1 in right else chunks[0]]).rstrip()
         return [first] + [(indent + c).rstrip() for c in chunks[1:]]
 

@@ -177,22 +177,25 @@ def wait_timeout_s() -> float:
     return value
 
 
+def parse_cap(text: str) -> int | None:
+    """A cap as every cap setting takes it: a size, or ``none``/``unlimited``/``0`` for no cap."""
+    if text.strip().lower() in _NO_CAP:
+        return None
+    size = parse_size(text)
+    if size == 0:  # "0GB", "0.5B": not the no-cap spelling "0"
+        raise ValueError(f"{_shown(text)} is less than one byte: use e.g. 500MB, or 'none' for no cap")
+    return size
+
+
 def max_size_bytes() -> int | None:
     """``KERNELCACHE_MAX_SIZE`` (e.g. ``10GB``; ``none`` for no cap), else 10 GB: the default cache's cap."""
     raw = _env("KERNELCACHE_MAX_SIZE", "")
     if not raw.strip():
         return DEFAULT_MAX_SIZE
-    if raw.strip().lower() in _NO_CAP:
-        return None
     try:
-        size = parse_size(raw)
+        return parse_cap(raw)
     except ValueError as exc:
         raise ConfigError(f"KERNELCACHE_MAX_SIZE: {exc} (or 'none' for no cap)") from None
-    if size == 0:  # "0GB", "0.5B": not the no-cap spelling "0", and no store takes a cap of 0
-        raise ConfigError(
-            f"KERNELCACHE_MAX_SIZE={_shown(raw)} is less than one byte: use e.g. 500MB, or 'none' for no cap"
-        )
-    return size
 
 
 def cap_for(root: str) -> tuple[int | None, str]:

@@ -46,13 +46,8 @@ def path_of(root: str) -> str:
 
 
 def parse(text: str) -> int | None:
-    """A cap as ``set max-size`` takes it: a size (``20G``, ``500MB``) or ``none``; ValueError otherwise."""
-    if text.strip().lower() in ("none", "unlimited"):
-        return None
-    size = config.parse_size(text)
-    if size == 0:
-        raise ValueError(f"{text!r} is no cap: give a size such as 20GB, or 'none' for no cap")
-    return size
+    """A cap as ``set max-size`` takes it: a size (``20G``, ``500MB``) or ``none`` (``0``: none too)."""
+    return config.parse_cap(text)
 
 
 def read(root: str) -> tuple[int | None] | None:
