@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "CacheClearedDuringBuild": "kernelcache.kernels.guarded",
+    "CacheMissError": "kernelcache.compile.strict",
     "CompileInfo": "kernelcache.compile.flow",
     "CompileManyError": "kernelcache.compile.batch",
     "DeviceDestroyedDuringBuild": "kernelcache.kernels.guarded",
@@ -40,6 +41,7 @@ _EXPORTS = {
 
 __all__ = [
     "CacheClearedDuringBuild",
+    "CacheMissError",
     "CompileInfo",
     "CompileManyError",
     "DeviceDestroyedDuringBuild",
@@ -78,6 +80,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
     from kernelcache.compile.batch import CompileManyError, compile_many
     from kernelcache.compile.flow import CompileInfo, compile_program, probe
+    from kernelcache.compile.strict import CacheMissError
     from kernelcache.kernels.cache import KernelCache
     from kernelcache.kernels.guarded import CacheClearedDuringBuild, DeviceDestroyedDuringBuild, GuardedCache
     from kernelcache.keys.derive import explain_program_cache_key, make_program_cache_key

@@ -32,8 +32,9 @@ def when(ts: float | None, short: bool = False) -> str:
 
 
 def is_manifest(entry: EntryInfo) -> bool:
+    """A bookkeeping record (a header manifest, a source index), not an artifact ``ls`` lists."""
     meta = (entry.meta or {}).get("meta") or {}
-    return meta.get("kind") == "manifest"
+    return meta.get("kind") in ("manifest", "source-index")
 
 
 def _text(value: Any, default: str = "?") -> str:

@@ -294,7 +294,7 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, d
     def render(r: dict[str, Any]) -> None:
         verb, freed = ("would remove", "would free") if dry_run else ("removed", "freed")
         click.echo(
-            f"{verb} {r['removed']} entries and {r['manifests_removed']} header manifests, "
+            f"{verb} {r['removed']} entries and {r['manifests_removed']} header manifests and source indexes, "
             f"{freed} {config.format_size(r['freed_bytes'])}"
         )
 
@@ -330,7 +330,8 @@ def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
         extra = f" and {copies} materialized copies" if copies else ""
         extra += " and the tree of an earlier layout" if old else ""
         click.echo(
-            f"removed {r['removed']} entries, {r['manifests_removed']} header manifests{extra} from {r['path']}; "
+            f"removed {r['removed']} entries, {r['manifests_removed']} header manifests and source indexes{extra} "
+            f"from {r['path']}; "
             "counters kept (`kernelcache stats --zero` resets them)"
         )
 

@@ -46,7 +46,7 @@ def show_text(data: dict[str, Any]) -> None:
     for section, sep in (("toolchain", ": "), ("options", " = ")):
         click.echo(f"{section}:")
         values = meta.get(section)
-        for k, v in (values.items() if isinstance(values, dict) else []):
+        for k, v in values.items() if isinstance(values, dict) else []:
             click.echo(f"  {k}{sep}{_plain(v)}")
     click.echo("headers:")
     headers = meta.get("headers")
@@ -65,7 +65,7 @@ def _plain(value: Any) -> str:
 
 def verify_text(data: dict[str, Any], fix: bool) -> None:
     """``verify``: what was checked, found and (with --fix) fixed."""
-    click.echo(f"checked {data['checked']} entries and {data['manifests_checked']} header manifests")
+    click.echo(f"checked {data['checked']} entries and {data['manifests_checked']} header manifests and source indexes")
     for kind in ("corrupt", "orphaned_sidecars", "stale_temps"):
         items = data[kind]
         click.echo(f"{kind.replace('_', ' ')}: {len(items)}")

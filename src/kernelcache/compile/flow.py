@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
+from kernelcache.compile import strict
 from kernelcache.compile.flight import BUSY, READY, SingleFlight
 from kernelcache.compile.lookup import Found, Lookup
 from kernelcache.compile.metadata import artifact_meta, object_from_record, refuse_to_store
@@ -52,6 +53,7 @@ class CompileInfo:
     waited: bool = False  # another thread/process compiled it while we waited
     cached: bool = True  # False when KERNELCACHE_DISABLE=1 or the store could not be used
     headers: list[str] = dataclasses.field(default_factory=list)  # headers the key covers
+    miss_reason: str | None = None  # on a miss: the nearest entry of this source and what differs
 
     @property
     def key_hex(self) -> str:
@@ -169,6 +171,7 @@ def resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource | 
 
 def compile_uncached(request: CompileRequest, call: Call) -> ObjectCode:
     """The compile of a call that has no cache to use (disabled, or none could be opened)."""
+    call.info.miss_reason = strict.on_uncached(config.disabled())  # KERNELCACHE_REQUIRE_HIT=1 raises here
     obj, log_text, seconds = runner_for(request, call.processes).run_compiler(request, None)
     call.emit_log(log_text)
     call.info.hit, call.info.cached, call.info.compile_seconds = False, False, seconds
@@ -225,6 +228,7 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
     return it unstored when the headers cannot be vouched for (compile.tracing)."""
     cache = look.cache
     count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
+    call.info.miss_reason = strict.on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
     trace = HeaderTrace(look.request, look.manifest_key, cache.tmp_dir) if look.track else None
     try:
         obj, log_text, seconds = _compile(look.request, trace, call.processes)
@@ -278,6 +282,7 @@ def _store(
     write_record(look.cache, key, as_value_bytes(obj), meta)
     if variant is not None:
         manifests.store_manifest(look.cache, look.manifest_key, variant)
+    strict.stored(look, key)  # the source index explains later misses
     info.store_seconds = time.perf_counter() - stored_at
     call.done()
     if logger.isEnabledFor(logging.INFO):

@@ -16,6 +16,8 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 | KERNELCACHE_OBJECT_STORE_URL  | unset                           | add an object-store tier after Redis     |
 | KERNELCACHE_OBJECT_STORE_SECRET | unset                         | sign and verify object-store records     |
 | KERNELCACHE_OBJECT_STORE_READ_ONLY | off                        | never write to the object store          |
+| KERNELCACHE_RECORD            | unset                           | append every request to this lockfile    |
+| KERNELCACHE_REQUIRE_HIT       | off                             | a miss raises (1) or warns (warn)        |
 """
 
 from __future__ import annotations
@@ -270,6 +272,65 @@ def object_store_read_only() -> bool:
     return _flag("KERNELCACHE_OBJECT_STORE_READ_ONLY")
 
 
+def record_path() -> str | None:
+    """``KERNELCACHE_RECORD``: the warm manifest (JSON Lines) every compile request is appended to.
+
+    ``~`` expanded, made absolute against the current directory. A directory, or a path whose
+    parent directory does not exist, is a ConfigError (so a typo fails at once, not never).
+    """
+    raw = _env_fast("KERNELCACHE_RECORD")
+    if not raw:
+        return None
+    checked = _record_checked.get(raw)
+    if checked is not None:
+        return checked
+    path = os.path.abspath(os.path.expanduser(raw))
+    if os.path.isdir(path):
+        raise ConfigError(f"KERNELCACHE_RECORD={_shown(raw)} is a directory: name a file, e.g. kernels.lock.json")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise ConfigError(
+            f"KERNELCACHE_RECORD={_shown(raw)}: the directory {os.path.dirname(path)} does not exist; create it first"
+        )
+    if not os.path.isabs(os.path.expanduser(raw)):
+        return path  # relative: resolved per call (the current directory may change), not memoised
+    _record_checked[raw] = path
+    return path
+
+
+_record_checked: dict[str, str] = {}  # absolute raw value -> the checked path (one stat per value)
+
+
+def require_hit() -> str | None:
+    """``KERNELCACHE_REQUIRE_HIT``: "raise" (1/true/yes/on), "warn", or None (unset, 0/false/no/off).
+
+    "raise": a miss raises CacheMissError instead of compiling; "warn": it compiles, with
+    one KernelCacheWarning per miss.
+    """
+    raw = _env_fast("KERNELCACHE_REQUIRE_HIT")
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return "raise"
+    if value == "warn":
+        return "warn"
+    if value in _FALSE:
+        return None
+    raise ConfigError(
+        f"KERNELCACHE_REQUIRE_HIT={_shown(raw)}: use 1 (a miss raises CacheMissError), "
+        "warn (a miss compiles and warns) or 0, or unset it"
+    )
+
+
+def _env_fast(name: str) -> str | None:
+    """``os.environ.get(name)`` without the exception an unset variable costs inside (hit path)."""
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict) and os.name == "posix":
+        value = data.get(os.fsencode(name))
+        return None if value is None else os.fsdecode(value)
+    return os.environ.get(name)
+
+
 _DEFAULT_CACHE_VARS = (
     "KERNELCACHE_DIR",
     "KERNELCACHE_MAX_SIZE",
@@ -314,6 +375,8 @@ _CHECKS = (
     object_store_url,
     object_store_secret,
     object_store_read_only,
+    record_path,
+    require_hit,
 )
 
 

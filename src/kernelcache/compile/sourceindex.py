@@ -1,0 +1,139 @@
+"""The source index: which keys a store holds for one source, so a miss can say what differs.
+
+A miss is explained against the entries stored for the same source (the same code,
+code_type and target_type) under other keys: the nearest one (fewest differing components)
+and the components that differ, in the terms ``kernelcache explain`` uses (``options.<field>``
+with both values, ``toolchain.*``, ``name_expressions``, ``extra_digest``, and for an entry of
+the same source and options the headers that changed, appeared or vanished, with paths).
+
+The index is an ordinary record (internal, like a header manifest) under a key derived from
+the source alone, so every store kind (disk, Redis, bundles, object store) carries it as it
+carries any record. It is read and written on a miss only: a hit never reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from kernelcache.compile.metadata import options_summary, read_record, write_record
+from kernelcache.headers import digests as hdr
+from kernelcache.headers import manifests
+from kernelcache.keys.derive import digest_components
+from kernelcache.keys.options import IGNORE, LINKER_GATES, OPTION_POLICY
+from kernelcache.stores.naming import entry_name
+
+if TYPE_CHECKING:
+    from kernelcache.compile.lookup import Lookup
+    from kernelcache.stores.base import ProgramCacheResource
+
+INDEX_FORMAT = 1
+MAX_KEYS = 64  # keys remembered per source (newest first): enough for every arch x option set in use
+NO_ENTRY = "no entry for this source"
+
+
+def index_key(look: Lookup) -> bytes:
+    """The key a source's index is stored under: the source's code, code_type and target_type only.
+
+    Its first component name ("source-index") is one no entry or manifest key starts with.
+    """
+    parts = dict(look.base)
+    return digest_components(
+        [
+            ("source-index", b"%d" % INDEX_FORMAT),
+            ("code_type", parts["code_type"]),
+            ("target_type", parts["target_type"]),
+            ("code", parts["code"]),
+        ]
+    )
+
+
+def components(look: Lookup) -> dict[str, Any]:
+    """This request's key components, readable (JSON values), headers aside."""
+    parts, request = dict(look.base), look.request
+    out: dict[str, Any] = {
+        f"options.{k}": v for k, v in options_summary(request.options).items() if _in_key(k, request.code_type)
+    }
+    for name, value in (look.toolchain.as_dict() if look.toolchain is not None else {}).items():
+        out[f"toolchain.{name}"] = value
+    if request.code_type == "c++" and request.name_expressions:
+        names = request.name_expressions
+        out["name_expressions"] = sorted(n.decode("latin-1") if isinstance(n, bytes) else n for n in names)
+    if "extra_digest" in parts:
+        out["extra_digest"] = parts["extra_digest"].hex()
+    return out
+
+
+def _in_key(field: str, code_type: str) -> bool:
+    # What cannot change a key is no difference worth naming (split_compile; NVRTC's fields for PTX).
+    if code_type == "ptx":
+        return field in LINKER_GATES
+    return OPTION_POLICY.get(field) != IGNORE
+
+
+def _parse(record: tuple[bytes, Any] | None) -> list[dict[str, Any]]:
+    """The index's entries; [] for no index or one of a format this version does not know."""
+    if record is None:
+        return []
+    try:
+        doc = json.loads(record[0])
+        entries = doc["entries"] if doc.get("format") == INDEX_FORMAT else []
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return []
+    ok = isinstance(entries, list) and all(
+        isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("components"), dict) for e in entries
+    )
+    return entries if ok else []
+
+
+def explain(look: Lookup) -> str:
+    """Why this request missed: the nearest stored entry of its source and what differs, or NO_ENTRY."""
+    entries = _parse(read_record(look.cache, index_key(look)))
+    if not entries:
+        return NO_ENTRY
+    ours = components(look)
+    best: tuple[str, dict[str, tuple[Any, Any]]] | None = None
+    for entry in entries:
+        theirs = entry["components"]
+        diffs = {
+            k: (theirs.get(k), ours.get(k)) for k in sorted(ours.keys() | theirs.keys()) if theirs.get(k) != ours.get(k)
+        }
+        if best is None or len(diffs) < len(best[1]):
+            best = (entry["key"], diffs)
+    assert best is not None
+    key_hex, diffs = best
+    name = entry_name(bytes.fromhex(key_hex))[:16]
+    if diffs:
+        shown = "; ".join(f"{k}: cached {_value(a)}, this call {_value(b)}" for k, (a, b) in diffs.items())
+        return f"nearest entry {name} (same source) differs in {shown}"
+    return f"nearest entry {name} has the same source and options; {_header_text(look)}"
+
+
+def _value(value: Any) -> str:
+    return "unset" if value is None else json.dumps(value)
+
+
+def _header_text(look: Lookup) -> str:
+    changes = manifests.header_changes(look.cache, look.manifest_key, hdr.search_dirs(look.request.options))
+    parts = [f"{what} header {path}" for what, paths in (changes or {}).items() for path in paths]
+    if parts:
+        return "differs in headers: " + "; ".join(parts)
+    return "its headers are unchanged: the entry is no longer in the store (evicted, removed or failed its check)"
+
+
+def add(look: Lookup, key: bytes) -> None:
+    """Put ``key`` (just stored) first in its source's index.
+
+    Race: two processes storing entries of one source under different options both read,
+    merge and write the index; the caller holds the index's own single flight (its thread,
+    file and remote locks), so neither loses the other's key. A writer that waited past
+    that flight's short budget writes without it, and the last writer wins: a key lost
+    from the index makes a later miss's explanation less precise, never a hit wrong (the
+    index is never read on a hit).
+    """
+    cache: ProgramCacheResource = look.cache
+    ikey = index_key(look)
+    entries = [e for e in _parse(read_record(cache, ikey)) if e["key"] != key.hex()]
+    entries.insert(0, {"key": key.hex(), "components": components(look)})
+    raw = json.dumps({"format": INDEX_FORMAT, "entries": entries[:MAX_KEYS]}, separators=(",", ":")).encode()
+    write_record(cache, ikey, raw, {"kind": "source-index"}, internal=True)

@@ -1,0 +1,99 @@
+"""Strict mode and explained misses: what compile_program does on a miss before it compiles.
+
+``KERNELCACHE_REQUIRE_HIT=1``: a miss raises :class:`CacheMissError` instead of compiling;
+``=warn``: it compiles, with one KernelCacheWarning per miss. Every miss, strict or not,
+is explained (sourceindex.py): the text goes to ``CompileInfo.miss_reason``, to the
+``kernelcache`` logger at INFO and, when raised, to ``CacheMissError.explanation``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from kernelcache import config
+from kernelcache.compile import sourceindex
+from kernelcache.compile.flight import SingleFlight
+from kernelcache.log import logger
+from kernelcache.stores.base import KernelCacheWarning
+
+if TYPE_CHECKING:
+    from kernelcache.compile.lookup import Lookup
+
+__all__ = ["CacheMissError", "on_miss", "on_uncached", "stored"]
+
+_INDEX_LOCK_S = 5.0  # the index's read-merge-write takes milliseconds; past this, write without the lock
+
+
+class CacheMissError(RuntimeError):
+    """A compile_program call missed while ``KERNELCACHE_REQUIRE_HIT=1``: nothing was compiled.
+
+    ``explanation``: why it missed (the nearest stored entry of the same source and the key
+    components that differ, or "no entry for this source").
+    """
+
+    def __init__(self, explanation: str, what: str = "") -> None:
+        self.explanation = explanation
+        self.what = what
+        super().__init__(
+            f"kernelcache: a cache miss{' for ' + what if what else ''} with KERNELCACHE_REQUIRE_HIT=1 "
+            f"(nothing compiled): {explanation}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable (compile_many's errors cross processes)
+        return (type(self), (self.explanation, self.what))
+
+
+def _what(look: Lookup) -> str:
+    request = look.request
+    arch = getattr(request.options, "arch", None)
+    return f"{request.code_type} -> {request.target_type}" + (f" for {arch}" if arch else "")
+
+
+def _apply(mode: str | None, reason: str, what: str) -> None:
+    logger.info("miss (%s): %s", what, reason)
+    if mode == "raise":
+        raise CacheMissError(reason, what)
+    if mode == "warn":
+        warnings.warn(
+            f"kernelcache: a cache miss for {what}, compiling: {reason}", KernelCacheWarning, _outside_level()
+        )
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _outside_level() -> int:
+    """The stacklevel of the first frame outside kernelcache (the caller's line, however deep the flow)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def on_miss(look: Lookup) -> str:
+    """Explain this miss (log it at INFO); raise or warn as KERNELCACHE_REQUIRE_HIT says; the reason."""
+    mode = config.require_hit()
+    reason = sourceindex.explain(look)
+    _apply(mode, reason, _what(look))
+    return reason
+
+
+def on_uncached(disabled: bool) -> str:
+    """A call that compiles with no cache at all (disabled, or none usable): a miss like any other."""
+    why = "the cache is disabled (KERNELCACHE_DISABLE=1)" if disabled else "no usable cache (see the warning above)"
+    _apply(config.require_hit(), why, "a call without a cache")
+    return why
+
+
+def stored(look: Lookup, key: bytes) -> None:
+    """Add the entry just stored under ``key`` to its source's index, under the index's own flight.
+
+    That flight is held inside the entry's own (a different key), for milliseconds, and
+    waits _INDEX_LOCK_S at most: whatever its outcome, the index is then written.
+    """
+    flight = SingleFlight.for_store(look.cache, sourceindex.index_key(look), _INDEX_LOCK_S)
+    with flight.hold():
+        sourceindex.add(look, key)
