@@ -35,6 +35,7 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
     raise ImportError("kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`") from exc
 
 from kernelcache import config
+from kernelcache.compile import lockfile
 from kernelcache.integrations.materialized import check_file_name, materialize, private_root
 from kernelcache.log import WarnOnce
 from kernelcache.stores.base import ProgramCacheResource
@@ -276,6 +277,7 @@ class KernelCacheManager(CacheManager):
         return path
 
     def get_group(self, filename: str) -> dict[str, str] | None:
+        lockfile.record_triton(self.key, filename)  # KERNELCACHE_RECORD: the kernels this run needed
         if self._delegate is not None:
             return self._delegate.get_group(filename)
         check_file_name(filename)

@@ -359,17 +359,30 @@ def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
     metavar="URL",
     help="Also fill this Redis (default: KERNELCACHE_REDIS_URL; KERNELCACHE_REDIS_SECRET signs).",
 )
+@click.option(
+    "--arch",
+    "archs",
+    multiple=True,
+    metavar="ARCH",
+    help="Compile every C++ kernel for this arch instead of its recorded one (repeatable; no GPU needed).",
+)
 @JSON_OPTION
-def warm(manifest: str, cache_dir: str | None, jobs: int, redis_url: str | None, as_json: bool) -> None:
-    """Precompile every kernel of a JSON/TOML manifest in parallel, so a deployment starts warm."""
+def warm(
+    manifest: str, cache_dir: str | None, jobs: int, redis_url: str | None, archs: tuple[str, ...], as_json: bool
+) -> None:
+    """Precompile every kernel of a JSON/TOML manifest (or a KERNELCACHE_RECORD lockfile) in parallel."""
     from kernelcache.cli import warm as warm_mod
+    from kernelcache.cli.demo import check_arch
 
     items = warm_mod.load_manifest(manifest)
+    if archs:
+        items = warm_mod.for_archs(items, [check_arch(a) for a in archs])
     results = warm_mod.run(items, cache_dir, jobs, progress=not as_json, redis_url=redis_url)
 
     def render(data: list[dict[str, Any]]) -> None:
         for r in data:
             status = "error: " + r["error"] if r.get("error") else ("hit" if r["hit"] else "compiled")
+            status = "skipped: " + r["skipped"] if r.get("skipped") else status
             click.echo(f"{r['name']} [{r['arch']} {r['target_type']}]: {status}")
         failed = sum(1 for r in data if r.get("error"))
         click.echo(f"{len(data) - failed} ok, {failed} failed")

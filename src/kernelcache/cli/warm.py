@@ -15,19 +15,26 @@ A manifest is JSON or TOML::
     options = { use_fast_math = true }
     name_expressions = ["axpy<float>"]
 
-JSON: ``{"defaults": {...}, "kernel": [{...}, ...]}`` (``kernels`` is accepted too).
-Each kernel is compiled once per (arch, target).
+JSON: ``{"defaults": {...}, "kernel": [{...}, ...]}`` (``kernels`` is accepted too), or JSON
+Lines: one such document per line, their kernels taken in order, repeated lines once (what
+``KERNELCACHE_RECORD`` writes: compile/lockfile.py). A line that is not whole JSON (its
+writer died mid-line) is skipped with a warning. Each kernel is compiled once per (arch,
+target). In ``define_macro``, an inner ``["NAME", "VALUE"]`` is one macro (cuda.core's
+tuple); ``code_type = "triton"`` with a ``triton_key`` names a Triton kernel a run looked
+up (listed, never compiled: Triton compiles its own).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-_KERNEL_FIELDS = {"name", "source", "code", "code_type", "arch", "target", "options", "name_expressions"}
+_KERNEL_FIELDS = {"name", "source", "code", "code_type", "arch", "target", "options", "name_expressions", "triton_key"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class WarmItem:
     target_type: str
     options: dict[str, Any] = field(default_factory=dict)
     name_expressions: tuple[str, ...] = ()
+    triton_key: str = ""  # code_type "triton": the kernel's Triton cache key (never compiled here)
 
 
 def _read_document(path: str) -> dict[str, Any]:
@@ -54,9 +62,39 @@ def _read_document(path: str) -> dict[str, Any]:
             else:  # pragma: no cover
                 import tomli as tomllib
             return tomllib.loads(raw.decode())
-        return json.loads(raw)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            lines = _json_lines(raw, path)
+            if lines is None:
+                raise
+            return lines
     except Exception as exc:
         raise ValueError(f"manifest {path} is not valid {'TOML' if path.endswith('.toml') else 'JSON'}: {exc}") from exc
+
+
+def _json_lines(raw: bytes, path: str) -> dict[str, Any] | None:
+    """A JSON Lines manifest (one document per line) as one document; None if it is not one."""
+    kernels: list[Any] = []
+    seen: set[bytes] = set()
+    torn = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        if not line.strip() or line in seen:
+            continue
+        seen.add(line)
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            torn.append(number)
+            continue
+        if not isinstance(doc, dict) or set(doc) != {"kernel"} or not isinstance(doc["kernel"], list):
+            return None  # a line of something else: not a manifest of lines
+        kernels.extend(doc["kernel"])
+    if not kernels:
+        return None
+    if torn:
+        print(f"manifest {path}: skipped line(s) {torn[:10]}: not whole JSON (its writer died?)", file=sys.stderr)
+    return {"kernel": kernels}
 
 
 def _strings(value: Any, what: str) -> list[str]:
@@ -75,7 +113,7 @@ def _kernel(raw: dict[str, Any], defaults: dict[str, Any], base: str, where: str
         raise ValueError(f"{where} has unknown field(s) {sorted(unknown)}; known: {sorted(_KERNEL_FIELDS)}")
     for table, label in ((defaults, "defaults.options"), (raw, f"{where}: options")):
         if not isinstance(table.get("options", {}), dict):
-            raise ValueError(f"{label} must be a table of ProgramOptions fields, e.g. {{ std = \"c++17\" }}")
+            raise ValueError(f'{label} must be a table of ProgramOptions fields, e.g. {{ std = "c++17" }}')
     k = {**defaults, **raw, "options": {**defaults.get("options", {}), **raw.get("options", {})}}
     for field_name in ("name", "code", "source", "code_type"):
         if field_name in k and not isinstance(k[field_name], str):
@@ -118,6 +156,11 @@ def load_manifest(path: str) -> list[WarmItem]:
             raise ValueError(f"manifest {path}: kernel #{i + 1} is not a table")
         k = _kernel(raw, defaults, base, f"manifest {path}: kernel #{i + 1}")
         name = k.get("name") or f"kernel{i + 1}"
+        if k.get("code_type") == "triton":
+            if not isinstance(k.get("triton_key"), str):
+                raise ValueError(f"manifest {path}: kernel {name!r}: a Triton kernel needs its triton_key (a string)")
+            items.append(WarmItem(name, "", "triton", "", "", triton_key=k["triton_key"]))
+            continue
         if "code" in k:
             code = k["code"]
         elif "source" in k:
@@ -145,12 +188,30 @@ def load_manifest(path: str) -> list[WarmItem]:
     return items
 
 
+def for_archs(items: list[WarmItem], archs: Sequence[str]) -> list[WarmItem]:
+    """Each C++ item once per arch of ``archs`` (its recorded arch replaced), repeats dropped.
+
+    PTX and NVVM items keep their recorded arch (their text may name one target); Triton
+    items stay as they are (listed, never compiled here).
+    """
+    out: dict[str, WarmItem] = {}
+    for item in items:
+        for arch in archs if item.code_type == "c++" else (item.arch,):
+            new = dataclasses.replace(item, arch=arch)
+            out.setdefault(json.dumps(dataclasses.asdict(new), sort_keys=True), new)
+    return list(out.values())
+
+
 def program_options(item: WarmItem) -> Any:
     """The item's cuda.core ProgramOptions; ValueError naming the kernel if they are bad."""
     from cuda.core import ProgramOptions
 
+    options = dict(item.options)
+    macros = options.get("define_macro")
+    if isinstance(macros, list):  # an inner [name, value] is cuda.core's (name, value) pair
+        options["define_macro"] = [tuple(m) if isinstance(m, list) else m for m in macros]
     try:
-        return ProgramOptions(arch=item.arch, **item.options)
+        return ProgramOptions(arch=item.arch, **options)
     except TypeError as exc:
         raise ValueError(f"kernel {item.name!r}: bad options {item.options}: {exc}") from exc
 
@@ -175,6 +236,10 @@ def run(
     ]
     requests: list[dict[str, Any]] = []
     for item, result in zip(items, results):
+        if item.code_type == "triton":
+            result["skipped"] = "a Triton kernel: Triton compiles it when the program runs"
+            requests.append({})
+            continue
         try:
             options = program_options(item)
         except ValueError as exc:
@@ -188,7 +253,7 @@ def run(
                 "name_expressions": item.name_expressions,
             }
         )
-    todo = [i for i, r in enumerate(results) if "error" not in r]
+    todo = [i for i, r in enumerate(results) if "error" not in r and "skipped" not in r]
     bar = None
     on_done = None
     if progress and sys.stderr.isatty():

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
+from kernelcache.compile import lockfile
 from kernelcache.compile.flight import SingleFlight
 from kernelcache.compile.flow import Call, CompileInfo, compile_uncached, fly, replay_hit, resolve_cache
 from kernelcache.compile.lookup import Lookup
@@ -249,6 +250,7 @@ def _hits_first(
         call = Call(CompileInfo())
         try:
             request, look = _lookup(i, store, fields_given, what)
+            lockfile.record(request)  # KERNELCACHE_RECORD
         except Exception as exc:
             if strict:
                 raise

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
-from kernelcache.compile import strict
+from kernelcache.compile import lockfile, strict
 from kernelcache.compile.flight import BUSY, READY, SingleFlight
 from kernelcache.compile.lookup import Found, Lookup
 from kernelcache.compile.metadata import artifact_meta, object_from_record, refuse_to_store
@@ -140,6 +140,7 @@ def compile_program(
     if store is None:
         return compile_uncached(request, call)
     look = Lookup(store, request)
+    lockfile.record(request)  # KERNELCACHE_RECORD: hits and misses
     found = look.find()
     call.info.lookup_seconds = time.perf_counter() - call.start
     if found[1] is not None:
@@ -171,6 +172,7 @@ def resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource | 
 
 def compile_uncached(request: CompileRequest, call: Call) -> ObjectCode:
     """The compile of a call that has no cache to use (disabled, or none could be opened)."""
+    lockfile.record(request)
     call.info.miss_reason = strict.on_uncached(config.disabled())  # KERNELCACHE_REQUIRE_HIT=1 raises here
     obj, log_text, seconds = runner_for(request, call.processes).run_compiler(request, None)
     call.emit_log(log_text)
