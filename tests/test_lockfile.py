@@ -90,6 +90,7 @@ RECORDER = textwrap.dedent(
     import sys, time
     from cuda.core import ProgramOptions
     from kernelcache.compile import lockfile
+    from kernelcache.compile.request import CompileRequest
     who, count, start_at = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     opts = ProgramOptions(arch="sm_90")
     pad = "// " + "x" * 200_000 + "\\n"  # lines far beyond one pipe buffer (4 KiB): no atomic write()
@@ -97,7 +98,7 @@ RECORDER = textwrap.dedent(
         time.sleep(0.001)
     for i in range(count):
         src = pad + f'extern "C" __global__ void k_{who}_{i}(float* a) {{ a[0] = {i}.0f; }}\\n'
-        lockfile.record(src, "c++", "cubin", opts, (), None)
+        lockfile.record(CompileRequest.of(src, options=opts))
     """
 )
 
