@@ -195,7 +195,7 @@ def test_demo_clear_cache_removes_only_the_demos_entry(tmp_path) -> None:
     assert json.loads(cleared.stdout)["cache_status"] == "MISS"
     with FileStreamProgramCache(root) as cache:
         assert [cache.get(b"other program %d" % i) for i in range(5)] == [b"kernel %d" % i for i in range(5)]
-        assert len(cache) == 6
+        assert len(cache) == 7  # the five, the demo's entry and its source index (explained misses)
 
 
 def test_demo_clear_cache_refuses_a_tree_that_is_not_a_cache(tmp_path) -> None:

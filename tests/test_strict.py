@@ -284,3 +284,39 @@ def test_processes_storing_one_source_under_different_options_all_reach_its_inde
     entries = json.loads(cache.get_record(index_key(look))[0])["entries"]
     macros = sorted(e["components"]["options.define_macro"] for e in entries)
     assert macros == ["N=0", "N=1", "N=2", "N=3"]
+
+
+def test_a_triton_miss_raises_under_require_hit(monkeypatch) -> None:
+    pytest.importorskip("triton")
+    from kernelcache.triton import KernelCacheManager
+
+    monkeypatch.setenv("KERNELCACHE_REQUIRE_HIT", "1")
+    with pytest.raises(CacheMissError, match="Triton's add_kernel") as caught:
+        KernelCacheManager("b" * 52).get_group("add_kernel.json")  # Triton's look-up before it compiles
+    assert "b" * 52 in caught.value.explanation
+    monkeypatch.setenv("KERNELCACHE_REQUIRE_HIT", "warn")
+    with pytest.warns(KernelCacheWarning, match="add_kernel"):
+        assert KernelCacheManager("b" * 52).get_group("add_kernel.json") is None
+
+
+def test_a_real_triton_compile_under_require_hit_raises_then_hits_once_warm(tmp_path) -> None:
+    pytest.importorskip("triton")
+    worker = os.path.join(os.path.dirname(__file__), "_triton_worker.py")
+    env = dict(
+        os.environ,
+        KERNELCACHE_DIR=str(tmp_path / "kc"),
+        TRITON_CACHE_MANAGER="kernelcache.triton:KernelCacheManager",
+        TRITON_CACHE_DIR=str(tmp_path / "triton-own"),
+    )
+
+    def compile_(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, worker, "compile"], env={**env, **extra}, capture_output=True, text=True, timeout=300
+        )
+
+    cold = compile_(KERNELCACHE_REQUIRE_HIT="1")
+    assert cold.returncode != 0 and "CacheMissError" in cold.stderr, cold.stderr
+    assert compile_().returncode == 0  # the real run that fills the cache
+    warm = compile_(KERNELCACHE_REQUIRE_HIT="1")
+    assert warm.returncode == 0, warm.stderr
+    assert json.loads(warm.stdout.strip().splitlines()[-1])["compiled"] == 0

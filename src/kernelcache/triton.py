@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - exercised where triton is absen
     raise ImportError("kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`") from exc
 
 from kernelcache import config
-from kernelcache.compile import lockfile
+from kernelcache.compile import lockfile, strict
 from kernelcache.integrations.materialized import check_file_name, materialize, private_root
 from kernelcache.log import WarnOnce
 from kernelcache.stores.base import ProgramCacheResource
@@ -283,6 +283,7 @@ class KernelCacheManager(CacheManager):
         check_file_name(filename)
         members = self._files.get_group(filename)
         if members is None:
+            strict.on_triton_miss(self.key, filename)  # KERNELCACHE_REQUIRE_HIT=1 raises: Triton compiles nothing
             return None
         paths = {}
         for name, data in members.items():

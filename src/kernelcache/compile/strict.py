@@ -22,7 +22,7 @@ from kernelcache.stores.base import KernelCacheWarning
 if TYPE_CHECKING:
     from kernelcache.compile.lookup import Lookup
 
-__all__ = ["CacheMissError", "on_miss", "on_uncached", "stored"]
+__all__ = ["CacheMissError", "on_miss", "on_triton_miss", "on_uncached", "stored"]
 
 _INDEX_LOCK_S = 5.0  # the index's read-merge-write takes milliseconds; past this, write without the lock
 
@@ -86,6 +86,15 @@ def on_uncached(disabled: bool) -> str:
     why = "the cache is disabled (KERNELCACHE_DISABLE=1)" if disabled else "no usable cache (see the warning above)"
     _apply(config.require_hit(), why, "a call without a cache")
     return why
+
+
+def on_triton_miss(triton_key: str, filename: str) -> None:
+    """Triton found no compiled kernel under its key: raise or warn as KERNELCACHE_REQUIRE_HIT says.
+
+    Triton's key already covers its source, options and toolchain; there is no nearer entry to name.
+    """
+    name = filename[: -len(".json")] if filename.endswith(".json") else filename
+    _apply(config.require_hit(), f"no entry for this Triton kernel (Triton key {triton_key})", f"Triton's {name}")
 
 
 def stored(look: Lookup, key: bytes) -> None:

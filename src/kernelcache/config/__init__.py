@@ -323,12 +323,19 @@ def require_hit() -> str | None:
 
 
 def _env_fast(name: str) -> str | None:
-    """``os.environ.get(name)`` without the exception an unset variable costs inside (hit path)."""
+    """``os.environ.get(name)`` without the exception an unset variable costs inside (hit path).
+
+    See default_cache_raw: on CPython for POSIX, os.environ's own backing dict answers it.
+    """
     data = getattr(os.environ, "_data", None)
-    if isinstance(data, dict) and os.name == "posix":
-        value = data.get(os.fsencode(name))
+    if _POSIX and type(data) is dict:
+        value = data.get(_ENCODED.get(name) or os.fsencode(name))
         return None if value is None else os.fsdecode(value)
     return os.environ.get(name)
+
+
+_POSIX = os.name == "posix"
+_ENCODED = {name: os.fsencode(name) for name in ("KERNELCACHE_RECORD", "KERNELCACHE_REQUIRE_HIT")}
 
 
 _DEFAULT_CACHE_VARS = (
