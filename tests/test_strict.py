@@ -161,15 +161,15 @@ def test_require_hit_values(monkeypatch, value, mode) -> None:
 
 
 class _ReadCounting(InMemoryProgramCache):
-    """A real in-memory store that also notes the key of every read."""
+    """A real in-memory store that also notes the key of every read (get_many reads through _read too)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reads: list[bytes] = []
 
-    def _read(self, key: bytes, want_meta: bool = True):  # type: ignore[no-untyped-def]
+    def _read(self, key: bytes):  # type: ignore[no-untyped-def]
         self.reads.append(key)
-        return super()._read(key, want_meta)
+        return super()._read(key)
 
 
 def test_a_hit_never_reads_the_source_index() -> None:
