@@ -320,3 +320,22 @@ def test_a_real_triton_compile_under_require_hit_raises_then_hits_once_warm(tmp_
     warm = compile_(KERNELCACHE_REQUIRE_HIT="1")
     assert warm.returncode == 0, warm.stderr
     assert json.loads(warm.stdout.strip().splitlines()[-1])["compiled"] == 0
+
+
+def test_an_older_near_copy_of_the_index_never_drops_a_key_a_shared_tier_holds(tmp_path) -> None:
+    from kernelcache import TieredProgramCache
+    from kernelcache.compile.lookup import Lookup
+    from kernelcache.compile.request import CompileRequest
+    from kernelcache.compile.sourceindex import index_key
+
+    shared = str(tmp_path / "shared")
+    tiered = TieredProgramCache([InMemoryProgramCache(), FileStreamProgramCache(shared)])
+    compile_program(SRC, options=_opts(define_macro="N=1"), cache=tiered)  # both tiers: [N=1]
+    compile_program(SRC, options=_opts(define_macro="N=2"), cache=FileStreamProgramCache(shared))  # a peer
+    info = CompileInfo()
+    compile_program(SRC, options=_opts(define_macro="N=3"), cache=tiered, info=info)
+    assert '"N=2"' in (info.miss_reason or "") or '"N=1"' in (info.miss_reason or "")
+    look = Lookup(tiered, CompileRequest.of(SRC, options=_opts(define_macro="N=0")))
+    for tier in tiered.tiers:
+        entries = json.loads(tier.get_record(index_key(look))[0])["entries"]
+        assert sorted(e["components"]["options.define_macro"] for e in entries) == ["N=1", "N=2", "N=3"]

@@ -23,17 +23,14 @@ import errno
 import fcntl
 import json
 import os
-import threading
 import time
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
 from kernelcache.compile.metadata import kernel_names
 from kernelcache.keys.options import options_fingerprint
-from kernelcache.log import logger
+from kernelcache.log import WarnOnce
 from kernelcache.memo import remember
-from kernelcache.stores.base import KernelCacheWarning
 
 if TYPE_CHECKING:
     from kernelcache.compile.request import CompileRequest
@@ -43,8 +40,7 @@ __all__ = ["record", "record_triton"]
 _LOCK_WAIT_S = 2.0  # a holder appends one line; a stopped one (SIGSTOP) is not waited for longer
 _SEEN_LIMIT = 65536
 _seen: dict[Any, bool] = {}  # (path, request identity) -> recorded by this process
-_warned: set[str] = set()
-_warn_lock = threading.Lock()
+_warned = WarnOnce()
 
 
 def record(request: CompileRequest) -> None:
@@ -190,9 +186,5 @@ def _locked(fd: int) -> bool:
 
 
 def _warn_once(cause: str, message: str) -> None:
-    with _warn_lock:
-        if cause in _warned:
-            return
-        _warned.add(cause)
-    logger.warning("%s", message)
-    warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=4)
+    # stacklevel: past this module and compile_program's flow, at the caller's line or near it
+    _warned.warn(cause, message, stacklevel=4)

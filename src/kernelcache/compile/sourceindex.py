@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.compile.metadata import options_summary, read_record, write_record
+from kernelcache.compile.metadata import options_summary
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests
 from kernelcache.keys.derive import digest_components
 from kernelcache.keys.options import IGNORE, LINKER_GATES, OPTION_POLICY
 from kernelcache.stores.naming import entry_name
+from kernelcache.stores.safe import read_record, write_record
+from kernelcache.stores.tiered import leaf_tiers
 
 if TYPE_CHECKING:
     from kernelcache.compile.lookup import Lookup
@@ -86,9 +88,26 @@ def _parse(record: tuple[bytes, Any] | None) -> list[dict[str, Any]]:
     return entries if ok else []
 
 
+def _merged(look: Lookup, writable_only: bool = False) -> list[dict[str, Any]]:
+    """The index's entries as every tier holds them, nearest tier first, each key once.
+
+    Each tier keeps its own copy (a near one may be older than the shared one, a bundle
+    holds the index of the cache it was built from): a miss reads them all.
+    """
+    ikey, seen, out = index_key(look), set(), []
+    for tier in leaf_tiers(look.cache):
+        if writable_only and tier.read_only:
+            continue
+        for entry in _parse(read_record(tier, ikey)):
+            if entry["key"] not in seen:
+                seen.add(entry["key"])
+                out.append(entry)
+    return out
+
+
 def explain(look: Lookup) -> str:
     """Why this request missed: the nearest stored entry of its source and what differs, or NO_ENTRY."""
-    entries = _parse(read_record(look.cache, index_key(look)))
+    entries = _merged(look)
     if not entries:
         return NO_ENTRY
     ours = components(look)
@@ -133,7 +152,7 @@ def add(look: Lookup, key: bytes) -> None:
     """
     cache: ProgramCacheResource = look.cache
     ikey = index_key(look)
-    entries = [e for e in _parse(read_record(cache, ikey)) if e["key"] != key.hex()]
+    entries = [e for e in _merged(look, writable_only=True) if e["key"] != key.hex()]
     entries.insert(0, {"key": key.hex(), "components": components(look)})
     raw = json.dumps({"format": INDEX_FORMAT, "entries": entries[:MAX_KEYS]}, separators=(",", ":")).encode()
     write_record(cache, ikey, raw, {"kind": "source-index"}, internal=True)

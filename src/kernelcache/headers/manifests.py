@@ -33,7 +33,7 @@ from kernelcache.keys.options import OPTION_POLICY, TRACKED, emits_flag
 from kernelcache.memo import remember
 from kernelcache.stores.base import ProgramCacheResource
 from kernelcache.stores.safe import read_record, write_record
-from kernelcache.stores.tiered import TieredProgramCache
+from kernelcache.stores.tiered import leaf_tiers
 
 _MEMO_LIMIT = 4096
 _STORES_PER_KEY = 8  # stores remembered per manifest key (a process uses a few at most)
@@ -60,9 +60,7 @@ def _memo_put(cache: ProgramCacheResource, manifest_key: bytes, manifest: dict[s
 
 def _tiers(cache: ProgramCacheResource) -> list[ProgramCacheResource]:
     """The stores that hold their own copy of a manifest, nearest first."""
-    if isinstance(cache, TieredProgramCache):
-        return [leaf for tier in cache.tiers for leaf in _tiers(tier)]
-    return [cache]
+    return leaf_tiers(cache)
 
 
 def _stored(tier: ProgramCacheResource, manifest_key: bytes) -> dict[str, Any] | None:

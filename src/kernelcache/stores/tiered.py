@@ -199,4 +199,11 @@ class TieredProgramCache(CountingStore):
             tier.close()
 
 
-__all__ = ["TieredProgramCache"]
+def leaf_tiers(cache: ProgramCacheResource) -> list[ProgramCacheResource]:
+    """The stores that each hold their own copy of a record, nearest first (nested tiers flattened)."""
+    if isinstance(cache, TieredProgramCache):
+        return [leaf for tier in cache.tiers for leaf in leaf_tiers(tier)]
+    return [cache]
+
+
+__all__ = ["TieredProgramCache", "leaf_tiers"]
