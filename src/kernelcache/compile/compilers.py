@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.integrations.nvrtc_argv import nvrtc_argv
+from kernelcache.keys.program_name import compiled_name, with_fields
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
@@ -237,7 +238,7 @@ def plan_compile(
     """
     code, code_type, target_type, options = request.code, request.code_type, request.target_type, request.options
     if trace_path is not None:
-        options = dataclasses.replace(options, fdevice_time_trace=trace_path)
+        options = with_fields(options, fdevice_time_trace=trace_path)
     source: str | bytes = code if code_type == "nvvm" else _as_source_text(code)
     ptx = code_type == "c++" and target_type == "ptx"
     if ptx and ptx_nul is None and not driver_available():
@@ -249,7 +250,7 @@ def plan_compile(
             tuple(options.as_bytes("nvrtc", target_type)),
             target_type,
             request.name_expressions,
-            options.name,
+            compiled_name(options, "c++"),
             strip_nul=ptx and not ptx_nul,
         )
         return source, options, call

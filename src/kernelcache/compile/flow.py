@@ -27,6 +27,7 @@ from kernelcache.compile.runners import runner_for
 from kernelcache.compile.tracing import HeaderTrace
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests, variants
+from kernelcache.keys.program_name import compiled_name
 from kernelcache.log import logger
 from kernelcache.stores.base import ProgramCacheResource, as_value_bytes
 from kernelcache.stores.cuda_core import as_store
@@ -211,7 +212,7 @@ def replay_hit(look: Lookup, found: Found, call: Call) -> ObjectCode:
     info.hit, info.key, info.compile_seconds = True, key, saved
     if call.want_headers and variant and variant["headers"]:
         info.headers = variants.tracked_paths(variant, hdr.search_dirs(options))
-    obj = object_from_record(payload, look.request.target_type, options.name or "", meta)
+    obj = object_from_record(payload, look.request.target_type, compiled_name(options, look.request.code_type), meta)
     call.done()
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache.compile.schema import META_SCHEMA, SCHEMA_FIELD, meta_is_usable
 from kernelcache.keys.derive import code_bytes
+from kernelcache.keys.program_name import compiled_name
 from kernelcache.log import KernelCacheWarning, WarnOnce
 from kernelcache.stores.base import Meta, ProgramCacheResource
 from kernelcache.stores.safe import count, read_record
@@ -117,7 +118,7 @@ def artifact_meta(
         SCHEMA_FIELD: META_SCHEMA,
         "code_type": request.code_type,
         "target_type": request.target_type,
-        "name": request.options.name or "",
+        "name": compiled_name(request.options, request.code_type),
         "symbols": encode_symbols(mapping),
         "log": log_text,
         "compile_seconds": seconds,

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from kernelcache.keys.options import as_list
+from kernelcache.keys.program_name import compiled_name
 from kernelcache.memo import remember
 
 _memo_lock = threading.Lock()
@@ -87,7 +88,7 @@ def file_digest(path: str) -> str | None:
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
     """Absolute search directories for quoted includes, in NVRTC's order (memoised)."""
     cwd = cwd or os.getcwd()
-    name = getattr(options, "name", None) or ""
+    name = compiled_name(options, "c++")  # NVRTC searches the encoded name's directory
     include = getattr(options, "include_path", None)
     memo_key = (cwd, name, include if isinstance(include, (str, type(None))) else tuple(include))
     dirs = _dirs_memo.get(memo_key)
@@ -108,7 +109,7 @@ _dirs_memo: dict[tuple[Any, ...], list[str]] = {}
 
 def first_include(options: Any) -> int:
     """Where include_path starts among search_dirs(options) (angle-bracket names search from there)."""
-    return 2 if os.path.dirname(getattr(options, "name", None) or "") else 1
+    return 2 if os.path.dirname(compiled_name(options, "c++")) else 1
 
 
 def toolchain_header_roots(options: Any) -> list[str]:

@@ -12,6 +12,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from kernelcache.keys.program_name import compiled_name
 from kernelcache.memo import remember
 
 HASH = "hash"  # can change the output (or the compile log we replay): its value is hashed
@@ -299,6 +300,8 @@ def _encode_options(options: Any, code_type: str, has_digest: bool, headers_trac
     memo = _PAIR_MEMO[code_type]
     nvrtc = code_type == "c++"
     for name, value in _set_fields(options):
+        if nvrtc and name == "name":
+            value = compiled_name(options, code_type)  # not options.name: see program_name.py
         if value is None or name[:1] == "_":
             continue
         try:
