@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "BundleProgramCache": "kernelcache.stores.bundle.store",
     "CacheClearedDuringBuild": "kernelcache.kernels.guarded",
     "CacheMissError": "kernelcache.compile.strict",
     "CompileInfo": "kernelcache.compile.flow",
@@ -40,6 +41,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "BundleProgramCache",
     "CacheClearedDuringBuild",
     "CacheMissError",
     "CompileInfo",
@@ -86,6 +88,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
     from kernelcache.keys.derive import explain_program_cache_key, make_program_cache_key
     from kernelcache.log import KernelCacheWarning
     from kernelcache.stores.base import ProgramCacheResource
+    from kernelcache.stores.bundle.store import BundleProgramCache
     from kernelcache.stores.default import default_cache
     from kernelcache.stores.file.store import FileStreamProgramCache
     from kernelcache.stores.file.treesafety import UnsafeCacheDirError

@@ -45,7 +45,7 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _row(entry: EntryInfo) -> dict[str, Any]:
+def entry_row(entry: EntryInfo) -> dict[str, Any]:
     # Metadata is whatever the sidecar's JSON holds (another version, a hand edit): every
     # field is coerced to what the listing expects, never trusted to have its type.
     record = entry.meta if isinstance(entry.meta, dict) else {}
@@ -74,7 +74,7 @@ _SORTS = {
 
 
 def list_rows(cache: FileStreamProgramCache, sort: str, limit: int | None) -> list[dict[str, Any]]:
-    rows = [_row(e) for e in cache.iter_entries() if not is_manifest(e)]
+    rows = [entry_row(e) for e in cache.iter_entries() if not is_manifest(e)]
     key, reverse = _SORTS[sort]
     rows.sort(key=key, reverse=reverse)
     return rows[:limit] if limit else rows

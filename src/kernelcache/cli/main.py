@@ -14,6 +14,7 @@ import click
 
 from kernelcache import config
 from kernelcache.cli import entries as ent
+from kernelcache.cli.bundle import bundle, import_cmd
 from kernelcache.cli.common import (
     ALLOW_SHARED_OPTION,
     CACHE_DIR_OPTION,
@@ -410,6 +411,8 @@ from kernelcache.cli.setup import config_group, init  # noqa: E402 - the command
 
 main.add_command(config_group)
 main.add_command(init)
+main.add_command(bundle)
+main.add_command(import_cmd)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,6 +27,7 @@ from kernelcache.compile.runners import runner_for
 from kernelcache.compile.tracing import HeaderTrace
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests, variants
+from kernelcache.keys import basedir
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.log import logger
 from kernelcache.stores.base import ProgramCacheResource, as_value_bytes
@@ -239,8 +240,12 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
         call.emit_log(log_text)
         call.info.hit, call.info.compile_seconds = False, seconds
         variant = trace.variant() if trace is not None else None
-        if trace is not None and trace.not_stored:
-            refuse_to_store(cache, trace.not_stored)
+        request = look.request
+        not_stored = (trace.not_stored if trace is not None else "") or basedir.unshareable(
+            request.options, request.code_type, request.target_type, as_value_bytes(obj)
+        )
+        if not_stored:
+            refuse_to_store(cache, not_stored)
             call.info.cached = False
             call.done()
             return obj

@@ -11,6 +11,7 @@ from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests
 from kernelcache.headers import scan as includes
+from kernelcache.keys import basedir
 from kernelcache.keys.derive import digest_components, key_components
 from kernelcache.keys.options import options_fingerprint
 from kernelcache.keys.toolchain import toolchain_for
@@ -42,6 +43,7 @@ class Lookup:
         # options by their values: a mutated ProgramOptions is a new memo key), and so is
         # ``track``, which depends on nothing else (the text and the options).
         fingerprint = options_fingerprint(request.options)
+        base_dir = basedir.current()  # paths under it enter the key relative to it
         memo_key: Any = None
         if fingerprint is not None and type(request.code) in (str, bytes):
             memo_key = (
@@ -51,6 +53,7 @@ class Lookup:
                 fingerprint,
                 request.name_expressions,
                 request.extra_digest,
+                base_dir,
             )
             try:
                 found = _base_memo.get(memo_key)
@@ -63,7 +66,7 @@ class Lookup:
         self.base = key_components(
             code=request.code,
             code_type=code_type,
-            options=request.options,
+            options=basedir.key_options(request.options, code_type, request.target_type, base_dir),
             target_type=request.target_type,
             name_expressions=request.name_expressions,
             extra_digest=request.extra_digest,

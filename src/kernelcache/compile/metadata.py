@@ -148,10 +148,6 @@ def read_artifact(cache: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta]
     return record if record is not None and meta_is_usable(record[1]) else None
 
 
-
-
-
-
 def refuse_to_store(cache: ProgramCacheResource, why: str) -> None:
     """One KernelCacheWarning and an error count for a compile returned but not stored.
 

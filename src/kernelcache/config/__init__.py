@@ -18,6 +18,9 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 | KERNELCACHE_OBJECT_STORE_READ_ONLY | off                        | never write to the object store          |
 | KERNELCACHE_RECORD            | unset                           | append every request to this lockfile    |
 | KERNELCACHE_REQUIRE_HIT       | off                             | a miss raises (1) or warns (warn)        |
+| KERNELCACHE_BUNDLES           | unset                           | read-only bundles after the memory tier  |
+| KERNELCACHE_BUNDLE_SECRET     | unset                           | the secret those bundles are signed with |
+| KERNELCACHE_BASE_DIR          | unset                           | paths under it enter keys relative to it |
 """
 
 from __future__ import annotations
@@ -338,6 +341,51 @@ _POSIX = os.name == "posix"
 _ENCODED = {name: os.fsencode(name) for name in ("KERNELCACHE_RECORD", "KERNELCACHE_REQUIRE_HIT")}
 
 
+def bundles() -> tuple[str, ...]:
+    """``KERNELCACHE_BUNDLES`` (``a.kcb:b.kcb``): bundle files read right after the memory tier."""
+    raw = _env("KERNELCACHE_BUNDLES")
+    if not raw.strip():
+        return ()
+    paths = raw.split(os.pathsep)
+    for path in paths:
+        if not path.strip() or path != path.strip():
+            raise ConfigError(
+                f"KERNELCACHE_BUNDLES={_shown(raw)} has an empty or space-padded entry: "
+                f"give bundle paths separated by {os.pathsep!r}, e.g. /opt/kc/base.kcb{os.pathsep}/opt/kc/extra.kcb"
+            )
+        if not os.path.isabs(os.path.expanduser(path)):
+            raise ConfigError(
+                f"KERNELCACHE_BUNDLES: {path!r} is a relative path (it would change with the working "
+                "directory): give absolute paths"
+            )
+        if not os.path.isfile(os.path.expanduser(path)):
+            raise ConfigError(
+                f"KERNELCACHE_BUNDLES: {path!r} is not a file: build it with `kernelcache bundle create`, "
+                "fix the path, or unset the variable"
+            )
+    return tuple(os.path.expanduser(p) for p in paths)
+
+
+def bundle_secret() -> str | None:
+    """``KERNELCACHE_BUNDLE_SECRET``: the bundles of KERNELCACHE_BUNDLES must be signed with it."""
+    return _env("KERNELCACHE_BUNDLE_SECRET") or None
+
+
+def base_dir() -> str | None:
+    """``KERNELCACHE_BASE_DIR`` (ccache's base_dir): paths under it enter compile_program's keys
+    relative to it, so checkouts of one project at different paths share entries."""
+    raw = _env("KERNELCACHE_BASE_DIR")
+    if not raw.strip():
+        return None
+    path = os.path.expanduser(raw)
+    if not os.path.isabs(path) or not os.path.normpath(path).strip(os.sep):
+        raise ConfigError(
+            f"KERNELCACHE_BASE_DIR={_shown(raw)}: give an absolute directory other than / "
+            "(the root of your checkouts, e.g. /home/alice/src), or unset it"
+        )
+    return os.path.normpath(path)
+
+
 _DEFAULT_CACHE_VARS = (
     "KERNELCACHE_DIR",
     "KERNELCACHE_MAX_SIZE",
@@ -349,6 +397,8 @@ _DEFAULT_CACHE_VARS = (
     "KERNELCACHE_OBJECT_STORE_SECRET",
     "KERNELCACHE_OBJECT_STORE_READ_ONLY",
     "KERNELCACHE_CONFIG",
+    "KERNELCACHE_BUNDLES",
+    "KERNELCACHE_BUNDLE_SECRET",
 )
 
 
@@ -384,6 +434,8 @@ _CHECKS = (
     object_store_read_only,
     record_path,
     require_hit,
+    bundles,
+    base_dir,
 )
 
 

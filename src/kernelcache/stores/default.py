@@ -25,12 +25,13 @@ def default_cache() -> ProgramCacheResource:
     """The process-wide cache that ``compile_program`` uses when given none.
 
     A FileStreamProgramCache at ``KERNELCACHE_DIR`` (or the platformdirs user cache dir),
-    capped at ``KERNELCACHE_MAX_SIZE`` (default 10 GB). With a shared tier configured
+    capped at ``KERNELCACHE_MAX_SIZE`` (default 10 GB). With bundles (``KERNELCACHE_BUNDLES``,
+    read-only; ``KERNELCACHE_BUNDLE_SECRET`` verifies signed ones) or a shared tier configured
     (``KERNELCACHE_REDIS_URL``, ``KERNELCACHE_OBJECT_STORE_URL``) it is a TieredProgramCache
-    in the one order of ``default_tiers``: memory -> disk -> Redis -> object store (each
-    shared tier's ``*_SECRET`` signs entries, ``*_READ_ONLY=1`` never writes); if the
+    in the one order of ``default_tiers``: memory -> bundles -> disk -> Redis -> object store
+    (each shared tier's ``*_SECRET`` signs entries, ``*_READ_ONLY=1`` never writes); if the
     directory cannot be used (OSError) the disk tier is skipped, with one KernelCacheWarning
-    naming it. Without a shared tier such a directory raises the OSError
+    naming it. Without another tier such a directory raises the OSError
     (default_cache_or_none turns it into None). One instance per configuration; a bad
     variable raises config.ConfigError before anything is created.
     """
@@ -99,6 +100,8 @@ class Settings:
     object_store_url: str | None = None
     object_store_secret: str | None = None
     object_store_read_only: bool = False
+    bundles: tuple[str, ...] = ()
+    bundle_secret: str | None = None
 
     @classmethod
     def from_config(cls) -> Settings:
@@ -113,32 +116,50 @@ class Settings:
             object_store_url=config.object_store_url(),
             object_store_secret=config.object_store_secret(),
             object_store_read_only=config.object_store_read_only(),
+            bundles=config.bundles(),
+            bundle_secret=config.bundle_secret(),
         )
 
 
 def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[ProgramCacheResource]:
     """The default cache's tiers, in the one order every integration gets:
-    memory -> disk -> Redis -> object store; the disk alone when no shared tier is set.
+    memory -> bundles -> disk -> Redis -> object store; the disk alone when nothing else is set.
 
     A broken local disk (read-only HOME, another user's directory, a full disk) must not cut
-    a fleet host off from its shared tiers: with ``skip_unusable_disk`` only that tier is
-    skipped (one warning); the store is kept for the process's life, so it is not retried.
+    a host off from its bundles or shared tiers: with ``skip_unusable_disk`` only that tier
+    is skipped (one warning); the store is kept for the process's life, so it is not retried.
+    A bundle that cannot be opened (damaged, refused) is left out, with one warning.
     """
     shared = _shared_tiers(settings)
-    if not shared:
+    if not shared and not settings.bundles:
         return [FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared)]
     from kernelcache.stores.memory import InMemoryProgramCache
 
     cap = min(settings.max_size or _DEFAULT_MEMORY_TIER_BYTES, _DEFAULT_MEMORY_TIER_BYTES)
-    tiers: list[ProgramCacheResource] = [InMemoryProgramCache(cap)]
+    bundles = _bundle_tiers(settings.bundles, settings.bundle_secret)
+    tiers: list[ProgramCacheResource] = [InMemoryProgramCache(cap), *bundles]
     try:
         tiers.append(FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared))
     except OSError as exc:
-        if not skip_unusable_disk:
+        if not skip_unusable_disk or not (bundles or shared):
             raise
-        names = " -> ".join(type(t).__name__.replace("ProgramCache", "") for t in shared)
-        _warn_unusable(settings.root, exc, f"using memory -> {names} only")
+        names = [*(["Bundle"] if bundles else []), *(type(t).__name__.replace("ProgramCache", "") for t in shared)]
+        _warn_unusable(settings.root, exc, f"using memory -> {' -> '.join(names)} only")
     return tiers + shared
+
+
+def _bundle_tiers(paths: tuple[str, ...], secret: str | None) -> list[ProgramCacheResource]:
+    from kernelcache.stores.bundle.store import BundleProgramCache
+
+    tiers: list[ProgramCacheResource] = []
+    for path in paths:
+        try:
+            tiers.append(BundleProgramCache(path, secret=secret))
+        except (OSError, ValueError) as exc:
+            # A damaged or refused bundle never fails a compile: that tier is left out.
+            message = f"the bundle {path} (KERNELCACHE_BUNDLES) is not used: {exc}"
+            _unusable.warn(f"bundle:{path}", message, stacklevel=5)
+    return tiers
 
 
 def _shared_tiers(settings: Settings) -> list[ProgramCacheResource]:

@@ -38,6 +38,7 @@ _SIGNED = 1
 _HEAD = struct.Struct("<4sB8sI")  # magic, flags, key id, head length
 PREFIX_SIZE = 13  # magic + flags + key id: who wrote a record, readable without parsing it
 _TAG_SIZE = 32
+HEAD_SIZE = _HEAD.size  # the fixed part before the head JSON (head_end reads it)
 UNSIGNED_KEY_ID = bytes(8)
 
 
@@ -72,9 +73,13 @@ def _tag(secret: bytes | None, name: str, body: bytes | memoryview) -> bytes:
     return h.digest()
 
 
-def encode(name: str, payload: bytes, meta: dict[str, Any], secret: bytes | None) -> bytes:
-    """The record for ``payload`` and ``meta`` under ``name``."""
-    head = json.dumps({"size": len(payload), "created": time.time(), "meta": meta}, separators=(",", ":")).encode()
+def encode(
+    name: str, payload: bytes, meta: dict[str, Any], secret: bytes | None, *, created: float | None = None
+) -> bytes:
+    """The record for ``payload`` and ``meta`` under ``name``; ``created`` defaults to now
+    (a copy keeps its source's, so copying a cache twice gives the same bytes)."""
+    stamp = time.time() if created is None else created
+    head = json.dumps({"size": len(payload), "created": stamp, "meta": meta}, separators=(",", ":")).encode()
     body = _HEAD.pack(MAGIC, _SIGNED if secret is not None else 0, key_id(secret), len(head)) + head + payload
     return body + _tag(secret, name, body)
 
@@ -108,6 +113,27 @@ def decode(name: str, raw: bytes, secret: bytes | None) -> tuple[Verdict, tuple[
     except (ValueError, KeyError, TypeError):
         return Verdict.DAMAGED, None  # checked, yet malformed: written broken by our own format
     return Verdict.OK, (payload, meta if isinstance(meta, dict) else {})
+
+
+def peek_head(raw: bytes) -> dict[str, Any] | None:
+    """The head JSON (size, created, meta) of a record's first bytes, NOT verified: for listings.
+
+    None when ``raw`` is not a record of this format or stops before its head ends."""
+    if raw[:4] != MAGIC or len(raw) < _HEAD.size:
+        return None
+    head_len = _HEAD.unpack_from(raw)[3]
+    try:
+        head = json.loads(raw[_HEAD.size : _HEAD.size + head_len])
+    except ValueError:
+        return None
+    return head if isinstance(head, dict) else None
+
+
+def head_end(prefix: bytes) -> int:
+    """Where the head of the record starting with ``prefix`` (HEAD_SIZE bytes) ends; 0: not a record."""
+    if prefix[:4] != MAGIC or len(prefix) < _HEAD.size:
+        return 0
+    return _HEAD.size + _HEAD.unpack_from(prefix)[3]
 
 
 def owner_of(prefix: bytes, secret: bytes | None) -> Verdict:

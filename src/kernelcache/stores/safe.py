@@ -40,7 +40,9 @@ def read_record(cache: ProgramCacheResource, key: bytes, *, caller_counts: bool 
 
 
 def write_record(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Meta, internal: bool = False) -> None:
-    """Store payload + metadata; a failure warns and is dropped."""
+    """Store payload + metadata; a failure warns and is dropped. A read-only store is not written."""
+    if cache.read_only:
+        return
     try:
         cache.set_record(key, payload, meta, internal=internal)
     except Exception as exc:

@@ -23,7 +23,8 @@ _TO_EVERY_TIER = ("misses", "compiles")
 class TieredProgramCache(CountingStore):
     """Reads walk ``tiers`` in order; a hit in a lower tier is copied into every tier above it.
 
-    Writes go to every tier (a read-only Redis tier skips them). Counting follows what the
+    Writes and promotions go to every tier but the read-only ones (a bundle, a read-only
+    Redis): a hit from a bundle is copied into the tiers above it only. Counting follows what the
     user did: ``stats()`` has one hit or miss per look-up and one store per write; in each
     tier (``tier_stats()``) a look-up is a miss in the tiers it passed and a hit in the tier
     that answered, a write is one store, and compile_program's compiles and seconds saved
@@ -72,7 +73,8 @@ class TieredProgramCache(CountingStore):
         """Copy a hit into every tier above the one that served it: the next look-up stops higher up.
         Never downward: a hit is not written into the tiers below it."""
         for upper in self.tiers[:served]:
-            upper.set_record(key, record[0], record[1], internal=True)
+            if not upper.read_only:  # a bundle above the disk that served it
+                upper.set_record(key, record[0], record[1], internal=True)
 
     def get_many(self, keys: Sequence[bytes | str], *, internal: bool = False) -> list[tuple[bytes, Meta] | None]:
         """Each tier is asked once for the keys still missing (one round trip per remote tier)."""
@@ -107,6 +109,8 @@ class TieredProgramCache(CountingStore):
         k, data = as_key_bytes(key), as_value_bytes(payload)
         written = False
         for tier in self.tiers:
+            if tier.read_only:
+                continue  # a bundle refuses writes; a read-only Redis drops them
             written = tier.set_record(k, data, dict(meta or {}), internal=internal) or written
         if written and not internal:
             self._stats.add_deferred(stores=1, bytes_written=len(data))

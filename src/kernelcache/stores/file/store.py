@@ -214,7 +214,14 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     # -- writing ----------------------------------------------------------------------
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
-        path = self._entry_path(key)
+        return self._write_at(self._entry_path(key), payload, meta)
+
+    def write_named(self, name: str, payload: bytes, meta: Meta) -> bool:
+        """Store an entry by its name (naming.entry_name of its key), as ``kernelcache import``
+        copies one from a bundle; False if the write was dropped (warned)."""
+        return self._write_at(self.entry_path(name), payload, meta)
+
+    def _write_at(self, path: str, payload: bytes, meta: Meta) -> bool:
         sidecar = make_sidecar(payload, meta)
         if self._sizecap.too_large(len(payload) + len(sidecar)):
             # Storing it would evict every other entry and still exceed the cap.

@@ -273,6 +273,21 @@ class RedisProgramCache(RecordStore):
             )
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
+        return self._write_at(self._entry_key(key), payload, meta)
+
+    def write_named(self, name: str, payload: bytes, meta: Meta) -> bool:
+        """Store an entry by its name (naming.entry_name of its key): ``kernelcache import``."""
+        return self._write_at(f"{self._ns}:e:{name}", payload, meta)
+
+    def iter_records(self) -> Iterator[tuple[str, bytes, Meta, Any]]:
+        """(entry name, payload, meta, created) of each entry of the namespace that passes its check."""
+        for rk in sorted(k.decode() for k in self._call("scan", lambda c: list(self._scan(c))) or ()):
+            raw = self._call("read", lambda c, rk=rk: c.get(rk))
+            verdict, record = rec.decode(rk, raw, self._secret) if raw else (None, None)
+            if record is not None:
+                yield rk.rsplit(":", 1)[1], record[0], record[1], (rec.peek_head(raw) or {}).get("created")
+
+    def _write_at(self, rk: str, payload: bytes, meta: Meta) -> bool:
         if self._read_only:
             return False  # a consumer: never writes (by choice, not an error)
         if self._max_entry is not None and len(payload) > self._max_entry:
@@ -280,7 +295,6 @@ class RedisProgramCache(RecordStore):
                 "too-large", f"an entry of {len(payload)} bytes exceeds max_entry_bytes={self._max_entry}; not stored"
             )
             return False
-        rk = self._entry_key(key)
         record = rec.encode(rk, payload, meta, self._secret)
         # The common case, a new key, is one plain SET NX; a key that exists goes through the
         # script, which decides atomically whether its record may be replaced.
