@@ -231,28 +231,7 @@ def run(
     from kernelcache.compile.batch import run_batch
     from kernelcache.stores.default import configured_cache
 
-    results: list[dict[str, Any]] = [
-        {"name": item.name, "arch": item.arch, "target_type": item.target_type} for item in items
-    ]
-    requests: list[dict[str, Any]] = []
-    for item, result in zip(items, results):
-        if item.code_type == "triton":
-            result["skipped"] = "a Triton kernel: Triton compiles it when the program runs"
-            requests.append({})
-            continue
-        try:
-            options = program_options(item)
-        except ValueError as exc:
-            options, result["error"] = None, _error_text(exc)
-        requests.append(
-            {
-                "code": item.code,
-                "code_type": item.code_type,
-                "target_type": item.target_type,
-                "options": options,
-                "name_expressions": item.name_expressions,
-            }
-        )
+    results, requests = _requests(items)
     todo = [i for i, r in enumerate(results) if "error" not in r and "skipped" not in r]
     bar = None
     on_done = None
@@ -286,6 +265,33 @@ def run(
     for r in results:
         r.setdefault("hit", False)
     return results
+
+
+def _requests(items: list[WarmItem]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each item's result so far (an error for bad options, skipped for Triton) and its request."""
+    results: list[dict[str, Any]] = [
+        {"name": item.name, "arch": item.arch, "target_type": item.target_type} for item in items
+    ]
+    requests: list[dict[str, Any]] = []
+    for item, result in zip(items, results):
+        if item.code_type == "triton":
+            result["skipped"] = "a Triton kernel: Triton compiles it when the program runs"
+            requests.append({})
+            continue
+        try:
+            options = program_options(item)
+        except ValueError as exc:
+            options, result["error"] = None, _error_text(exc)
+        requests.append(
+            {
+                "code": item.code,
+                "code_type": item.code_type,
+                "target_type": item.target_type,
+                "options": options,
+                "name_expressions": item.name_expressions,
+            }
+        )
+    return results, requests
 
 
 def _line_per_item(items: list[WarmItem]) -> Any:
