@@ -125,3 +125,49 @@ def test_ls_keeps_kernel_names_whole(tmp_path) -> None:
     narrow = _kc("ls", "--cache-dir", str(tmp_path / "c"), env={**os.environ, "COLUMNS": "80"}).stdout
     folded = " ".join(line.strip() for line in narrow.splitlines()[3:])
     assert all(name.split("<")[0] in folded for name in names)
+
+
+_RECACHE = """
+import sys
+from cuda.core import ProgramOptions
+from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
+cache = FileStreamProgramCache(sys.argv[1])
+info = CompileInfo()
+obj = compile_program('extern "C" __global__ void k(float* x) { x[0] = 3; }', options=ProgramOptions(arch=sys.argv[2]),
+                      cache=cache, info=info)
+print(info.hit, cache.stats()["compiles"], bytes(obj.code).startswith(b"\\x7fELF"), info.key.hex())
+"""
+
+
+def test_recache_compiles_stores_and_replaces_for_one_run(tmp_path) -> None:
+    from conftest import ARCH
+
+    from kernelcache import FileStreamProgramCache
+
+    root = str(tmp_path / "c")
+
+    def run(**extra: str) -> list[str]:
+        env = {**os.environ, **extra}
+        proc = subprocess.run([sys.executable, "-c", _RECACHE, root, ARCH], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split()
+
+    hit, compiles, _, key = run()
+    assert (hit, compiles) == ("False", "1")
+    with FileStreamProgramCache(root) as cache:  # the stored entry goes stale (bytes from elsewhere)
+        payload, meta = cache.get_record(bytes.fromhex(key))
+        cache.set_record(bytes.fromhex(key), b"stale bytes", meta)
+    assert run()[:3] == ["True", "1", "False"]  # served stale
+    assert run(KERNELCACHE_RECACHE="1")[:3] == ["False", "2", "True"]  # compiled again and stored
+    assert run()[:3] == ["True", "2", "True"]  # the next run hits the fresh entry
+    proc = _kc("stats", env={**os.environ, "KERNELCACHE_RECACHE": "sometimes"})
+    assert proc.returncode == 2 and "KERNELCACHE_RECACHE" in proc.stderr
+
+
+def test_import_without_fcntl_says_which_platforms_run_it() -> None:
+    # A platform without fcntl (Windows): provoked by making the fcntl module unimportable.
+    code = "import sys; sys.modules['fcntl'] = None\nimport kernelcache"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: kernelcache runs on Linux and macOS") and "fcntl" in last

@@ -12,6 +12,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+try:  # file locks (flock, lockf) are what keep processes from clobbering each other's entries
+    import fcntl  # noqa: F401
+except ImportError:
+    raise ImportError(
+        "kernelcache runs on Linux and macOS, not on this platform: it needs fcntl (POSIX file locks), "
+        "which Windows does not have"
+    ) from None
+
 __version__ = "0.1.0"
 
 # public name -> the module that defines it

@@ -145,9 +145,10 @@ def compile_program(
     lockfile.record(request)  # KERNELCACHE_RECORD: hits and misses
     found = look.find()
     call.info.lookup_seconds = time.perf_counter() - call.start
-    if found[1] is not None:
+    recache = found[1] is not None and config.recache()  # compile, store, replace what is there
+    if found[1] is not None and not recache:
         return replay_hit(look, found, call)
-    obj = fly(look, call, SingleFlight.for_store(store, look.flight_key, budget))
+    obj = fly(look, call, SingleFlight.for_store(store, look.flight_key, budget), recache=recache)
     assert obj is not None  # only try_hold can leave the key to a peer
     return obj
 
@@ -183,12 +184,17 @@ def compile_uncached(request: CompileRequest, call: Call) -> ObjectCode:
     return obj
 
 
-def fly(look: Lookup, call: Call, flight: SingleFlight, *, wait: bool = True) -> ObjectCode | None:
+def fly(
+    look: Lookup, call: Call, flight: SingleFlight, *, wait: bool = True, recache: bool = False
+) -> ObjectCode | None:
     """A missing key under its single flight: the peer's result if one published it
-    meanwhile, else our compile. ``wait=False``: one try; None if a peer holds the key."""
+    meanwhile, else our compile. ``wait=False``: one try; None if a peer holds the key.
+    ``recache``: compile even if it is stored (KERNELCACHE_RECACHE), and replace it."""
     latest: list[Found] = []
 
     def ready() -> bool:  # asked by the flight after each lock it takes
+        if recache:
+            return False
         latest.append(look.find())
         return latest[-1][1] is not None
 

@@ -7,6 +7,7 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 | variable                      | default                         | effect                                   |
 | KERNELCACHE_DIR               | platformdirs user cache dir     | root of the default file cache           |
 | KERNELCACHE_DISABLE           | off                             | compile without any cache                |
+| KERNELCACHE_RECACHE           | off                             | compile, store and replace (one run)     |
 | KERNELCACHE_WAIT_TIMEOUT      | 600                             | seconds to wait for a peer's compile     |
 | KERNELCACHE_MAX_SIZE          | 10GB                            | cap of the default cache (none: no cap)  |
 | KERNELCACHE_ALLOW_SHARED      | off                             | accept a group-shared (team) cache dir   |
@@ -216,6 +217,11 @@ def cap_for(root: str) -> tuple[int | None, str]:
     return DEFAULT_MAX_SIZE, "default"
 
 
+def recache() -> bool:
+    """``KERNELCACHE_RECACHE`` is 1/true/yes/on: compile even what is stored, store it, replace the old entry."""
+    return _flag("KERNELCACHE_RECACHE")
+
+
 def allow_shared() -> bool:
     """``KERNELCACHE_ALLOW_SHARED`` is 1/true/yes/on: accept a group-shared (team) cache directory."""
     return _flag("KERNELCACHE_ALLOW_SHARED")
@@ -423,6 +429,7 @@ def default_cache_raw() -> tuple[object, ...]:
 
 _CHECKS = (
     disabled,
+    recache,
     wait_timeout_s,
     max_size_bytes,
     allow_shared,
