@@ -8,11 +8,13 @@ shared tier nor drop it when it adds its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from conftest import ARCH, settle_timestamps
@@ -68,36 +70,34 @@ def _header(include: str, value: str) -> None:
     settle_timestamps()
 
 
-def test_a_host_finds_a_variant_another_host_added(tmp_path, server) -> None:
+@contextlib.contextmanager
+def _a_then_b(tmp_path, server) -> Iterator[tuple[Host, str, str]]:
+    """Host A compiles with h.h = X (its memory and disk now hold the manifest [X]), then
+    host B with h.h = Y (the shared manifest is [Y, X]; Y's artifact is in Redis)."""
     source, include = _setup(tmp_path)
     a = Host(tmp_path, "a", server.url, source, include)
     b = Host(tmp_path, "b", server.url, source, include)
     try:
         _header(include, "1.0f")
-        assert a.compile() is False  # A's memory and disk now hold the manifest [X]
+        assert a.compile() is False
         _header(include, "2.0f")
-        assert b.compile() is False  # the shared manifest is [Y, X]; Y's artifact is in Redis
-        # A's nearest manifest ([X], in its memory) has no variant for Y: the shared one has.
-        assert a.compile() is True
+        assert b.compile() is False
+        yield a, source, include
     finally:
         a.close()
         b.close()
+
+
+def test_a_host_finds_a_variant_another_host_added(tmp_path, server) -> None:
+    with _a_then_b(tmp_path, server) as (a, _, _):
+        # A's nearest manifest ([X], in its memory) has no variant for Y: the shared one has.
+        assert a.compile() is True
 
 
 def test_adding_a_variant_keeps_the_variants_other_hosts_added(tmp_path, server) -> None:
-    source, include = _setup(tmp_path)
-    a = Host(tmp_path, "a", server.url, source, include)
-    b = Host(tmp_path, "b", server.url, source, include)
-    try:
-        _header(include, "1.0f")
-        assert a.compile() is False  # A's memory: [X]
-        _header(include, "2.0f")
-        assert b.compile() is False  # shared: [Y, X]
+    with _a_then_b(tmp_path, server) as (a, source, include):
         _header(include, "3.0f")
         assert a.compile() is False  # a new header version: A adds Z to the manifest
-    finally:
-        a.close()
-        b.close()
     # A new host sees every variant any host added: Y is still a hit, fleet-wide.
     c = Host(tmp_path, "c", server.url, source, include)
     try:
