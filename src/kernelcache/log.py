@@ -17,6 +17,8 @@ import logging
 import threading
 import warnings
 
+from kernelcache import forksafe
+
 logger = logging.getLogger("kernelcache")
 logger.addHandler(logging.NullHandler())
 
@@ -33,6 +35,11 @@ class WarnOnce:
         self._prefix = prefix  # what the warning's text starts with
         self._lock = threading.Lock()
         self._seen: set[str] = set()
+        forksafe.reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """A fresh lock in a forked child (another thread may have held this one)."""
+        self._lock = threading.Lock()
 
     def first(self, cause: str) -> bool:
         """True the first time ``cause`` is seen, False ever after."""

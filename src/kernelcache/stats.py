@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
+from kernelcache import forksafe
+
 # The one list of counters. Slot order in the persistent file follows this tuple, so new
 # counters are appended, never inserted (old files keep their meaning; see FileStats).
 COUNTERS: tuple[str, ...] = (
@@ -61,6 +63,11 @@ class MemoryStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._values = dict.fromkeys(COUNTERS, 0)
+        forksafe.reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """A fresh lock (another thread of the parent may have held this one)."""
+        self._lock = threading.Lock()
 
     def add(self, **deltas: int) -> dict[str, int]:
         """Apply the deltas; return the counters as they are right after."""

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from kernelcache import config
+from kernelcache import config, forksafe
 from kernelcache.stores.file import locks as lockfiles
 
 if TYPE_CHECKING:
@@ -58,6 +58,12 @@ class _KeyLocks:
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._locks: dict[bytes, tuple[threading.Lock, int]] = {}
+        forksafe.reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """The parent's holders are not in the child: their locks must not be waited for."""
+        self._guard = threading.Lock()
+        self._locks = {}
 
     @contextlib.contextmanager
     def hold(self, key: bytes, timeout: float) -> Iterator[bool]:

@@ -26,12 +26,21 @@ import threading
 import time
 from typing import Any
 
+from kernelcache import forksafe
 from kernelcache.keys.options import as_list
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.memo import remember
 
 _memo_lock = threading.Lock()
 _digest_memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+
+
+def _fresh_lock_in_child() -> None:
+    global _memo_lock
+    _memo_lock = threading.Lock()
+
+
+forksafe.reset_function_in_child(_fresh_lock_in_child)
 _MEMO_LIMIT = 65536
 
 

@@ -25,6 +25,7 @@ import os
 import threading
 from typing import Any
 
+from kernelcache import forksafe
 from kernelcache.headers import scan as includes
 from kernelcache.headers import variants
 from kernelcache.headers.digests import file_digest
@@ -42,6 +43,14 @@ _manifest_memo_lock = threading.Lock()
 # nothing of what another holds. An id reused by a later store can only cost a look-up.
 _manifest_memo: dict[bytes, dict[int, dict[str, Any]]] = {}
 _full_key_memo: dict[tuple[bytes, str], bytes] = {}
+
+
+def _fresh_lock_in_child() -> None:
+    global _manifest_memo_lock
+    _manifest_memo_lock = threading.Lock()
+
+
+forksafe.reset_function_in_child(_fresh_lock_in_child)
 
 
 def _memo_get(cache: ProgramCacheResource, manifest_key: bytes) -> dict[str, Any] | None:

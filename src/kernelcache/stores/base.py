@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
+from kernelcache import forksafe
 from kernelcache.log import KernelCacheWarning as KernelCacheWarning  # re-exported: what stores warn with
 from kernelcache.log import WarnOnce
 from kernelcache.stats import MemoryStats, public_view
@@ -243,6 +244,10 @@ class CountingStore(ProgramCacheResource):
     def __init__(self) -> None:
         self._stats: Any = MemoryStats()
         self._warned = WarnOnce()
+        forksafe.reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """Called in a forked child: a store that owns locks replaces them here."""
 
     @abc.abstractmethod
     def _counted_read(self, key: bytes, internal: bool) -> tuple[bytes, Meta] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from kernelcache import config
+from kernelcache import config, forksafe
 from kernelcache.log import WarnOnce
 from kernelcache.stores.base import ProgramCacheResource
 from kernelcache.stores.file.store import FileStreamProgramCache
@@ -19,6 +19,14 @@ _default_caches: dict[tuple[object, ...], ProgramCacheResource] = {}
 # The memory tier in front of disk when the default cache is tiered (a shared tier is set).
 _DEFAULT_MEMORY_TIER_BYTES = 256 * 2**20
 _unusable = WarnOnce()  # default roots already warned about (_warn_unusable)
+
+
+def _fresh_lock_in_child() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()
+
+
+forksafe.reset_function_in_child(_fresh_lock_in_child)
 
 
 def default_cache() -> ProgramCacheResource:

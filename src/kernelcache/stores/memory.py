@@ -30,6 +30,10 @@ class InMemoryProgramCache(RecordStore):
         self._pending_hits: deque[tuple[bytes, int]] = deque()
         self._misses = 0  # counted under the lock (a miss is followed by a compile anyway)
 
+    def after_fork_in_child(self) -> None:
+        super().after_fork_in_child()
+        self._lock = threading.Lock()
+
     @property
     def max_size_bytes(self) -> int | None:
         return self._max_size

@@ -7,7 +7,6 @@ size cap's tracker (``size_bytes``, ``reconciled_at``).
 
 from __future__ import annotations
 
-import atexit
 import errno
 import os
 import stat as stat_mod
@@ -18,7 +17,8 @@ import weakref
 from collections.abc import Mapping
 from functools import partial
 
-from kernelcache.stats import COUNTERS, SLOT_OF, ZEROABLE, MemoryStats, check_names
+from kernelcache import forksafe
+from kernelcache.stats import COUNTERS, SLOT_OF, TRACKER, ZEROABLE, MemoryStats, check_names
 from kernelcache.stores.file.polling import poll_lock, try_lockf
 
 _SLOT = struct.Struct("<q")
@@ -29,27 +29,32 @@ _FILE_SIZE = _HEADER + _SLOT.size * len(COUNTERS)
 
 # An update holds the file's lock for one pread and one pwrite. A holder that keeps it
 # longer is stopped (SIGSTOP, a frozen cgroup) or not ours (in a team cache every member
-# can lock the file): after this long the process counts in memory instead of hanging.
+# can lock the file): after this long the update is skipped (its deltas kept for the next
+# one), and for _STUCK_BACKOFF_S the process only tries the lock, never waits for it.
 _LOCK_WAIT_S = 5.0
+_STUCK_BACKOFF_S = 60.0
 
 
-def _lock_bounded(fd: int) -> None:
-    """lockf(LOCK_EX) on fd, waiting at most _LOCK_WAIT_S; OSError(ETIMEDOUT) after."""
-    if not poll_lock(partial(try_lockf, fd), _LOCK_WAIT_S):
+def _lock_bounded(fd: int, wait_s: float) -> None:
+    """lockf(LOCK_EX) on fd, waiting at most wait_s (0: one try); OSError(ETIMEDOUT) after."""
+    if not poll_lock(partial(try_lockf, fd), wait_s):
         raise OSError(errno.ETIMEDOUT, "the counters file stayed locked by another process")
 
 
-# Every open FileStats, so that deferred counts are written when the interpreter exits.
+# Every open FileStats, so that deferred counts are written when the interpreter exits (or
+# a multiprocessing worker made by fork ends: forksafe.at_exit).
 _LIVE: weakref.WeakSet[FileStats] = weakref.WeakSet()
 # Deferred counts reach the file at least this often (and at every write, snapshot, close
 # and interpreter exit).
 _FLUSH_EVERY_S = 0.5
 
 
-@atexit.register
 def _flush_all() -> None:
     for stats in list(_LIVE):
         stats.flush()
+
+
+forksafe.at_exit(_flush_all)
 
 
 class FileStats:
@@ -65,28 +70,42 @@ class FileStats:
     interpreter exit, or after half a second. Counts are exact once every process has
     flushed; a process killed with SIGKILL loses at most its last half second of read
     counts (never a write's, never the size tracker: ``add`` writes through at once).
+    A hit never waits: its tally has a lock of its own, never held across I/O, and its
+    write-out only tries the file's lock.
 
-    If the file cannot be opened or written (read-only directory, full disk), the counters
-    fall back to process memory: statistics must never break a cache operation.
+    The file is the size tracker of every process sharing it, so a process never leaves it
+    once open: an update that cannot take the lock in time (a stopped or foreign holder)
+    is skipped, its deltas kept pending for the next one, and what it returns is the file
+    as read without the lock plus what is pending. Only a file that cannot be opened at all
+    (read-only directory) makes the counters process memory.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, shared: bool = False, create: bool = True) -> None:
         self._path = os.fspath(path)
-        # create=False: a missing file is not created (the process counts in memory).
-        self._create = create
         # A team cache's counters are every member's: the file is group-writable.
         self._shared = shared
-        self._thread_lock = threading.Lock()
+        # create=False: a missing file is not created (the process counts in memory).
+        self._create = create
+        self._thread_lock = threading.Lock()  # one file update at a time in this process
+        self._pending_lock = threading.Lock()  # the pending tally; never held across I/O
         self._fallback = MemoryStats()
         self._pending: dict[str, int] = {}
         self._last_flush = time.monotonic()
+        self._stuck_until = 0.0  # until then the file's lock is only tried, never waited for
         self._fd: int | None = None
         # close() releases the file; a later use opens it again (a store used after close()
-        # keeps its shared counters and its size tracker). Only an I/O failure, not close(),
-        # moves this process to the in-memory fallback for good.
+        # keeps its shared counters and its size tracker).
         self._closed = False
         self._open()
         _LIVE.add(self)
+        forksafe.reset_in_child(self)
+
+    def after_fork_in_child(self) -> None:
+        """Fresh locks; the parent's pending tally is the parent's to write (not twice)."""
+        self._thread_lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending = {}
+        self._last_flush = time.monotonic()
 
     def _open(self) -> None:
         # O_NOFOLLOW: a symlink planted at stats/ must not make us write into the file it
@@ -115,13 +134,17 @@ class FileStats:
         # write the header. A file with another magic (another layout) is restarted from
         # zero: no entry is lost, and size_bytes, the one counter that drives eviction, is
         # rebuilt at once: reconciled_at restarts at zero too, so the next store opened with
-        # a size cap rescans the directory (sizecap.py).
+        # a size cap rescans the directory (sizecap.py). A file already whole needs
+        # no lock (a stopped holder must not keep a store from opening).
         import fcntl
 
         assert self._fd is not None
         if not stat_mod.S_ISREG(os.fstat(self._fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", self._path)
-        _lock_bounded(self._fd)
+        head = os.pread(self._fd, _FILE_SIZE, 0)
+        if head[:_HEADER] == _MAGIC and len(head) == _FILE_SIZE:
+            return
+        _lock_bounded(self._fd, _LOCK_WAIT_S)
         try:
             head = os.pread(self._fd, _FILE_SIZE, 0)
             if head[:_HEADER] != _MAGIC:
@@ -135,35 +158,85 @@ class FileStats:
         raw = os.pread(fd, _FILE_SIZE - _HEADER, _HEADER).ljust(_FILE_SIZE - _HEADER, b"\0")
         return list(struct.unpack(f"<{len(COUNTERS)}q", raw))
 
-    def _update(self, deltas: Mapping[str, int], absolute: bool) -> dict[str, int]:
-        import fcntl
+    def _take_pending(self, deltas: Mapping[str, int]) -> dict[str, int]:
+        with self._pending_lock:
+            merged = dict(deltas)
+            for name, value in self._pending.items():
+                merged[name] = merged.get(name, 0) + value
+            self._pending = {}
+            self._last_flush = time.monotonic()
+        return merged
 
-        with self._thread_lock:
+    def _keep_pending(self, deltas: Mapping[str, int]) -> None:
+        with self._pending_lock:
+            for name, value in deltas.items():
+                if value:
+                    self._pending[name] = self._pending.get(name, 0) + value
+
+    def _pending_view(self, slots: list[int]) -> dict[str, int]:
+        """The slots with this process's pending deltas applied (what the file will say)."""
+        out = dict(zip(COUNTERS, slots))
+        with self._pending_lock:
+            for name, value in self._pending.items():
+                out[name] = max(0, out[name] + value)
+        return out
+
+    def _update(self, deltas: Mapping[str, int], absolute: bool, wait: bool = True) -> dict[str, int] | None:
+        """Apply deltas (or set values) in the file; the counters right after. ``wait=False``
+        (the hit path): if another thread or process holds a lock, keep the deltas pending
+        and return None at once."""
+        if not self._thread_lock.acquire(blocking=wait):
+            self._keep_pending(deltas)
+            return None
+        try:
             if self._closed:
                 self._reopen()
-            if self._pending and not absolute:
-                merged = dict(deltas)
-                for name, value in self._pending.items():
-                    merged[name] = merged.get(name, 0) + value
-                deltas, self._pending = merged, {}
-                self._last_flush = time.monotonic()
+            if not absolute:
+                deltas = self._take_pending(deltas)
             fd = self._fd
-            if fd is not None:
-                try:
-                    _lock_bounded(fd)
-                    try:
-                        slots = self._read_slots(fd)
-                        for name, value in deltas.items():
-                            i = SLOT_OF[name]
-                            # Counters never go below zero: size_bytes is a tracker that
-                            # can drift under races, and the next reconcile restores it.
-                            slots[i] = value if absolute else max(0, slots[i] + value)
-                        os.pwrite(fd, struct.pack(f"<{len(COUNTERS)}q", *slots), _HEADER)
-                    finally:
-                        fcntl.lockf(fd, fcntl.LOCK_UN)
-                    return dict(zip(COUNTERS, slots))
-                except OSError:
-                    self._close_fd()  # from now on this process counts in memory
+            if fd is None:
+                return self._fallback_update(deltas, absolute)
+            return self._file_update(fd, deltas, absolute, wait)
+        finally:
+            self._thread_lock.release()
+
+    def _file_update(self, fd: int, deltas: Mapping[str, int], absolute: bool, wait: bool) -> dict[str, int] | None:
+        import fcntl
+
+        stuck = time.monotonic() < self._stuck_until
+        try:
+            _lock_bounded(fd, _LOCK_WAIT_S if wait and not stuck else 0.0)
+        except OSError as exc:
+            # Skipped, never lost: deltas wait for the next update (a set is dropped: the
+            # next reconcile or zero says it again). The file stays this process's counters.
+            if exc.errno == errno.ETIMEDOUT and wait and not stuck:
+                self._stuck_until = time.monotonic() + _STUCK_BACKOFF_S
+            if not absolute:
+                self._keep_pending(deltas)
+            if not wait:
+                return None
+            try:
+                return self._pending_view(self._read_slots(fd))
+            except OSError:
+                return self._pending_view([0] * len(COUNTERS))
+        try:
+            slots = self._read_slots(fd)
+            for name, value in deltas.items():
+                i = SLOT_OF[name]
+                # Counters never go below zero: size_bytes is a tracker that can drift
+                # under races, and the next reconcile restores it.
+                slots[i] = value if absolute else max(0, slots[i] + value)
+            os.pwrite(fd, struct.pack(f"<{len(COUNTERS)}q", *slots), _HEADER)
+        except OSError:
+            if not absolute:
+                self._keep_pending(deltas)
+            return None if not wait else self._pending_view([0] * len(COUNTERS))
+        finally:
+            fcntl.lockf(fd, fcntl.LOCK_UN)
+        self._stuck_until = 0.0
+        return dict(zip(COUNTERS, slots))
+
+    def _fallback_update(self, deltas: Mapping[str, int], absolute: bool) -> dict[str, int]:
         if absolute:
             for name, value in deltas.items():
                 self._fallback.set(name, value)
@@ -173,7 +246,9 @@ class FileStats:
     def add(self, **deltas: int) -> dict[str, int]:
         """Apply the deltas; return the counters as they are right after."""
         check_names(deltas)
-        return self._update(deltas, absolute=False)
+        out = self._update(deltas, absolute=False)
+        assert out is not None
+        return out
 
     def set(self, name: str, value: int) -> None:
         check_names({name: value})
@@ -181,14 +256,16 @@ class FileStats:
         self._update({name: value}, absolute=True)
 
     def add_deferred(self, **deltas: int) -> None:
-        """Count read-path events in memory; written out within half a second."""
-        with self._thread_lock:
+        """Count read-path events in memory; written out within half a second, never waiting."""
+        with self._pending_lock:
             pending = self._pending
             for name, value in deltas.items():
                 pending[name] = pending.get(name, 0) + value
             due = time.monotonic() - self._last_flush > _FLUSH_EVERY_S
+            if due:
+                self._last_flush = time.monotonic()  # one try per interval while a lock is held
         if due:
-            self.flush()
+            self._update({}, absolute=False, wait=False)
 
     def zero(self) -> None:
         """Set every counter to 0 for every process sharing the file, except the size tracker.
@@ -197,8 +274,8 @@ class FileStats:
         process's pending counts (at most its last half second of reads) land afterwards:
         they are counted after the zero, never lost into it.
         """
-        with self._thread_lock:
-            self._pending = {}
+        with self._pending_lock:
+            self._pending = {name: v for name, v in self._pending.items() if name in TRACKER}
         self._update(dict.fromkeys(ZEROABLE, 0), absolute=True)
 
     def flush(self) -> None:
@@ -207,6 +284,8 @@ class FileStats:
             self._update({}, absolute=False)
 
     def snapshot(self) -> dict[str, int]:
+        """The counters now: the file's (read without its lock), plus what this process has
+        pending if it could not write that out."""
         self.flush()
         with self._thread_lock:
             if self._closed:
@@ -214,7 +293,7 @@ class FileStats:
             fd = self._fd
             if fd is not None:
                 try:
-                    return dict(zip(COUNTERS, self._read_slots(fd)))
+                    return self._pending_view(self._read_slots(fd))
                 except OSError:
                     pass
         return self._fallback.snapshot()

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 
+from kernelcache import forksafe
 from kernelcache.log import logger
 from kernelcache.stores.file import locks as lockfiles
 from kernelcache.stores.file.counters import FileStats
@@ -67,6 +68,7 @@ class SizeCap:
         self._tmp = tmp
         self._tmp_max_age_s = tmp_max_age_s
         self._evict_lock = threading.Lock()
+        forksafe.reset_in_child(self)
         self._stuck_until = 0.0  # until then, do not wait for an evictor that seems stuck
         # Oldest-first eviction candidates from the last directory scan: (atime_ns, path,
         # stat key, bytes). Entries written after the scan are newer than all of these,
@@ -74,6 +76,10 @@ class SizeCap:
         self._candidates: deque[tuple[int, str, StatKey, int]] = deque()
         if max_size is not None and time.time() - stats.snapshot()["reconciled_at"] > _RECONCILE_EVERY_S:
             self.reconcile()
+
+    def after_fork_in_child(self) -> None:
+        """A fresh evict lock (the parent's evictor is not in the child)."""
+        self._evict_lock = threading.Lock()
 
     def too_large(self, nbytes: int) -> bool:
         """Whether one entry of nbytes could never fit (storing it would evict all and still exceed)."""

@@ -395,6 +395,11 @@ class RedisProgramCache(RecordStore):
             self._stats.drop_tally()
             self._call("zero counters", lambda c: redisfleet.zero(c, self._ns))
 
+    def after_fork_in_child(self) -> None:
+        super().after_fork_in_child()
+        self._client_lock = threading.Lock()
+        self._health_lock = threading.Lock()
+
     def stats(self) -> dict[str, float | int]:
         out = super().stats()
         out["read_only"] = int(self._read_only)
