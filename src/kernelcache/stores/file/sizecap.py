@@ -40,9 +40,13 @@ from kernelcache.stores.file.sidecar import META_SUFFIX
 # room for many writes, so a full cache pays for a directory scan once per ~10% of its size
 # written instead of once per write (cuda.core's rescan-per-write costs O(entries)).
 _LOW_WATER = 0.9
-# The size tracker drifts when processes race on one key or die mid-way; rescan the
-# directory to reset it when the last reconcile is older than this.
-_RECONCILE_EVERY_S = 3600
+# The size tracker drifts when processes race on one key or die mid-way, and files that
+# no writer reserved (another program's leftovers in tmp/) are only seen by a scan. An
+# eviction pass reconciles (a full rescan that corrects the tracker both ways) when the
+# last reconcile is older than this, or this process evicted this many entries since its
+# last one; a store opened with a cap reconciles when the last one is older than this.
+_RECONCILE_EVERY_S = 600
+_RECONCILE_EVERY_EVICTIONS = 512
 # How long a writer over the cap waits for the running evictor before it goes on without
 # the room; after such a wait this process stops waiting for a while (a stopped evictor
 # process must not cost every write of every process the whole wait).
@@ -74,6 +78,7 @@ class SizeCap:
         # stat key, bytes). Entries written after the scan are newer than all of these,
         # so popping from the left stays LRU order without rescanning per write.
         self._candidates: deque[tuple[int, str, StatKey, int]] = deque()
+        self._evicted_since_reconcile = 0
         if max_size is not None and time.time() - stats.snapshot()["reconciled_at"] > _RECONCILE_EVERY_S:
             self.reconcile()
 
@@ -99,7 +104,14 @@ class SizeCap:
             # usually made room for all: it goes down to the low-water mark). Writers reserve
             # after the wait, so a scan during eviction never misses a reservation whose
             # files are not staged yet (see _evict_locked).
-            self.evict(wait=True, room=nbytes)
+            try:
+                self.evict(wait=True, room=nbytes)
+            finally:
+                # Counted even when eviction failed: the write goes on and settles
+                # (-replaced or -nbytes) as if it had reserved, so the tracker never
+                # falls below what is on disk.
+                self._stats.add(size_bytes=nbytes)
+            return
         # Race: writers that all found room at once all add: the tracked size then exceeds
         # the cap by at most one value per writer (the invariant), and the next eviction
         # takes it back down.
@@ -157,8 +169,13 @@ class SizeCap:
         if swept:
             # Staged files of killed writers: counted since their reservation, freed now.
             size = self._stats.add(size_bytes=-swept)["size_bytes"]
-        evicted = 0
         rescanned = False
+        if self._reconcile_due():
+            # Under the evict lock: no other evictor moves the tracker meanwhile, so the
+            # correction may go up too (bounded by the writes in flight during the scan).
+            size = self.reconcile()
+            rescanned = True
+        evicted = 0
         failed: OSError | None = None
         try:
             while size > target:
@@ -179,6 +196,7 @@ class SizeCap:
                     evicted += 1
                     self._stats.add(size_bytes=-freed)
         finally:
+            self._evicted_since_reconcile += evicted
             if evicted:
                 self._stats.add(evictions=evicted)
                 logger.info(
@@ -229,8 +247,18 @@ class SizeCap:
             return self._stats.add(size_bytes=total - before)["size_bytes"]
         return before
 
+    def _reconcile_due(self) -> bool:
+        if self._evicted_since_reconcile >= _RECONCILE_EVERY_EVICTIONS:
+            return True
+        return time.time() - self._stats.snapshot()["reconciled_at"] > _RECONCILE_EVERY_S
+
     def reconcile(self) -> int:
-        """Rescan entries/ and tmp/: correct the size tracker and refill the eviction candidates."""
+        """Rescan entries/ and tmp/: correct the size tracker and refill the eviction candidates.
+
+        Every file counts, whoever wrote it: a leftover of another program in tmp/ takes
+        room like an entry (it goes when it is old enough to be swept).
+        """
+        self._evicted_since_reconcile = 0
         before = self._stats.snapshot()["size_bytes"]
         total = self._scan()
         # A correction, not a set: what other writers reserve during the scan is kept. (One
