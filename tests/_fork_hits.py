@@ -13,7 +13,7 @@ import time
 import warnings
 
 from kernelcache import default_cache
-from kernelcache.stats import FileStats
+from kernelcache.stores.file.counters import FileStats
 
 CHILDREN, CHILD_HITS, THREADS = int(sys.argv[1]), 10, 3
 

@@ -44,7 +44,7 @@ WORKER = """
 import multiprocessing as mp, os, sys, warnings
 warnings.simplefilter("ignore")
 from kernelcache import FileStreamProgramCache
-from kernelcache.stats import FileStats
+from kernelcache.stores.file.counters import FileStats
 
 def work(root):
     cache = FileStreamProgramCache(root)

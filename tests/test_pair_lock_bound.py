@@ -96,3 +96,13 @@ def test_a_held_stats_file_lock_is_waited_for_with_a_bound(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+    # What the stall threatens: the entries and the shared size tracker. The writer ended
+    # while the lock was still held, so its one write's count could not reach the file
+    # (the next reconcile adds it); the file is still every process's tracker.
+    with FileStreamProgramCache(root) as cache:
+        assert cache.get(KEY) == b"value" and cache.get(KEY + b"2") == b"other"
+        on_disk = sum(st.st_size for _, st in cache.scan())
+        other = sum(st.st_size for f, st in cache.scan() if f.name.startswith(entry_name(KEY + b"2")))
+        assert cache.stats()["size_bytes"] == on_disk - other
+        cache[KEY + b"3"] = b"third"
+        assert cache.stats()["size_bytes"] == sum(st.st_size for _, st in cache.scan()) - other

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import pytest
 
 from kernelcache import FileStreamProgramCache, KernelCacheWarning
-from kernelcache.stats import FileStats
+from kernelcache.stores.file.counters import FileStats
 from kernelcache.stores.file.store import FORMAT_DIR
 
 CAP = 20_000

@@ -16,7 +16,7 @@ import _workers as w
 import pytest
 from conftest import mounted_tmpfs, remount_read_only
 
-from kernelcache import FileStreamProgramCache, KernelCacheWarning
+from kernelcache import FileStreamProgramCache
 from kernelcache.stores.file.store import FORMAT_DIR
 
 CTX = mp.get_context("spawn")
@@ -122,21 +122,6 @@ def test_del_that_cannot_unlink_is_not_a_key_error(tmp_path) -> None:
     del cache["k"]
     with pytest.raises(KeyError):
         del cache["k"]
-
-
-def test_an_eviction_that_cannot_unlink_warns(tmp_path) -> None:
-    cache = FileStreamProgramCache(tmp_path, max_size_bytes=20_000)
-    cache["old"] = b"o" * 8000
-    shard = os.path.dirname(_only_entry(tmp_path))
-    _chattr("+i", shard)
-    try:
-        with pytest.warns(KernelCacheWarning, match="could not evict"):
-            for i in range(6):
-                cache[f"new{i}"] = b"n" * 3000
-        assert cache.get("old") == b"o" * 8000
-        assert cache.stats()["errors"] >= 1
-    finally:
-        _chattr("-i", shard)
 
 
 # -- #12 hostile files: FIFOs and device symlinks never hang a reader --------------------------

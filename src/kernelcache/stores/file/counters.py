@@ -76,8 +76,10 @@ class FileStats:
     The file is the size tracker of every process sharing it, so a process never leaves it
     once open: an update that cannot take the lock in time (a stopped or foreign holder)
     is skipped, its deltas kept pending for the next one, and what it returns is the file
-    as read without the lock plus what is pending. Only a file that cannot be opened at all
-    (read-only directory) makes the counters process memory.
+    as read without the lock plus what is pending. (A process that ends while the holder
+    still holds it cannot write its pending deltas: the next reconcile of the size tracker
+    corrects what they held.) Only a file that cannot be opened at all (read-only
+    directory) makes the counters process memory.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, shared: bool = False, create: bool = True) -> None:
