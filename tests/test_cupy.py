@@ -122,7 +122,7 @@ _BLOCK = (
     "class _Block:\n"
     "    def find_spec(self, name, path=None, target=None):\n"
     "        if name.split('.')[0] in ('triton', 'cupy', 'cupy_backends'):\n"
-    "            raise ImportError(f'{name} is blocked in this test')\n"
+    "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"  # as when absent
     "sys.meta_path.insert(0, _Block())\n"
 )
 

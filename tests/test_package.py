@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+
+import pytest
 from conftest import run_python
 
 import kernelcache
@@ -24,3 +28,18 @@ def test_py_typed_is_shipped() -> None:
     import os
 
     assert os.path.exists(os.path.join(os.path.dirname(kernelcache.__file__), "py.typed"))
+
+
+@pytest.mark.parametrize(
+    ("module", "needs", "extra"), [("kernelcache.cupy", "cupy", "cupy"), ("kernelcache.triton", "triton", "triton")]
+)
+def test_an_integration_without_its_extra_is_a_module_not_found_error(module: str, needs: str, extra: str) -> None:
+    # pytest.importorskip (9.x) skips only a ModuleNotFoundError: a plain ImportError made
+    # the suite fail on a machine without the extra.
+    if importlib.util.find_spec(needs) is not None:
+        pytest.skip(f"{needs} is installed here")
+    with pytest.raises(ModuleNotFoundError, match=rf"kernelcache\[{extra}\]"):
+        importlib.import_module(module)
+    # and so importorskip skips it, whatever its default:
+    with pytest.raises(pytest.skip.Exception):
+        pytest.importorskip(module, exc_type=ModuleNotFoundError)

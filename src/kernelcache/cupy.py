@@ -32,9 +32,13 @@ from typing import Any
 try:
     import cupy
     from cupy.cuda import function as _function
-except ImportError as exc:  # pragma: no cover - exercised where cupy is absent
-    raise ImportError(
-        "kernelcache.cupy needs CuPy: install it with `pip install 'kernelcache[cupy]'` (the CUDA 13 wheel)"
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised where cupy is absent
+    # A ModuleNotFoundError, as Python's own: `pytest.importorskip` and `except
+    # ModuleNotFoundError` treat a missing extra as missing. (A CuPy that is installed but
+    # fails to import raises its own error, unchanged.)
+    raise ModuleNotFoundError(
+        "kernelcache.cupy needs CuPy: install it with `pip install 'kernelcache[cupy]'` (the CUDA 13 wheel)",
+        name=exc.name,
     ) from exc
 
 from kernelcache.compile.metadata import decode_symbols

@@ -31,8 +31,11 @@ from typing import Any
 try:
     import triton
     from triton.runtime.cache import CacheManager, FileCacheManager, RemoteCacheBackend
-except ImportError as exc:  # pragma: no cover - exercised where triton is absent
-    raise ImportError("kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`") from exc
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised where triton is absent
+    # A ModuleNotFoundError, as for kernelcache.cupy: a missing extra reads as missing.
+    raise ModuleNotFoundError(
+        "kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`", name=exc.name
+    ) from exc
 
 from kernelcache import config
 from kernelcache.compile import lockfile, strict
