@@ -352,6 +352,20 @@ def test_team_mode_refuses_what_the_team_does_not_own(users: dict[str, User], ba
     assert as_user(a, _read, str(team), ["k"], umask=0o002) == {"k": b"v"}
 
 
+def _import_all_of_kernelcache() -> None:
+    """Import every module of the package (those whose extra is missing are skipped)."""
+    import importlib
+    import pkgutil
+
+    import kernelcache
+
+    for module in pkgutil.walk_packages(kernelcache.__path__, "kernelcache."):
+        if module.name.endswith(".__main__"):
+            continue  # it runs the command
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module.name)
+
+
 def _cli(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     """The kernelcache command run in this (forked, already switched) process: (exit code, output)."""
     import io
@@ -375,9 +389,10 @@ def _cli(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
 
 def test_every_command_opens_a_team_cache_for_a_second_member(users: dict[str, User], base: Path) -> None:
     """--allow-shared (or KERNELCACHE_ALLOW_SHARED=1) opens the team cache A made, for B."""
-    # The children cannot read this interpreter's site-packages (under root's 0700 home):
-    # import the command before forking, and ask for --json (no rich tables to import).
-    import kernelcache.cli.main  # noqa: F401
+    # The children may be unable to read this interpreter's site-packages (under root's 0700
+    # home) and this checkout (a clone in a 0700 directory): every module of kernelcache is
+    # imported before forking, and --json asks for no rich tables.
+    _import_all_of_kernelcache()
 
     a, b = users["kctrust_a"], users["kctrust_b"]
     team = str(_team_dir(base))
