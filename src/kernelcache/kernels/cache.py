@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache.compile.batch import REQUEST_FIELDS, CompileManyError, normalize_requests, run_batch
 from kernelcache.compile.flow import CompileInfo, compile_program
 from kernelcache.kernels.guarded import GuardedCache
-from kernelcache.kernels.loader import bad_bytes, device_options, kernel_of, on_device
+from kernelcache.kernels.loader import device_options, heals, kernel_of, on_device
 from kernelcache.keys.options import options_fingerprint
 from kernelcache.log import KernelCacheWarning
 from kernelcache.stores.base import ProgramCacheResource
@@ -28,7 +28,7 @@ from kernelcache.stores.cuda_core import as_store
 if TYPE_CHECKING:
     from cuda.core import Kernel, ObjectCode, ProgramOptions
 
-__all__ = ["KernelCache", "LoadedKernel"]
+__all__ = ["KernelCache", "LoadedKernel", "l1_key"]
 
 _GET_KERNELS_FIELDS = REQUEST_FIELDS | {"name"}
 
@@ -73,6 +73,29 @@ def _request_args(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def l1_key(
+    code: str | bytes,
+    name: str,
+    code_type: str,
+    target_type: str,
+    names: tuple[str | bytes, ...],
+    extra_digest: bytes | None,
+    options: Any,
+) -> Any:
+    """The L1 key of a request: what the caller passed, options by value (a mutated
+    ProgramOptions is a new entry); not exact about True versus 1 in one field, which only
+    an ill-typed option could tell apart. get_kernel's hit path builds the same key inline."""
+    fields = getattr(options, "__dict__", None)
+    token: Any = tuple(fields.values()) if fields is not None else options
+    key = (code, name, code_type, target_type, names, extra_digest, token)
+    try:
+        hash(key)
+    except TypeError:  # a list-valued option (include paths...): the slower exact snapshot
+        exact = options_fingerprint(options) or ("id", id(options))
+        key = (code, name, code_type, target_type, names, extra_digest, exact)
+    return key
+
+
 def _l1_lookup(
     shard: GuardedCache[LoadedKernel],
     code: str | bytes,
@@ -83,18 +106,9 @@ def _l1_lookup(
     extra_digest: bytes | None,
     options: Any,
 ) -> tuple[Any, LoadedKernel | None]:
-    """(L1 key, the loaded kernel or None). The key is what the caller passed, options by
-    value (a mutated ProgramOptions is a new entry); not exact about True versus 1 in one
-    field, which only an ill-typed option could tell apart."""
-    fields = getattr(options, "__dict__", None)
-    token: Any = tuple(fields.values()) if fields is not None else options
-    key = (code, name, code_type, target_type, names, extra_digest, token)
-    try:
-        return key, shard.peek(key)
-    except TypeError:  # a list-valued option (include paths...): the slower exact snapshot
-        exact = options_fingerprint(options) or ("id", id(options))
-        key = (code, name, code_type, target_type, names, extra_digest, exact)
-        return key, shard.peek(key)
+    """(L1 key, the loaded kernel or None)."""
+    key = l1_key(code, name, code_type, target_type, names, extra_digest, options)
+    return key, shard.peek(key)
 
 
 def _no_gpu_reason(exc: BaseException) -> str | None:
@@ -271,7 +285,9 @@ class KernelCache:
         except ValueError:
             raise
         except Exception as exc:
-            if info is None or not info.hit or not bad_bytes(exc, r["options"], dev):
+            if info is None or not heals(
+                exc, hit=info.hit, options=r["options"], compute_capability=dev.compute_capability
+            ):
                 raise
         return self._load(dev, options=r["options"], **_request_args(r))
 
@@ -311,7 +327,9 @@ class KernelCache:
                 except ValueError:
                     raise  # no such kernel: the caller's mistake, not the entry's
                 except Exception as exc:
-                    if attempt == 2 or not info.hit or not bad_bytes(exc, options, dev):
+                    if attempt == 2 or not heals(
+                        exc, hit=info.hit, options=options, compute_capability=dev.compute_capability
+                    ):
                         raise
                     self._heal(store, info.key, exc)
         raise AssertionError("unreachable")

@@ -20,7 +20,7 @@ from kernelcache.compile.metadata import kernel_names
 if TYPE_CHECKING:
     from cuda.core import Kernel, ObjectCode
 
-__all__ = ["bad_bytes", "device_options", "driver_error", "kernel_of", "on_device"]
+__all__ = ["bad_bytes", "device_options", "driver_error", "heals", "kernel_of", "no_such_kernel", "on_device"]
 
 # What a driver error on loading a cached artifact says about the entry:
 # - the bytes are not a loadable image (damaged, or written wrong by a peer): evict the
@@ -42,16 +42,35 @@ def driver_error(exc: BaseException) -> str | None:
     return found.group(0) if found else None
 
 
-def bad_bytes(exc: BaseException, options: Any, dev: Any) -> bool:
-    """Whether a load error means the entry's bytes are bad (then heal: evict, recompile)."""
+def bad_bytes(exc: BaseException, options: Any, compute_capability: tuple[int, int]) -> bool:
+    """Whether a load error on a GPU of ``compute_capability`` means the artifact's bytes are bad."""
     code = driver_error(exc)
     if code in _BAD_BYTES:
         return True
     if code != "CUDA_ERROR_NO_BINARY_FOR_GPU":
         return False
-    major, minor = dev.compute_capability
+    major, minor = compute_capability
     arch = getattr(options, "arch", None) or ""
     return re.fullmatch(rf"sm_{major}{minor}[af]?", str(arch)) is not None
+
+
+def heals(exc: BaseException, *, hit: bool, options: Any, compute_capability: tuple[int, int]) -> bool:
+    """Whether a load error is healed (the entry evicted, compiled again, loaded once more):
+    only for bytes that came from the cache (a hit) and are bad. A fresh compile the driver
+    refuses is not the cache's doing: compiling again would give the same bytes."""
+    return hit and bad_bytes(exc, options, compute_capability)
+
+
+def no_such_kernel(exc: BaseException, name: str, code: str | bytes, symbol_mapping: Any) -> ValueError | None:
+    """The ValueError to raise when a load error says the program has no kernel ``name``
+    (the caller's mistake: nothing is evicted); None for any other error."""
+    if driver_error(exc) != "CUDA_ERROR_NOT_FOUND":
+        return None
+    known = ", ".join(kernel_names(code, symbol_mapping)) or "none found in the source"
+    return ValueError(
+        f"kernelcache: the program has no kernel named {name!r} (its kernels: {known}); for a "
+        "template or another C++ name, pass it in name_expressions and ask for that same text"
+    )
 
 
 def kernel_of(obj: ObjectCode, name: str, code: str | bytes) -> Kernel:
@@ -59,13 +78,10 @@ def kernel_of(obj: ObjectCode, name: str, code: str | bytes) -> Kernel:
     try:
         return obj.get_kernel(name)
     except Exception as exc:
-        if driver_error(exc) != "CUDA_ERROR_NOT_FOUND":
+        mistake = no_such_kernel(exc, name, code, getattr(obj, "symbol_mapping", None))
+        if mistake is None:
             raise
-        known = ", ".join(kernel_names(code, getattr(obj, "symbol_mapping", None))) or "none found in the source"
-        raise ValueError(
-            f"kernelcache: the program has no kernel named {name!r} (its kernels: {known}); for a "
-            "template or another C++ name, pass it in name_expressions and ask for that same text"
-        ) from exc
+        raise mistake from exc
 
 
 _primary_lock = threading.Lock()
