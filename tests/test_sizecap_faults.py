@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from test_pair_lock_bound import HOLD_STATS
 
 from kernelcache import FileStreamProgramCache, KernelCacheWarning
 from kernelcache.stores.file.counters import FileStats
@@ -27,15 +28,6 @@ from kernelcache.stores.file.store import FORMAT_DIR
 CAP = 20_000
 VALUE = 1000
 ONE_VALUE = 1300  # a value and its sidecar
-
-HOLD_STATS = (
-    "import fcntl, os, sys, time\n"
-    "fd = os.open(sys.argv[1], os.O_RDWR)\n"
-    "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
-    "print('held', flush=True)\n"
-    "time.sleep(600)\n"
-)
-
 
 def disk_bytes(root: str, *, tmp: bool = False) -> int:
     """Bytes of every file under entries/ (and tmp/): what the tracker must say."""

@@ -61,7 +61,7 @@ def _names(name_expressions: Any, where: str = "") -> tuple[str | bytes, ...]:
 
 
 def _request_args(r: dict[str, Any]) -> dict[str, Any]:
-    """A get_kernels request as the keyword arguments of _l1_lookup and KernelCache._load
+    """A get_kernels request as the keyword arguments of l1_key and KernelCache._load
     (options apart), defaults filled."""
     return {
         "code": r["code"],
@@ -94,21 +94,6 @@ def l1_key(
         exact = options_fingerprint(options) or ("id", id(options))
         key = (code, name, code_type, target_type, names, extra_digest, exact)
     return key
-
-
-def _l1_lookup(
-    shard: GuardedCache[LoadedKernel],
-    code: str | bytes,
-    name: str,
-    code_type: str,
-    target_type: str,
-    names: tuple[str | bytes, ...],
-    extra_digest: bytes | None,
-    options: Any,
-) -> tuple[Any, LoadedKernel | None]:
-    """(L1 key, the loaded kernel or None)."""
-    key = l1_key(code, name, code_type, target_type, names, extra_digest, options)
-    return key, shard.peek(key)
 
 
 def _no_gpu_reason(exc: BaseException) -> str | None:
@@ -186,7 +171,7 @@ class KernelCache:
         names = name_expressions if type(name_expressions) is tuple else _names(name_expressions)
         device_id = device if type(device) is int else self._device(device).device_id
         shard = self._shards.get(device_id) or self._shard(device_id)
-        fields = getattr(options, "__dict__", None)  # _l1_lookup's key, inlined: 0.2 us of 2
+        fields = getattr(options, "__dict__", None)  # l1_key's key, inlined: 0.2 us of 2
         key: Any = (
             code,
             name,
@@ -198,8 +183,9 @@ class KernelCache:
         )
         try:
             loaded = shard.peek(key)
-        except TypeError:  # a list-valued option: _l1_lookup takes the exact snapshot
-            key, loaded = _l1_lookup(shard, code, name, code_type, target_type, names, extra_digest, options)
+        except TypeError:  # a list-valued option: l1_key takes the exact snapshot
+            key = l1_key(code, name, code_type, target_type, names, extra_digest, options)
+            loaded = shard.peek(key)
         if loaded is not None:
             kernel = loaded.kernel
             if kernel is not None:
@@ -245,7 +231,8 @@ class KernelCache:
         out: list[Any] = [None] * len(reqs)
         missing: list[tuple[int, Any]] = []
         for i, r in enumerate(reqs):
-            key, loaded = _l1_lookup(shard, options=r.get("options"), **_request_args(r))
+            key = l1_key(options=r.get("options"), **_request_args(r))
+            loaded = shard.peek(key)
             kernel = loaded.kernel if loaded is not None else None
             if kernel is not None:
                 out[i] = kernel
