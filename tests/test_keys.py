@@ -293,3 +293,21 @@ def test_repeated_derivations_stay_exact_about_value_types() -> None:
     d = key(options=ProgramOptions(arch=ARCH, define_macro=[("N", "1")]))
     assert a != b and c == d
     assert key(options=ProgramOptions(arch=ARCH, max_register_count=1)) == a
+
+
+def test_define_macro_keys_follow_the_macros_nvrtc_receives() -> None:
+    from cuda.core import ProgramOptions
+
+    from kernelcache import make_program_cache_key
+
+    def key(macros: object) -> bytes:
+        options = ProgramOptions(arch="sm_90", define_macro=macros)
+        return make_program_cache_key(
+            code="__global__ void k() {}", code_type="c++", options=options, target_type="cubin"
+        )
+
+    # ("N", "M") is -DN=M; ["N", "M"] is -DN -DM: two compiles, two keys.
+    assert key(("N", "M")) != key(["N", "M"])
+    # One macro however it is spelled: one key.
+    assert key(("N", "4")) == key("N=4") == key(["N=4"]) == key([("N", "4")])
+    assert key([("N", "4"), "M"]) == key(["N=4", "M"]) != key(["M", "N=4"])  # order kept

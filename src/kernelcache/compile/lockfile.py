@@ -124,7 +124,8 @@ def _json_value(field: str, value: Any) -> Any:
     define_macro is the one field where a tuple differs from a list to cuda.core: a
     ("NAME", "VALUE") pair is one macro, a list is several. A pair is written as a 2-list
     inside the list of macros (warm reads inner lists as pairs), so a macro's meaning
-    survives JSON; a lone pair is written as a list of that one pair.
+    survives JSON; a lone pair is written as a list of that one pair (the same macros, so
+    the same key: keys.options.macro_flags).
     """
     if isinstance(value, (str, bool, int, float)):
         return value

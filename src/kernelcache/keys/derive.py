@@ -21,7 +21,9 @@ from kernelcache.keys.toolchain import Toolchain, toolchain_for
 if TYPE_CHECKING:
     from cuda.core import ProgramOptions
 
-KEY_SCHEMA_VERSION = 2  # 2: PTX keys read the linker's fields only; name expressions unordered
+# 2: PTX keys read the linker's fields only; name expressions unordered. 3: define_macro keyed
+# as the macros NVRTC receives (a version-2 key of ("N", "4") is that of ["N", "4"]).
+KEY_SCHEMA_VERSION = 3
 
 # code_type -> targets the compiler behind it can produce (cuda.core 1.2's Program).
 SUPPORTED_TARGETS: dict[str, frozenset[str]] = {

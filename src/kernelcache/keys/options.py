@@ -304,6 +304,8 @@ def _encode_options(options: Any, code_type: str, has_digest: bool, headers_trac
             value = compiled_name(options, code_type)  # not options.name: see program_name.py
         if value is None or name[:1] == "_":
             continue
+        if name == "define_macro":
+            value = macro_flags(value)
         try:
             parts.append(memo[(name, value, type(value))])
             continue
@@ -331,6 +333,26 @@ def _encode_options(options: Any, code_type: str, has_digest: bool, headers_trac
         if policy == HASH and name not in NVVM_ONLY and name != "name" and type(value) in _SCALARS:
             remember(memo, (name, value, type(value)), encoded, 4096)
     return b"".join(parts)
+
+
+def macro_flags(value: Any) -> Any:
+    """define_macro as the macros NVRTC receives, by cuda.core's rule, so the key tells them apart.
+
+    A str is one macro, a ("NAME", "VALUE") tuple one "NAME=VALUE", a list each of its items:
+    ("N", "4") is -DN=4 (as "N=4" and [("N", "4")] are), but ["N", "4"] is -DN -D4, and
+    list and tuple encode alike. A form cuda.core refuses is returned as it is (that
+    compile fails, and nothing is stored for it).
+    """
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for macro in items:
+        if isinstance(macro, str):
+            out.append(macro)
+        elif isinstance(macro, tuple) and len(macro) == 2 and all(isinstance(part, str) for part in macro):
+            out.append(f"{macro[0]}={macro[1]}")
+        else:
+            return value
+    return out
 
 
 def _nvrtc_keys(name: str, value: Any, policy: str, has_digest: bool, headers_tracked: bool) -> bool:
