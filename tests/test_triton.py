@@ -32,7 +32,8 @@ def _key(text: str) -> str:
 
 
 def _env(root: str, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, KERNELCACHE_DIR=str(root), TRITON_CACHE_MANAGER=MANAGER)
+    # Every member of a group stored (IRs too), unless a test says otherwise.
+    env = dict(os.environ, KERNELCACHE_DIR=str(root), TRITON_CACHE_MANAGER=MANAGER, TRITON_STORE_BINARY_ONLY="0")
     env.update(extra)
     return env
 
@@ -64,18 +65,26 @@ def test_triton_picks_our_manager_from_the_environment(tmp_path, monkeypatch):
     assert isinstance(manager, triton_cache.CacheManager)
 
 
-def test_real_triton_compile_in_a_fresh_process_is_a_hit(tmp_path):
+@pytest.mark.parametrize("binary_only", ["", "0"])
+def test_real_triton_compile_in_a_fresh_process_is_a_hit(tmp_path, binary_only):
     # triton.compile for sm_90 runs on CPU (Triton's own ptxas): the second process must
     # take the whole group from kernelcache and compile nothing; Triton's directory stays unused.
-    env = _env(tmp_path / "kc", TRITON_CACHE_DIR=str(tmp_path / "triton-own"))
+    # The IRs (ptx, ttir, ...) are stored only with TRITON_STORE_BINARY_ONLY=0.
+    env = _env(tmp_path / "kc", TRITON_CACHE_DIR=str(tmp_path / "triton-own"), TRITON_STORE_BINARY_ONLY=binary_only)
     cold = _run(env, "compile")
     warm = _run(env, "compile")
     assert (cold["compiled"], cold["hits"]) == (1, 0)
     assert (warm["compiled"], warm["hits"]) == (0, 1)
     assert warm["cubin_sha256"] == cold["cubin_sha256"]
-    assert warm["files"] == cold["files"] and {f.rsplit(".", 1)[1] for f in warm["files"]} >= {"cubin", "json", "ptx"}
+    exts = {f.rsplit(".", 1)[1] for f in warm["files"]}
+    assert exts == ({"cubin", "json"} if binary_only == "" else {f.rsplit(".", 1)[1] for f in cold["files"]})
+    assert {f.rsplit(".", 1)[1] for f in cold["files"]} >= {"cubin", "json", "ptx", "ttir"}
     assert all(p.startswith(str(tmp_path / "kc" / "materialized")) for p in warm["paths"])
     assert not (tmp_path / "triton-own").exists()
+    # The IRs Triton read right after the compile were scratch copies, gone with their process.
+    assert not (tmp_path / "kc" / "materialized" / "scratch").exists() or not [
+        f for _, _, fs in os.walk(tmp_path / "kc" / "materialized" / "scratch") for f in fs
+    ]
 
 
 def test_files_and_groups_round_trip_between_processes(tmp_path):
@@ -393,15 +402,16 @@ def test_a_group_naming_a_path_is_a_miss_and_writes_nothing_outside(tmp_path, mo
     # own directory: it wrote outside it; KernelCacheManager.get_group raised ValueError.
     from triton.runtime.cache import RemoteCacheManager
 
+    from kernelcache.integrations.triton_files import TritonFiles
     from kernelcache.stores.default import default_cache
-    from kernelcache.triton import KernelCacheManager, KernelCacheRemoteBackend, _TritonFiles
+    from kernelcache.triton import KernelCacheManager, KernelCacheRemoteBackend
 
     triton_dir = tmp_path / "triton" / "cache"
     monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "kc"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_dir))
     monkeypatch.setenv("TRITON_REMOTE_CACHE_BACKEND", "kernelcache.triton:KernelCacheRemoteBackend")
     key = _key("escape")
-    _TritonFiles(key, default_cache()).put_group("kern.json", {"../../escaped": b"outside", "kern.cubin": b"c"})
+    TritonFiles(key, default_cache()).put_group("kern.json", {"../../escaped": b"outside", "kern.cubin": b"c"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # kernelcache.triton warns once per process and cause
         assert RemoteCacheManager(key).get_group("kern.json") is None
@@ -423,8 +433,8 @@ def test_a_local_group_of_two_versions_falls_through_to_a_complete_remote_one(tm
     # group with different bytes while b read it); Redis holds writer 2's complete group.
     # b must not miss for ever on its local tiers: it reads Redis's group and repairs its own.
     need_redis()
+    from kernelcache.integrations.triton_files import TritonFiles
     from kernelcache.stores.redis.store import RedisProgramCache
-    from kernelcache.triton import _TritonFiles
 
     server = RedisServer(str(tmp_path))
     try:
@@ -434,13 +444,61 @@ def test_a_local_group_of_two_versions_falls_through_to_a_complete_remote_one(tm
         v1 = {n: f"v1:{n}".encode() for n in NAMES}
         v2 = {n: f"v2:{n}".encode() for n in NAMES}
         disk = FileStreamProgramCache(str(tmp_path / "b" / "kc"))
-        _TritonFiles(mkey, disk).put_group("kern.json", v1)
+        TritonFiles(mkey, disk).put_group("kern.json", v1)
         for name, data in v2.items():
-            _TritonFiles(mkey, disk).put(name, data)  # members of the other version
-        _TritonFiles(mkey, RedisProgramCache(server.url)).put_group("kern.json", v2)
+            TritonFiles(mkey, disk).put(name, data)  # members of the other version
+        TritonFiles(mkey, RedisProgramCache(server.url)).put_group("kern.json", v2)
         env = _env(tmp_path / "b" / "kc", KERNELCACHE_REDIS_URL=server.url)
         assert _run(env, "get", key, *NAMES)["group"] == {n: f"v2:{n}" for n in NAMES}
         server.stop()  # the local tiers alone now serve the repaired group
-        assert _TritonFiles(mkey, FileStreamProgramCache(str(tmp_path / "b" / "kc"))).get_group("kern.json") == v2
+        assert TritonFiles(mkey, FileStreamProgramCache(str(tmp_path / "b" / "kc"))).get_group("kern.json") == v2
     finally:
         server.stop()
+
+
+BOUNDED = r"""
+import os, sys
+from triton.runtime.cache import get_cache_manager
+first, count, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+for i in range(first, first + count):
+    m = get_cache_manager(f"{i:064x}")
+    paths = {n: m.put(os.urandom(size), n) for n in ("kern.cubin", "kern.json")}
+    m.put_group("kern.json", paths)
+    assert m.get_group("kern.json") is not None
+"""
+
+
+def _copies(root) -> tuple[int, int]:
+    """(files, bytes of their own) under materialized/: a hard link to an entry costs none."""
+    files = own = 0
+    for d, _, names in os.walk(os.path.join(root, "materialized")):
+        for name in names:
+            st = os.lstat(os.path.join(d, name))
+            files += 1
+            own += st.st_size if st.st_nlink == 1 else 0
+    return files, own
+
+
+def _age(root, seconds: float) -> None:
+    for d, _, names in os.walk(os.path.join(root, "materialized")):
+        for name in names:
+            path = os.path.join(d, name)
+            st = os.lstat(path)
+            os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def test_copies_stay_within_the_cap_and_idle_ones_go_without_a_prune(tmp_path):
+    # A 1 MB cap and 2.4 MB of kernels: the store evicts entries, and the copies whose
+    # entries went (or that never were links) must not pile up outside the cap.
+    root = tmp_path / "kc"
+    env = _env(root, KERNELCACHE_MAX_SIZE="1MB")
+    for first in (0, 12):
+        subprocess.run([sys.executable, "-c", BOUNDED, str(first), "12", "100000"], env=env, check=True, timeout=300)
+        _age(root, 30)  # older than the few seconds a fresh copy is protected
+    subprocess.run([sys.executable, "-c", BOUNDED, "24", "2", "100000"], env=env, check=True, timeout=300)
+    assert _copies(root)[1] <= 1_000_000
+    # Idle for longer than prune's margin: the next copies written take them away.
+    _age(root, 3600)
+    subprocess.run([sys.executable, "-c", BOUNDED, "30", "1", "1000"], env=env, check=True, timeout=300)
+    files, _ = _copies(root)
+    assert files <= 3  # the last group's two copies (and the sweep's own stamp)

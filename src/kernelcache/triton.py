@@ -12,24 +12,25 @@ or, to keep Triton's own manager and use kernelcache as its remote tier::
 Files go to ``kernelcache.default_cache()`` (configured by ``KERNELCACHE_DIR`` and the other
 ``KERNELCACHE_*`` variables), one entry per (Triton key, file name), checked on every read
 like any entry. Triton wants paths back; those are copies under the cache root
-(kernelcache.integrations.materialized), never the entries themselves.
+(kernelcache.integrations.materialized), never the entries themselves: hard links to the
+entry files where possible (no second copy of the bytes), bounded by the store's size cap.
 
-Groups (Triton stores a compiled kernel as a group: IRs, cubin, metadata JSON) are all or
-nothing. A group is one manifest entry naming each member and the SHA-256 of its bytes,
-written only after every member is in the store. A reader takes the manifest, reads every
-member and checks each digest: a member missing (evicted, never written because its writer
-died) or different (a peer rewrote it) makes the whole group a miss. So a reader, in any
-process or host, sees a complete group of matching members or none.
+Groups (a compiled kernel) are all or nothing (integrations/triton_files.py). Of a group,
+only what Triton needs to load the kernel is stored (the binary and the metadata JSON), as
+with Triton's ``TRITON_STORE_BINARY_ONLY=1``; its IRs (source, TTIR, TTGIR, LLIR, PTX) are
+stored only with ``TRITON_STORE_BINARY_ONLY=0``. Triton still reads those IRs right after
+the compile: they get scratch copies, removed when the process exits (or swept when idle).
 """
 
 from __future__ import annotations
 
-import hashlib
+import atexit
 import json
+import os
+import shutil
 from typing import Any
 
 try:
-    import triton
     from triton.runtime.cache import CacheManager, FileCacheManager, RemoteCacheBackend
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised where triton is absent
     # A ModuleNotFoundError, as for kernelcache.cupy: a missing extra reads as missing.
@@ -39,24 +40,37 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised where triton 
 
 from kernelcache import config
 from kernelcache.compile import lockfile, strict
-from kernelcache.integrations.materialized import check_file_name, materialize, private_root
-from kernelcache.log import WarnOnce
+from kernelcache.integrations.materialized import MATERIALIZED_DIR, check_file_name, materialize, private_root
+from kernelcache.integrations.triton_files import TritonFiles, is_plain, warn_once
 from kernelcache.stores.base import ProgramCacheResource
 
 __all__ = ["KernelCacheManager", "KernelCacheRemoteBackend"]
 
-# Domain-separated key prefixes: no key of compile_program or of the other kind can equal them.
-_FILE_DOMAIN = b"kernelcache.triton.file/1\x00"
-_GROUP_DOMAIN = b"kernelcache.triton.group/1\x00"
-_GROUP_FORMAT = 1
 _GROUP_PREFIX = "__grp__"  # Triton's name for a group's own file
-_READ_ATTEMPTS = 2  # a group that changed while we read it is read once more, then a miss
+# A kernel's IRs, which Triton itself drops with TRITON_STORE_BINARY_ONLY=1 (it keeps the
+# binary and the JSON); every other file (launcher .so, autotuning results) is stored.
+_IR_EXTS = ("source", "ttir", "ttgir", "llir", "ptx", "amdgcn", "mlir")
+_scratch_roots: set[str] = set()
 
-_warned = WarnOnce("kernelcache.triton")
+
+def _stores_irs() -> bool:
+    """IRs are stored only when TRITON_STORE_BINARY_ONLY says 0 (or false/no/off)."""
+    return os.environ.get("TRITON_STORE_BINARY_ONLY", "").strip().lower() in ("0", "false", "no", "off")
 
 
-def _warn_once(cause: str, message: str) -> None:
-    _warned.warn(cause, message, stacklevel=3, origin="triton")
+def _needed(name: str) -> bool:
+    """Whether a file is kept in the store (not: an IR Triton keeps only for debugging)."""
+    return name.rsplit(".", 1)[-1] not in _IR_EXTS or _stores_irs()
+
+
+@atexit.register
+def _remove_scratch() -> None:
+    # Only this process's own scratch directory (named by its pid), under roots it used.
+    for root in _scratch_roots:
+        shutil.rmtree(os.path.join(root, MATERIALIZED_DIR, "scratch", str(os.getpid())), ignore_errors=True)
+
+
+os.register_at_fork(after_in_child=_scratch_roots.clear)
 
 
 def _as_bytes(data: Any) -> bytes:
@@ -65,17 +79,6 @@ def _as_bytes(data: Any) -> bytes:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
     return str(data).encode("utf-8")
-
-
-def _is_plain(name: object) -> bool:
-    """Whether ``name`` is a plain file name (what check_file_name accepts)."""
-    if not isinstance(name, str):
-        return False
-    try:
-        check_file_name(name)
-    except ValueError:
-        return False
-    return True
 
 
 def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
@@ -97,133 +100,8 @@ def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
     try:
         return store, private_root()
     except OSError as exc:
-        _warn_once("private-root", f"no directory for copies ({exc}); Triton keeps its own files")
+        warn_once("private-root", f"no directory for copies ({exc}); Triton keeps its own files")
         return store, ""
-
-
-class _TritonFiles:
-    """The files of one Triton key in a kernelcache store: single files and groups."""
-
-    def __init__(self, key: str, store: ProgramCacheResource) -> None:
-        self.key = key
-        self.store = store
-        self._prefix = key.encode("utf-8") + b"\x00"
-
-    def _file_key(self, name: str) -> bytes:
-        return _FILE_DOMAIN + self._prefix + name.encode("utf-8")
-
-    def get(self, name: str, *, internal: bool = False) -> bytes | None:
-        record = self.store.get_record(self._file_key(name), internal=internal)
-        return None if record is None else record[0]
-
-    def _member_meta(self, name: str) -> dict[str, Any]:
-        ext = name.rsplit(".", 1)[-1] if "." in name else ""
-        return {
-            "kind": "triton",
-            "code_type": "triton",
-            "target_type": ext or "file",
-            "kernels": [name],
-            "triton_key": self.key,
-            "triton_version": triton.__version__,
-        }
-
-    def _group_meta(self, members: dict[str, bytes]) -> dict[str, Any]:
-        return {
-            "kind": "triton-group",
-            "code_type": "triton",
-            "target_type": "group",
-            "kernels": sorted(members),
-            "triton_key": self.key,
-            "triton_version": triton.__version__,
-        }
-
-    @staticmethod
-    def _manifest(members: dict[str, bytes]) -> bytes:
-        digests = {member: hashlib.sha256(data).hexdigest() for member, data in members.items()}
-        return json.dumps({"format": _GROUP_FORMAT, "members": digests}, sort_keys=True).encode()
-
-    def put(self, name: str, data: bytes) -> bool:
-        return self.store.set_record(self._file_key(name), data, self._member_meta(name))
-
-    def put_group(self, name: str, members: dict[str, bytes]) -> bool:
-        """Store every member that the store does not hold as given, then the manifest."""
-        for member, data in members.items():
-            # Re-put a member a peer replaced since we wrote it (or that was evicted): the
-            # manifest must name bytes that are in the store now, or readers would miss on
-            # it until the next compile.
-            if self.get(member, internal=True) != data and not self.put(member, data):
-                return False  # a member that is not stored makes no group
-        # Last write: until it lands, readers see no group (a writer killed before this
-        # line leaves members only, which nobody reads as a group).
-        return self.store.set_record(self._group_key(name), self._manifest(members), self._group_meta(members))
-
-    def get_group(self, name: str) -> dict[str, bytes] | None:
-        """Every member of the group, each matching the manifest's digest; else None.
-
-        A group found but not verifying through the tiers together (a host's local tiers
-        holding a manifest and members of two writers' versions) is read from each tier
-        alone, nearest first: the first complete one is returned and replaces the group in
-        the tiers above it. So a stale local copy never shadows a complete group further down.
-        """
-        members = None
-        for _ in range(_READ_ATTEMPTS):
-            members = self._read_group(self.store, name)
-            if members != "unverified":
-                return members  # type: ignore[return-value]
-        tiers = list(getattr(self.store, "tiers", ()))
-        for i, tier in enumerate(tiers):
-            found = self._read_group(tier, name)
-            if isinstance(found, dict):
-                self._replace_above(tiers[:i], name, found)
-                return found
-        return None
-
-    def _group_key(self, name: str) -> bytes:
-        return _GROUP_DOMAIN + self._prefix + name.encode("utf-8")
-
-    def _read_group(self, store: ProgramCacheResource, name: str) -> dict[str, bytes] | str | None:
-        """The verified members from ``store``; None: no group there (or one this version
-        cannot read); "unverified": a manifest whose members do not all match it."""
-        record = store.get_record(self._group_key(name), internal=store is not self.store)
-        if record is None:
-            return None
-        try:
-            manifest = json.loads(record[0])
-            digests = manifest["members"]
-            if manifest.get("format") != _GROUP_FORMAT or not isinstance(digests, dict):
-                raise ValueError("unknown group format")
-        except (ValueError, KeyError, TypeError):
-            return None  # a format this version does not know: a miss
-        if not all(_is_plain(member) for member in digests):
-            # Written by another writer (any host sharing an unsigned store): a member
-            # named "../x" would make Triton's own file manager (RemoteCacheManager) write
-            # outside its directory, and our copies cannot be named so. A miss.
-            _warn_once("group-names", f"group {name!r} names a file that is not a plain name; a miss")
-            return None
-        members: dict[str, bytes] = {}
-        # Every member in one round trip per tier (a remote tier answers them together).
-        found = store.get_many([self._file_key(m) for m in digests], internal=True)
-        for (member, digest), got in zip(digests.items(), found):
-            data = None if got is None else got[0]
-            # Race: a peer rewrote this member (with other bytes) after our manifest
-            # was written, or evicted it. The digest catches both; the caller reads once
-            # more in case the peer's own manifest has landed meanwhile.
-            if data is None or hashlib.sha256(data).hexdigest() != digest:
-                return "unverified"
-            members[member] = data
-        return members
-
-    def _replace_above(self, tiers: list[ProgramCacheResource], name: str, members: dict[str, bytes]) -> None:
-        """Write a verified group into ``tiers`` (members first, the manifest last, as put_group)."""
-        # Race: another host may rewrite the group meanwhile; each tier then holds one
-        # writer's members or another's, and the manifest written last names ours, which a
-        # reader verifies (a mismatch is a miss there and a fall-through again).
-        for tier in tiers:
-            if tier.read_only:
-                continue
-            for member, data in members.items():
-                tier.set_record(self._file_key(member), data, self._member_meta(member), internal=True)
-            tier.set_record(self._group_key(name), self._manifest(members), self._group_meta(members), internal=True)
 
 
 class KernelCacheManager(CacheManager):
@@ -248,15 +126,22 @@ class KernelCacheManager(CacheManager):
         if store is None:  # no usable cache: Triton's own manager, as without kernelcache
             self._delegate = FileCacheManager(key)
             return
-        self._files = _TritonFiles(key, store)
+        self._files = TritonFiles(key, store)
+        # Copies are bounded by the store's own size cap (KERNELCACHE_MAX_SIZE), or by the
+        # default cap of copies where the store has none.
+        self._cap = self._files.size_cap()
 
-    def _path(self, name: str, data: bytes) -> str | None:
+    def _path(self, name: str, data: bytes, *, scratch: bool = False) -> str | None:
         if not self._root:
             return None  # no directory a copy may go to: a miss, and Triton's own files on put
+        namespace, owner = ("scratch", str(os.getpid())) if scratch else ("triton", self.key)
+        if scratch:
+            _scratch_roots.add(self._root)
+        link = None if scratch else self._files.entry_file(name)
         try:
-            return materialize(self._root, "triton", self.key, name, data)
+            return materialize(self._root, namespace, owner, name, data, link_from=link, cap=self._cap)
         except OSError as exc:
-            _warn_once(f"materialize-{exc.errno}", f"cannot write a copy under {self._root}: {exc}")
+            warn_once(f"materialize-{exc.errno}", f"cannot write a copy under {self._root}: {exc}")
             return None
 
     def get_file(self, filename: str) -> str | None:
@@ -271,8 +156,10 @@ class KernelCacheManager(CacheManager):
             return self._delegate.put(data, filename, binary=binary)
         check_file_name(filename)
         payload = _as_bytes(data)
-        self._files.put(filename, payload)  # a dropped write has warned; the path still works
-        path = self._path(filename, payload)
+        keep = _needed(filename)
+        if keep:
+            self._files.put(filename, payload)  # a dropped write has warned; the path still works
+        path = self._path(filename, payload, scratch=not keep)
         if path is None:
             # The cache root cannot be written: Triton's own directory still can be, and a
             # cache must not fail a compile that works without it.
@@ -303,15 +190,18 @@ class KernelCacheManager(CacheManager):
         check_file_name(filename)
         members = {}
         for name, path in group.items():
+            if not _needed(name):
+                continue  # an IR Triton keeps only for debugging: not part of the stored group
             try:
                 with open(path, "rb") as f:
                     members[check_file_name(name)] = f.read()
             except OSError as exc:
-                _warn_once(f"group-read-{exc.errno}", f"cannot read group member {path}: {exc}; group not stored")
+                warn_once(f"group-read-{exc.errno}", f"cannot read group member {path}: {exc}; group not stored")
                 return None
         self._files.put_group(filename, members)
         # Triton ignores the result; like its FileCacheManager, return the group file's path.
-        return self._path(_GROUP_PREFIX + filename, json.dumps({"child_paths": group}).encode())
+        # Nothing reads it back (get_group reads the store): a scratch copy, gone at exit.
+        return self._path(_GROUP_PREFIX + filename, json.dumps({"child_paths": group}).encode(), scratch=True)
 
     def close(self) -> None:
         """Nothing to release: the store is the process-wide default cache."""
@@ -337,7 +227,7 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
         # KERNELCACHE_DISABLE, or no usable cache (warned once): a backend that holds
         # nothing and stores nothing, so Triton compiles.
         store = None if config.disabled() else _store_and_root()[0]
-        self._files = _TritonFiles(key, store) if store is not None else None
+        self._files = TritonFiles(key, store) if store is not None else None
         self._from_group: dict[str, bytes] = {}  # members of the groups read by this backend
         self._written: dict[str, bytes] = {}  # files put by this backend (a group's members)
 
@@ -372,10 +262,10 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
         try:
             children = json.loads(payload)["child_paths"]
         except (ValueError, KeyError, TypeError):
-            _warn_once("group-format", f"group file {filename!r} is not Triton's group JSON; not stored")
+            warn_once("group-format", f"group file {filename!r} is not Triton's group JSON; not stored")
             return
-        if not isinstance(children, list) or not all(_is_plain(child) for child in children):
-            _warn_once("group-format", f"group file {filename!r} names a file that is not a plain name; not stored")
+        if not isinstance(children, list) or not all(is_plain(child) for child in children):
+            warn_once("group-format", f"group file {filename!r} names a file that is not a plain name; not stored")
             return
         members = {}
         for child in children:

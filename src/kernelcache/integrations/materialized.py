@@ -4,20 +4,26 @@ Triton's cache interface returns file paths (it reads the cubin and imports the 
 ``.so`` from them), so an entry read from kernelcache's store is copied to a file under
 the cache's own root::
 
-    <root>/materialized/<namespace>/<owner>/<sha256 prefix>/<file name>
+    <root>/materialized/<namespace>/<owner>/<sha256 prefix>-<file name>
     <root>/materialized/tmp/                       staging for atomic writes
+    <root>/materialized/scratch/<pid>/...          copies nobody reads again (removed at exit)
+
+A copy of an entry of the store's file tier is a hard link to the entry file where the
+filesystem allows (no second copy of the bytes, no new inode); the copies' own bytes are
+bounded by the store's size cap (``sweep``, run as copies are written: idle ones go without
+a manual ``prune``).
 
 Copies go only under a root the store accepted (its file tier's), or, when the store has no
 file tier (the disk tier was refused: another user's or an other-writable directory), under
 a private per-user directory (``private_root``), never under a refused one. Every copy is
 read back and compared after it is placed, before its path is handed out. In a team cache
 (a setgid root) copies are group-readable and -writable, so members share them instead of
-replacing each other's. The copies are not entries: the store's size tracker never sees them (they do not
-count toward the cap twice), ``kernelcache clear`` removes them all and ``kernelcache prune``
-removes those not handed out recently. Each copy lives in a directory named by a digest of
-its content, so the bytes at a path never change once written: a reader that got a path
-and reads it later can never find another writer's version there (Triton's own file
-manager overwrites in place, so a group read while a peer rewrites it can mix versions).
+replacing each other's. The copies are not entries: the store's size tracker never sees
+them, ``kernelcache clear`` removes them all and ``kernelcache prune`` removes those not
+handed out recently. Each copy is named by a digest of its content, so the bytes at a path
+never change once written: a reader that got a path and reads it later can never find
+another writer's version there (Triton's own file manager overwrites in place, so a group
+read while a peer rewrites it can mix versions).
 """
 
 from __future__ import annotations
@@ -28,9 +34,11 @@ import os
 import re
 import stat
 import tempfile
+import threading
 import time
+import uuid
 
-from kernelcache.stores.file.ops import make_dirs, open_regular, stage
+from kernelcache.stores.file.ops import TMP_SUFFIX, make_dirs, open_regular, stage
 
 MATERIALIZED_DIR = "materialized"
 # A copy handed out less than this long ago is kept by prune: the process that got its path
@@ -75,19 +83,33 @@ def private_root() -> str:
     return path
 
 
-def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -> str:
+def materialize(
+    root: str,
+    namespace: str,
+    owner: str,
+    name: str,
+    data: bytes,
+    *,
+    link_from: str | None = None,
+    cap: int | None = None,
+) -> str:
     """Return the path of a file under ``root`` holding exactly ``data``, named ``name``.
 
     Writes it (staged, then os.replace) unless an identical copy is already there; an
     existing copy has its mtime bumped, which tells prune it was just handed out. The copy
     is read back after it is placed: a path is handed out only for the right bytes.
-    OSError when the directory cannot be written or the copy does not read back.
+    ``link_from``: a file (a store entry) expected to hold ``data``: the copy is a hard link
+    to it where that works (no second copy of the bytes, no new inode). ``cap``: the bytes
+    copies may take (``sweep``). OSError when the directory cannot be written or the copy
+    does not read back.
     """
     check_file_name(name)
     base = os.path.join(root, MATERIALIZED_DIR)
     digest = hashlib.sha256(data).hexdigest()[:32]
-    folder = os.path.join(base, namespace, check_file_name(owner), digest)
-    path = os.path.join(folder, name)
+    folder = os.path.join(base, namespace, check_file_name(owner))
+    # The content's digest leads the name (the extension, which Triton reads, stays last):
+    # one directory per owner, none per copy.
+    path = os.path.join(folder, f"{digest}-{name}")
     if _same_content(path, data):
         try:
             # Race with prune: it may unlink between our compare and this utime (prune
@@ -98,18 +120,7 @@ def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -
             return path
         except FileNotFoundError:
             pass
-    tmp_dir = os.path.join(base, "tmp")
-    # Each new directory gets its parent's mode: 0700 under a private cache, group-writable
-    # and setgid under a team cache (every member materializes there).
-    make_dirs(tmp_dir)
-    # A team cache's root is setgid: its members share each other's copies (0600 would make
-    # a member who cannot read a copy replace it, and the other then fail to read its own).
-    # Group-writable too, as the team's entries are: a member marks a copy it is handed out
-    # (utime needs write permission on another member's file).
-    team = bool(os.stat(root).st_mode & stat.S_ISGID)
-    tmp = stage(tmp_dir, data, durable=False, mode=0o660 if team else 0o600)  # O_EXCL: no planted link
-    if team:
-        os.chmod(tmp, 0o660)  # whatever the umask
+    tmp = _staged(root, os.path.join(base, "tmp"), data, link_from)
     tries = 0
     try:
         while True:
@@ -123,7 +134,7 @@ def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -
                 # nobody else can; reading it back catches anything that got there anyway.
                 if not _same_content(path, data):
                     raise OSError(f"the copy at {path} does not hold the bytes just placed there")
-                return path
+                break
             except FileNotFoundError:
                 # Race with prune: it keeps recent files but removes every empty directory,
                 # so the folder just made (or a parent) can vanish before the replace lands
@@ -135,6 +146,38 @@ def materialize(root: str, namespace: str, owner: str, name: str, data: bytes) -
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    # A linked copy counts too: it takes bytes of its own once the store evicts its entry.
+    _after_write(root, len(data), cap)
+    return path
+
+
+def _staged(root: str, tmp_dir: str, data: bytes, link_from: str | None) -> str:
+    """A new file in tmp_dir holding ``data``: a hard link to ``link_from`` when it holds
+    exactly that (an entry is replaced, never rewritten in place, so its inode's bytes never
+    change), else a written copy."""
+    # Each new directory gets its parent's mode, less others' write: 0700 under a private
+    # cache, group-writable and setgid under a team cache (every member materializes there).
+    make_dirs(tmp_dir)
+    if link_from is not None:
+        tmp = os.path.join(tmp_dir, f"{uuid.uuid4().hex}{TMP_SUFFIX}")
+        try:
+            os.link(link_from, tmp, follow_symlinks=False)
+        except OSError:
+            pass  # another filesystem, no such entry (evicted, Redis-only), links refused
+        else:
+            # Race: the entry may have been replaced by other bytes since they were read.
+            if _same_content(tmp, data):
+                return tmp
+            os.unlink(tmp)
+    # A team cache's root is setgid: its members share each other's copies (0600 would make
+    # a member who cannot read a copy replace it, and the other then fail to read its own).
+    # Group-writable too, as the team's entries are: a member marks a copy it is handed out
+    # (utime needs write permission on another member's file).
+    team = bool(os.stat(root).st_mode & stat.S_ISGID)
+    tmp = stage(tmp_dir, data, durable=False, mode=0o660 if team else 0o600)  # O_EXCL: no planted link
+    if team:
+        os.chmod(tmp, 0o660)  # whatever the umask
+    return tmp
 
 
 def _same_content(path: str, data: bytes) -> bool:
@@ -188,14 +231,21 @@ def remove_materialized(root: str, idle_s: float | None = None) -> tuple[int, in
 
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _STAGED = re.compile(r"[0-9a-f]{32}\.tmp")
+_NAMED = re.compile(r"[0-9a-f]{32}-.+")
 
 
 def _is_ours(base: str, path: str) -> bool:
     """Whether path (under base) is a copy materialize wrote, or one of its staged files."""
     parts = os.path.relpath(path, base).split(os.sep)
+    if parts == [_STAMP]:
+        return True
     if len(parts) == 2 and parts[0] == "tmp":
         return bool(_STAGED.fullmatch(parts[1]))
-    if len(parts) != 4 or not _DIGEST.fullmatch(parts[2]):
+    if len(parts) == 3 and _NAMED.fullmatch(parts[2]):
+        expected = parts[2][:32]  # <ns>/<owner>/<digest>-<name>
+    elif len(parts) == 4 and _DIGEST.fullmatch(parts[2]):
+        expected = parts[2]  # the earlier layout: <ns>/<owner>/<digest>/<name>
+    else:
         return False
     try:
         fd, _ = open_regular(path)
@@ -209,4 +259,73 @@ def _is_ours(base: str, path: str) -> bool:
         return False
     finally:
         os.close(fd)
-    return digest.hexdigest()[:32] == parts[2]
+    return digest.hexdigest()[:32] == expected
+
+
+# -- keeping copies bounded without a manual prune ------------------------------------------
+
+DEFAULT_CAP = 1 << 30  # copies' own cap where the store has none
+SWEEP_EVERY_S = 60.0  # at most this long between sweeps while a process hands out copies
+MIN_AGE_S = 5.0  # a copy younger than this is never taken for the cap: Triton is about to open it
+_STAMP = ".swept"  # its mtime: the last sweep of this root (any process)
+_pending = {"bytes": 0}
+_pending_lock = threading.Lock()
+os.register_at_fork(after_in_child=lambda: _pending.update(bytes=0))
+
+
+def _after_write(root: str, written: int, cap: int | None) -> None:
+    """Sweep once enough new bytes were written since the last sweep (an eighth of the cap),
+    or the last sweep of this root is older than SWEEP_EVERY_S."""
+    cap = DEFAULT_CAP if cap is None else cap
+    with _pending_lock:
+        _pending["bytes"] += written
+        due = _pending["bytes"] * 8 >= cap
+    stamp = os.path.join(root, MATERIALIZED_DIR, _STAMP)
+    if not due:
+        try:
+            due = time.time() - os.stat(stamp).st_mtime >= SWEEP_EVERY_S
+        except FileNotFoundError:
+            due = True
+        except OSError:
+            return
+    if due:
+        with _pending_lock:
+            _pending["bytes"] = 0
+        with contextlib.suppress(OSError):
+            with open(stamp, "a"):
+                pass
+            os.utime(stamp)
+        sweep(root, cap)
+
+
+def sweep(root: str, cap: int) -> tuple[int, int]:
+    """Remove copies idle for KEEP_RECENT_S, then the least recently handed out until the
+    copies' own bytes fit ``cap`` (never one younger than MIN_AGE_S). A copy that is a hard
+    link to an entry costs no bytes of its own (the entry's are counted in the store's cap)
+    until the entry goes. Returns (files removed, bytes freed)."""
+    files, freed = remove_materialized(root, KEEP_RECENT_S)
+    base = os.path.join(root, MATERIALIZED_DIR)
+    copies = []
+    for dirpath, _, filenames in os.walk(base):
+        for fname in filenames:
+            path = os.path.join(dirpath, fname)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if st.st_nlink == 1 and _is_ours(base, path):
+                copies.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in copies)
+    young = time.time() - MIN_AGE_S
+    # Race: another process may hand out a copy we are about to remove (it bumps the mtime
+    # just after our scan); MIN_AGE_S keeps the copies of the last moments, and a path whose
+    # file is gone makes Triton recompile, never load other bytes (paths are immutable).
+    for mtime, size, path in sorted(copies):
+        if total <= cap or mtime >= young:
+            break
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            total -= size
+            files += 1
+            freed += size
+    return files, freed
