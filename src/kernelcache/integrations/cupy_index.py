@@ -74,11 +74,14 @@ def index_key(source: str, argv: Sequence[str], target: str, names: Sequence[str
 
 
 def usable() -> bool:
-    """Whether a hit may skip compile_program: not when the cache is off, nor when every
-    request must pass through compile_program to be recorded or explained."""
+    """Whether a hit may skip compile_program: not when the cache is off or every compile
+    must run again (KERNELCACHE_RECACHE), nor when every request must pass through
+    compile_program to be recorded or explained."""
     from kernelcache import config
 
-    return not config.disabled() and not any(os.environ.get(v) for v in _THROUGH_COMPILE_PROGRAM)
+    if config.disabled() or config.recache():
+        return False
+    return not any(os.environ.get(v) for v in _THROUGH_COMPILE_PROGRAM)
 
 
 def find(store: Any, key: bytes) -> tuple[bytes, bytes, dict[str, Any]] | None:
