@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernelcache.compile import restrict_leak
 from kernelcache.integrations.nvrtc_argv import nvrtc_argv
 from kernelcache.keys.program_name import compiled_name, with_fields
 
@@ -342,14 +343,15 @@ def run_compiler(request: CompileRequest, trace_path: str | None) -> tuple[Objec
     log = LogCollector()
     start = time.perf_counter()
     source, options, call = plan_compile(request, trace_path)
-    if call is not None:
-        obj = call.object_code(*call.run(log))
-    else:
-        from cuda.core import Program
+    with restrict_leak.in_process(request):
+        if call is not None:
+            obj = call.object_code(*call.run(log))
+        else:
+            from cuda.core import Program
 
-        program = Program(source, request.code_type, options=options)
-        try:
-            obj = program.compile(request.target_type, name_expressions=request.name_expressions, logs=log)
-        finally:
-            program.close()
+            program = Program(source, request.code_type, options=options)
+            try:
+                obj = program.compile(request.target_type, name_expressions=request.name_expressions, logs=log)
+            finally:
+                program.close()
     return obj, log.text(), time.perf_counter() - start

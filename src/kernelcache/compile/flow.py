@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
-from kernelcache.compile import lockfile, strict
+from kernelcache.compile import lockfile, restrict_leak, strict
 from kernelcache.compile.flight import BUSY, READY, SingleFlight
 from kernelcache.compile.lookup import Found, Lookup
 from kernelcache.compile.metadata import artifact_meta, object_from_record, refuse_to_store
@@ -247,8 +247,10 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
         call.info.hit, call.info.compile_seconds = False, seconds
         variant = trace.variant() if trace is not None else None
         request = look.request
-        not_stored = (trace.not_stored if trace is not None else "") or basedir.unshareable(
-            request.options, request.code_type, request.target_type, as_value_bytes(obj)
+        not_stored = (
+            restrict_leak.why_not_stored(request)
+            or (trace.not_stored if trace is not None else "")
+            or basedir.unshareable(request.options, request.code_type, request.target_type, as_value_bytes(obj))
         )
         if not_stored:
             refuse_to_store(cache, not_stored)
@@ -266,6 +268,7 @@ def _compile(request: CompileRequest, trace: HeaderTrace | None, processes: bool
     """The compile with NVRTC's header trace; again without one if the trace itself failed it.
     Here or in a worker process (compile.runners; restrict=True: never here)."""
     runner = runner_for(request, processes)
+    restrict_leak.start()
     try:
         return runner.run_compiler(request, trace.path if trace is not None else None)
     except Exception as exc:

@@ -134,10 +134,6 @@ def artifact_meta(
 _warned = WarnOnce()  # compile results returned but not stored
 
 
-
-
-
-
 def read_artifact(cache: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta] | None:
     """An artifact's record for a hit (the caller counts it), or None.
 
