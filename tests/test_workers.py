@@ -16,7 +16,7 @@ from conftest import ARCH, settle_timestamps
 from cuda.core import ProgramOptions
 from test_compile import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
 
-from kernelcache import CompileManyError, FileStreamProgramCache, compile_many
+from kernelcache import CompileManyError, FileStreamProgramCache, KernelCacheWarning, compile_many
 from kernelcache.compile.flow import probe
 from kernelcache.compile.runners import MIN_MISSES
 from kernelcache.compile.workers import WorkerCrashed, pool
@@ -168,16 +168,16 @@ def _busy_ticks(pid: int) -> int:
 
 
 def _kill_when_compiling(known: set[int], kills: int, killed: list[int]) -> None:
-    """SIGKILL ``kills`` workers, each once it has burnt CPU on the compile (not at its start)."""
+    """SIGKILL ``kills`` workers, each once it has burnt CPU on its compile (not at its start)."""
     deadline = time.monotonic() + 120
     while len(killed) < kills and time.monotonic() < deadline:
-        for pid in pool().pids():
+        for pid in pool().pids(compiling=True):
             if pid in known:
                 continue
             try:
                 start = _busy_ticks(pid)
-                time.sleep(0.4)  # its imports take a fraction of that; the CUB compile seconds
-                if _busy_ticks(pid) - start < 10:
+                time.sleep(0.3)  # the CUB kernel compiles for seconds
+                if pid not in pool().pids(compiling=True) or _busy_ticks(pid) - start < 5:
                     continue
                 os.kill(pid, signal.SIGKILL)
             except (OSError, ValueError):
@@ -276,7 +276,7 @@ def test_workers_load_no_driver_and_hold_no_context(tmp_path) -> None:
 
 def test_workers_that_cannot_start_leave_the_compile_in_this_process(tmp_path) -> None:
     got = child("no_interpreter", str(tmp_path))
-    assert len(got["digests"]) == 3 and any("compiler workers cannot start" in w for w in got["warnings"])
+    assert len(got["digests"]) == 3 and any("compiler workers cannot take compiles" in w for w in got["warnings"])
     assert FileStreamProgramCache(tmp_path).stats()["compiles"] == 3
 
 
@@ -288,3 +288,73 @@ def test_processes_must_be_a_bool_or_none(tmp_path) -> None:
             processes=1,
         )  # type: ignore[arg-type]
     assert FileStreamProgramCache(tmp_path).stats()["compiles"] == 0
+
+
+def test_a_deleted_cwd_is_deleted_for_the_worker_too(tmp_path, monkeypatch) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    reqs = [{"code": TEMPLATE, "options": ProgramOptions(arch=ARCH), "name_expressions": ("axpy<float>",)}]
+    compiled = pool().compiles
+    procs = compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "p"), processes=True)
+    assert pool().compiles == compiled + 1  # in a worker, not in this process
+    here = compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "t"), processes=False)
+    assert bytes(procs[0].code) == bytes(here[0].code)
+
+
+def test_arguments_a_worker_cannot_take_are_compiled_here(tmp_path, monkeypatch) -> None:
+    import dataclasses
+
+    # lineinfo: through cuda.core's Program, so the options themselves travel to the worker.
+    @dataclasses.dataclass
+    class LocalOptions(ProgramOptions):  # defined in a function: it cannot be pickled at all
+        pass
+
+    (tmp_path / "late_options.py").write_text(
+        "import dataclasses\nfrom cuda.core import ProgramOptions\n\n"
+        "@dataclasses.dataclass\nclass LateOptions(ProgramOptions):\n    pass\n"
+    )
+    compile_many(
+        [{"code": TEMPLATE, "options": ProgramOptions(arch=ARCH)}],
+        cache=FileStreamProgramCache(tmp_path / "w"),
+        processes=True,
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # after the workers started: they cannot import it
+    from late_options import LateOptions
+
+    for n, options in enumerate((LocalOptions(arch=ARCH, lineinfo=True), LateOptions(arch=ARCH, lineinfo=True))):
+        reqs = [{"code": TEMPLATE, "options": options, "name_expressions": ("axpy<float>",)}]
+        compiled = pool().compiles
+        with pytest.warns(KernelCacheWarning, match="compiler workers cannot take this compile"):
+            objs = compile_many(reqs, cache=FileStreamProgramCache(tmp_path / f"c{n}"), processes=True)
+        assert pool().compiles == compiled and objs[0].symbol_mapping == {"axpy<float>": b"_Z4axpyIfEvT_PKS0_PS0_i"}
+        assert FileStreamProgramCache(tmp_path / f"c{n}").stats()["compiles"] == 1
+
+
+def test_a_worker_killed_while_it_starts_is_replaced_and_workers_stay_on(tmp_path) -> None:
+    pool().close()
+    killed: list[int] = []
+
+    def kill_the_first_one() -> None:
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            for pid in pool().pids():  # at once: during its imports, before it is ready
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                break
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=kill_the_first_one)
+    watcher.start()
+    crashes = pool().crashes
+    try:
+        objs = compile_many(
+            [{"code": TEMPLATE, "options": ProgramOptions(arch=ARCH), "name_expressions": ("axpy<float>",)}],
+            cache=FileStreamProgramCache(tmp_path),
+            processes=True,
+        )
+    finally:
+        watcher.join()
+    assert killed and pool().crashes == crashes + 1 and not pool().unavailable
+    assert objs[0].symbol_mapping == {"axpy<float>": b"_Z4axpyIfEvT_PKS0_PS0_i"} and killed[0] not in pool().pids()

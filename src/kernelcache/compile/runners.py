@@ -64,9 +64,10 @@ class _InWorkers:
         try:
             outcome, value, shown = pool_mod.pool().run(kind, args, restrict, trace_path)
         except pool_mod.PoolUnavailable as exc:
+            what = "this compile" if exc.this_call else "compiles"
             _warned.warn(
-                f"no-workers-{restrict}",
-                f"compiler workers cannot start here ({exc}); compiling in this process"
+                f"no-workers-{restrict}-{exc.this_call or 'start'}",
+                f"compiler workers cannot take {what} ({exc}); compiling in this process"
                 + (" (restrict=True: this process's later compiles are built with --restrict)" if restrict else ""),
                 stacklevel=3,
             )

@@ -48,7 +48,11 @@ def main() -> None:
 
 def answer(message: tuple[Any, ...]) -> tuple[Any, ...]:
     """One compile: ``(seq, kind, cwd, env, args)`` -> ``(seq, outcome, value, warnings)``."""
-    seq, kind, cwd, env, args = message
+    seq, kind, cwd, env, pickled = message
+    try:
+        args = pickle.loads(pickled)
+    except Exception as exc:  # a class the parent has and this interpreter cannot import
+        return seq, "unreadable", f"{type(exc).__name__}: {exc}", []
     _take_on(cwd, env)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # the parent's filters decide what is shown
@@ -61,11 +65,22 @@ def answer(message: tuple[Any, ...]) -> tuple[Any, ...]:
     return seq, outcome, value, shown
 
 
-def _take_on(cwd: str, env: dict[str, str]) -> None:
+def _take_on(cwd: str | None, env: dict[str, str]) -> None:
     """The caller's working directory and environment, as they are at this compile: quoted
     includes and relative include paths are read from the cwd, and the compilers read
-    variables at compile time."""
-    if os.getcwd() != cwd:
+    variables at compile time. ``cwd`` None: the caller's was deleted; so is ours then (a
+    fresh empty directory, removed), so that nothing resolves relative to it, as there."""
+    try:
+        here: str | None = os.getcwd()
+    except OSError:
+        here = None
+    if cwd is None and here is not None:
+        import tempfile
+
+        gone = tempfile.mkdtemp(prefix="kernelcache-cwd-")
+        os.chdir(gone)
+        os.rmdir(gone)
+    elif cwd is not None and here != cwd:
         os.chdir(cwd)
     if env != os.environ:
         for name in [n for n in os.environ if n not in env]:

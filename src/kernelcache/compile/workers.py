@@ -77,6 +77,7 @@ class _Worker:
         self._to = Connection(req_w, readable=False)
         self._from = Connection(rep_r, writable=False)
         self.started = False  # it said "ready"
+        self.compiling = False  # it said "ready" and has a compile to answer
         self.restrict = False  # it ran a restrict=True compile: NVRTC keeps --restrict on in it
         self._seq = 0
 
@@ -84,10 +85,17 @@ class _Worker:
     def pid(self) -> int:
         return self.proc.pid
 
-    def exchange(self, kind: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Send one compile, return its reply ``(outcome, value, warnings)``; _Died if it ended."""
+    def exchange(self, kind: str, args: bytes) -> tuple[Any, ...]:
+        """Send one compile (its arguments pickled), return its reply ``(outcome, value,
+        warnings)``; _Died if the worker ended."""
         self._seq += 1
-        message = (self._seq, kind, os.getcwd(), dict(os.environ), args)
+        try:
+            cwd: str | None = os.getcwd()
+        except OSError:
+            cwd = None  # deleted: the worker compiles in a deleted directory too (worker_main)
+        # Only builtins around the arguments: a worker can always read the sequence number,
+        # and answers "unreadable" for arguments it cannot unpickle.
+        message = (self._seq, kind, cwd, dict(os.environ), args)
         try:
             self._to.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
             if not self.started:
@@ -95,11 +103,14 @@ class _Worker:
                 if hello != ("ready", self.pid):
                     raise _Died(False, f"compiler worker {self.pid} said {hello!r} instead of ready")
                 self.started = True
+            self.compiling = True
             # A whole message or EOFError: a worker killed while writing its reply leaves
             # nothing that could be taken for a result.
             reply = pickle.loads(self._from.recv_bytes())
         except (EOFError, OSError) as exc:
             raise _Died(self.started, self._why_ended(exc)) from None
+        finally:
+            self.compiling = False
         if reply[0] != self._seq:
             raise _Died(self.started, f"compiler worker {self.pid} answered #{reply[0]} for #{self._seq}")
         return reply[1:]
@@ -138,7 +149,8 @@ class WorkerPool:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit  # workers at most (compile_many raises it to its thread count)
-        self.crashes = 0  # workers that died during a compile
+        self.crashes = 0  # workers that died during a compile (or before they were ready)
+        self.ready = False  # a worker of this pool was ready once: workers can run here
         self.compiles = 0  # compiles that workers answered
         self.unavailable = ""  # why workers cannot start here ("" while they can)
         self._cond = threading.Condition()
@@ -146,28 +158,36 @@ class WorkerPool:
         self._all: set[_Worker] = set()
         self._starting = 0
 
-    def pids(self) -> list[int]:
-        """The process ids of the workers alive now."""
+    def pids(self, compiling: bool = False) -> list[int]:
+        """The process ids of the workers alive now (``compiling``: of those running a compile)."""
         with self._cond:
-            return sorted(w.pid for w in self._all)
+            return sorted(w.pid for w in self._all if w.compiling or not compiling)
 
     def run(self, kind: str, args: tuple[Any, ...], restrict: bool, trace_path: str | None) -> tuple[Any, ...]:
         """One compile in a worker: ``(outcome, value, warnings)``.
 
         WorkerCrashed when the worker dies during it twice; PoolUnavailable when workers
-        cannot start here (the caller then compiles in its own process).
+        cannot start here, or cannot be given these arguments (the caller then compiles in
+        its own process).
         """
+        try:
+            pickled = pickle.dumps(args, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # e.g. options of a class defined in a function
+            raise PoolUnavailable(f"its arguments cannot be sent to a worker ({exc})", this_call="send") from None
         for attempt in (1, 2):
             worker = self._checkout(restrict)
             try:
-                reply = worker.exchange(kind, args)
+                reply = worker.exchange(kind, pickled)
             except _Died as died:
                 self._drop(worker)
-                if not died.started:
-                    self._give_up(str(died))
-                    raise PoolUnavailable(str(died)) from None
                 with self._cond:
                     self.crashes += 1
+                    self.ready = self.ready or died.started
+                if attempt == 2 and not self.ready:
+                    # Two workers in a row died before they were ready, and none ever was:
+                    # workers cannot run here (a broken environment); compile in the caller.
+                    self._give_up(str(died))
+                    raise PoolUnavailable(str(died)) from None
                 if attempt == 2:
                     raise WorkerCrashed(f"{died} during this compile, after a retry on a fresh worker") from None
                 if trace_path is not None:
@@ -177,10 +197,13 @@ class WorkerPool:
                 # Interrupted (Ctrl-C) with a reply still owed: that worker is never reused.
                 self._drop(worker)
                 raise
-            worker.restrict = worker.restrict or restrict
+            worker.restrict = worker.restrict or (restrict and reply[0] != "unreadable")
             with self._cond:
-                self.compiles += 1
+                self.ready = True
+                self.compiles += reply[0] != "unreadable"
             self._checkin(worker)
+            if reply[0] == "unreadable":
+                raise PoolUnavailable(f"a worker cannot read its arguments ({reply[1]})", this_call="read")
             return reply
         raise AssertionError("unreachable")
 
@@ -209,7 +232,7 @@ class WorkerPool:
             retire.close()
         try:
             worker = _Worker()
-        except OSError as exc:
+        except Exception as exc:  # no interpreter there, no fds left, ...
             self._give_up(f"cannot start a compiler worker ({sys.executable}): {exc}")
             with self._cond:
                 self._starting -= 1
@@ -250,7 +273,12 @@ class WorkerPool:
 
 
 class PoolUnavailable(Exception):
-    """Compiler workers cannot start in this process (the reason is the text)."""
+    """Compiler workers cannot take this compile (the reason is the text); ``this_call``: only
+    this one (its arguments), not any (they cannot start in this process)."""
+
+    def __init__(self, why: str, this_call: str = "") -> None:
+        super().__init__(why)
+        self.this_call = this_call  # "send" or "read": what failed for this compile; "": no workers
 
 
 _POOL: WorkerPool | None = None
