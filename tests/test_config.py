@@ -299,7 +299,7 @@ def test_kernelcache_dir_with_a_tilde_is_under_home(tmp_path) -> None:
     assert os.listdir(cwd) == []
 
 
-@pytest.mark.parametrize("value", [1e10, float("nan"), float("inf"), -1, "600"])
+@pytest.mark.parametrize("value", [1e10, float("nan"), -1, float("-inf"), "600"])
 def test_wait_timeout_argument_no_lock_can_take_raises_at_once(tmp_path, value) -> None:
     # 1e10 s went through to the lock wait: OverflowError out of every compile.
     from cuda.core import ProgramOptions

@@ -33,6 +33,7 @@ that waits on another key; different keys never wait for each other.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -72,7 +73,8 @@ class _KeyLocks:
             if lock is None:
                 lock = threading.Lock()
             self._locks[key] = (lock, users + 1)
-        acquired = lock.acquire(timeout=max(timeout, 0))
+        # -1: no timeout (Lock.acquire refuses inf, the "wait forever" budget).
+        acquired = lock.acquire(timeout=-1 if timeout == math.inf else max(timeout, 0))
         try:
             yield acquired
         finally:

@@ -154,10 +154,11 @@ def compile_program(
 
 
 def _checked_wait(value: object) -> float:
-    """``wait_timeout`` as seconds; ValueError for what no lock wait can take (NaN, inf, < 0, huge)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= config.MAX_WAIT_S:
+    """``wait_timeout`` as seconds (math.inf: forever); ValueError for what no lock wait can take (NaN, < 0, huge)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not config.is_wait_s(value):
         raise ValueError(
-            f"wait_timeout must be a number of seconds from 0 to {config.MAX_WAIT_S:g} or None, not {value!r}"
+            f"wait_timeout must be a number of seconds from 0 to {config.MAX_WAIT_S:g}, math.inf (wait forever) "
+            f"or None, not {value!r}"
         )
     return float(value)
 

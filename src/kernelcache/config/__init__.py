@@ -26,6 +26,7 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from decimal import Decimal, InvalidOperation
@@ -169,16 +170,25 @@ def disabled() -> bool:
     return _flag("KERNELCACHE_DISABLE")
 
 
+def is_wait_s(value: float) -> bool:
+    """Whether a lock wait can take ``value`` seconds: 0 to MAX_WAIT_S, or inf (forever); never NaN."""
+    return 0 <= value <= MAX_WAIT_S or value == math.inf
+
+
 def wait_timeout_s() -> float:
-    """``KERNELCACHE_WAIT_TIMEOUT`` (seconds a caller waits for a peer's compile) if set, else 600."""
+    """``KERNELCACHE_WAIT_TIMEOUT`` (seconds a caller waits for a peer's compile) if set, else 600.
+
+    ``inf`` waits forever; NaN, negative values and finite values above MAX_WAIT_S are errors.
+    """
     raw = _env("KERNELCACHE_WAIT_TIMEOUT", "")
     try:
         value = float(raw) if raw.strip() else 600.0
     except ValueError:
         value = -1.0
-    if not 0 <= value <= MAX_WAIT_S:  # NaN and inf too
+    if not is_wait_s(value):
         raise ConfigError(
-            f"KERNELCACHE_WAIT_TIMEOUT={_shown(raw)}: use a number of seconds from 0 to {MAX_WAIT_S:g}, e.g. 600"
+            f"KERNELCACHE_WAIT_TIMEOUT={_shown(raw)}: use a number of seconds from 0 to {MAX_WAIT_S:g} "
+            "(e.g. 600), or inf to wait forever"
         )
     return value
 
