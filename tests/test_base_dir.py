@@ -16,6 +16,7 @@ from cuda.core import ProgramOptions
 
 import kernelcache
 from kernelcache import config
+from kernelcache.cli.entries import is_manifest
 from kernelcache.keys import basedir
 
 SOURCE = '#include "conf.h"\nextern "C" __global__ void k(float* x) { x[0] = SCALE; }'
@@ -58,7 +59,7 @@ def _compile(checkout: Path, cache: Path, base: Path | None, src: str = SOURCE, 
 
 def _artifacts(cache: Path) -> int:
     with kernelcache.FileStreamProgramCache(cache) as store:
-        return sum(1 for e in store.iter_entries() if (e.meta or {}).get("meta", {}).get("kind") != "manifest")
+        return sum(1 for e in store.iter_entries() if not is_manifest(e))  # artifacts, not bookkeeping
 
 
 def test_two_checkouts_share_one_entry_and_an_edited_header_is_a_miss(tmp_path):

@@ -23,6 +23,9 @@ from kernelcache import config
 from kernelcache.stores.bundle import format as fmt
 
 SOURCES = [f'extern "C" __global__ void k{i}(float* x) {{ x[0] = {i}.0f; }}' for i in range(3)]
+# What _fill stores: 4 artifacts, 1 header manifest and, per source, its source-index record
+# (for explained misses): every record of the store, whatever its kind.
+RECORDS = 4 + 1 + 4
 HEADER_SOURCE = '#include "conf.h"\nextern "C" __global__ void h(float* x) { x[0] = CONF; }'
 
 
@@ -58,10 +61,9 @@ def bundle(tmp_path: Path) -> dict:
 
 
 def test_every_record_is_carried_header_manifests_included(bundle):
-    # 4 artifacts + 1 header manifest: every record of the store, whatever its kind.
-    assert bundle["report"]["entries"] == 5
+    assert bundle["report"]["entries"] == RECORDS
     with kernelcache.BundleProgramCache(bundle["path"]) as store:
-        assert len(store) == 5 and store.read_only and not store.signed
+        assert len(store) == RECORDS and store.read_only and not store.signed
         assert set(bundle["names"]) <= set(store.names())
         hits = []
         for src in SOURCES:
@@ -79,7 +81,7 @@ def test_every_record_is_carried_header_manifests_included(bundle):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no "failed to write": a read-only store is not written
             kernelcache.compile_program(HEADER_SOURCE, options=opts, cache=store, info=info)
-        assert not info.hit and store.stats()["compiles"] == 1 and len(store) == 5
+        assert not info.hit and store.stats()["compiles"] == 1 and len(store) == RECORDS
 
 
 def test_writes_raise_a_clear_error(bundle):
@@ -100,7 +102,7 @@ def test_ls_lists_the_artifacts_and_counts_the_rest(bundle):
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert sorted(r["key"] for r in data["rows"]) == sorted(bundle["names"])
-    assert data["other_records"] == 1 and data["entries"] == 5 and data["signed"] is False
+    assert data["other_records"] == RECORDS - 4 and data["entries"] == RECORDS and data["signed"] is False
     assert {r["kernels"][0] for r in data["rows"]} == {"k0", "k1", "k2", "h"}
     text = _cli("bundle", "ls", str(bundle["path"]))
     assert text.returncode == 0 and "kernelcache entries (4)" in text.stdout
@@ -145,7 +147,7 @@ def test_bundles_tier_serves_first_and_is_not_copied_to_disk(bundle, tmp_path):
     assert hits == [True, True, True, False]
     assert tiers == ["InMemoryProgramCache", "BundleProgramCache", "FileStreamProgramCache"]
     with kernelcache.FileStreamProgramCache(disk) as store:
-        assert len(store) == 1  # only the miss was stored; the bundle's hits stayed in the bundle
+        assert len(store) == 2  # only the miss (and its source index); the bundle's hits stayed in the bundle
     assert stores == [1, 0, 1]
 
 
@@ -176,7 +178,7 @@ def test_import_into_a_cache_dir_then_a_fresh_process_hits_from_disk(bundle, tmp
     target = tmp_path / "imported"
     proc = _cli("import", str(bundle["path"]), "--cache-dir", str(target), "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["imported"] == 5
+    assert json.loads(proc.stdout)["imported"] == RECORDS
     code = (
         "import json, sys, kernelcache\n"
         "from cuda.core import ProgramOptions\n"
@@ -197,11 +199,11 @@ def test_redis_round_trip_import_then_bundle_create_from_redis(bundle, tmp_path,
     url = server.url
     proc = _cli("import", str(bundle["path"]), "--redis", url, "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["imported"] == 5
+    assert json.loads(proc.stdout)["imported"] == RECORDS
     again = tmp_path / "from-redis.kcb"
     proc = _cli("bundle", "create", str(again), "--redis", url, "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["entries"] == 5
+    assert json.loads(proc.stdout)["entries"] == RECORDS
     with kernelcache.BundleProgramCache(bundle["path"]) as first, kernelcache.BundleProgramCache(again) as second:
         assert list(first.names()) == list(second.names())
         for name in first.names():
@@ -232,7 +234,7 @@ def test_create_replaces_a_bundle_atomically_under_readers(bundle, tmp_path):
         while not stop.is_set():
             try:
                 with kernelcache.BundleProgramCache(target) as store:
-                    assert len(store) == 5
+                    assert len(store) == RECORDS
                     for name in store.names():
                         assert store.check_named(name)[0] is None
                 seen[0] += 1

@@ -103,7 +103,7 @@ def built() -> Iterator[dict]:
     proc = _cli("bundle", "create", str(shipped / "base.kcb"), "--cache-dir", str(root / "cache"), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["entries"] == len(SPEC) and report["skipped"] == []
+    assert report["entries"] == 2 * len(SPEC) and report["skipped"] == []  # each artifact and its source index
     yield {"dir": shipped, "expected": expected, "names": names}
     shutil.rmtree(root, ignore_errors=True)
 
@@ -152,7 +152,7 @@ def test_a_flipped_byte_is_one_miss_with_one_warning_and_verify_names_it(built, 
     assert len(got["warnings"]) == 1 and built["names"][1][:16] in got["warnings"][0], got["warnings"]
     assert verify.returncode == 1
     report = json.loads(verify.stdout)
-    assert list(report["damaged"]) == [built["names"][1]] and report["checked"] == len(SPEC)
+    assert list(report["damaged"]) == [built["names"][1]] and report["checked"] == 2 * len(SPEC)
 
 
 def test_a_bundle_others_can_write_is_refused_unless_signed(built, reader, public_tmp):
@@ -176,7 +176,7 @@ def test_a_bundle_others_can_write_is_refused_unless_signed(built, reader, publi
     assert proc.returncode == 0, proc.stderr
     os.chmod(signed, 0o666)
     with kernelcache.BundleProgramCache(signed, secret="s3cret") as store:
-        assert store.signed and len(store) == len(SPEC)
+        assert store.signed and len(store) == 2 * len(SPEC)
     with pytest.raises(ValueError, match="signed bundle"):
         kernelcache.BundleProgramCache(signed)
     with pytest.raises(ValueError, match="another secret"):

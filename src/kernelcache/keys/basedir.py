@@ -14,12 +14,12 @@ is left as it is (its strings are not byte-aligned in the bitcode, so that check
 
 from __future__ import annotations
 
-import copy
 import os
 from typing import Any
 
 from kernelcache import config
 from kernelcache.config import file as configfile
+from kernelcache.keys.program_name import compiled_name, with_fields
 from kernelcache.memo import remember
 
 FIELDS = ("include_path", "pre_include", "name")
@@ -67,16 +67,16 @@ def key_options(options: Any, code_type: str, target_type: str, base: str | None
         return options
     changed = {}
     for field in FIELDS:
-        value = getattr(options, field, None)
+        # The name NVRTC is given (cuda.core's encoded one), not a name assigned later.
+        value = compiled_name(options, code_type) if field == "name" else getattr(options, field, None)
         new = _rebase(value, base)
         if new is not value:
             changed[field] = new
     if not changed:
         return options
-    rebased = copy.copy(options)  # the caller's options are left as they are
-    for field, value in changed.items():
-        setattr(rebased, field, value)
-    return rebased
+    if "name" in changed:
+        changed["_name"] = changed["name"].encode("utf-8", "surrogateescape")  # what the key reads
+    return with_fields(options, **changed)  # a copy for the key: the caller's options stay as they are
 
 
 def names_base(data: bytes, base: str) -> bool:
