@@ -106,6 +106,7 @@ def test_ls_lists_the_artifacts_and_counts_the_rest(bundle):
     assert {r["kernels"][0] for r in data["rows"]} == {"k0", "k1", "k2", "h"}
     text = _cli("bundle", "ls", str(bundle["path"]))
     assert text.returncode == 0 and "kernelcache entries (4)" in text.stdout
+    assert all(r["last_used"] == r["created"] and r["created"] > 0 for r in data["rows"])
 
 
 def test_a_damaged_index_refuses_the_bundle_and_verify_says_so(bundle):

@@ -132,7 +132,9 @@ def ls_cmd(path: str, secret_env: str | None, as_json: bool) -> None:
         rows, others = [], 0
         for name, _length, head in store.heads():
             head = head or {}
-            info = EntryInfo(name, store.path, int(head.get("size") or 0), 0.0, head)
+            created = head.get("created")
+            when = float(created) if isinstance(created, (int, float)) else 0.0  # a bundle has no last use
+            info = EntryInfo(name, store.path, int(head.get("size") or 0), when, head)
             if ent.is_manifest(info) or not isinstance(head.get("meta"), dict):
                 others += 1
                 continue
