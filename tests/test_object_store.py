@@ -303,10 +303,9 @@ def test_two_hosts_sharing_only_the_bucket_compile_each_key_once(s3: S3Server, b
     for h in hosts:
         h.join()
     assert len(results) == 2 and sum(int(r) for r in results) == keys, results
-    # Each host's disk holds every entry and manifest: hits were copied into its disk tier.
-    assert (
-        len(FileStreamProgramCache(tmp_path / "host-a")) == len(FileStreamProgramCache(tmp_path / "host-b")) == 2 * keys
-    )
+    # Each host's disk holds every entry and manifest (a compiling host also its source index):
+    # hits were copied into its disk tier.
+    assert all(len(FileStreamProgramCache(tmp_path / h)) >= 2 * keys for h in ("host-a", "host-b"))
 
 
 _READ_CPP = textwrap.dedent(

@@ -171,3 +171,21 @@ def test_import_without_fcntl_says_which_platforms_run_it() -> None:
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: kernelcache runs on Linux and macOS") and "fcntl" in last
+
+
+def test_entries_written_by_cuda_core_say_what_they_are_in_ls(tmp_path) -> None:
+    import json
+
+    from conftest import ARCH
+    from cuda.core import Program, ProgramOptions
+
+    from kernelcache import FileStreamProgramCache
+
+    root = str(tmp_path / "c")
+    with FileStreamProgramCache(root) as cache:
+        src = 'extern "C" __global__ void k(float* x) { x[0] = 1; }'
+        Program(src, "c++", ProgramOptions(arch=ARCH)).compile("cubin", cache=cache)  # cuda.core writes it
+        cache[b"raw-ptx"] = b"//\n.version 8.8\n.target sm_80\n.address_size 64\n"  # and a plain mapping write
+    rows = json.loads(_kc("ls", "--json", "--cache-dir", root).stdout)
+    got = sorted((r["code_type"], r["target_type"], r["arch"]) for r in rows)
+    assert got == [("bytes", "ptx", "sm_80"), ("cuda.core", "cubin", ARCH)]

@@ -56,7 +56,8 @@ def entry_row(entry: EntryInfo) -> dict[str, Any]:
         "key": entry.name,
         "code_type": _text(meta.get("code_type")),
         "target_type": _text(meta.get("target_type")),
-        "arch": _text(options.get("arch"), "").strip("'") or "?",  # older sidecars hold repr strings
+        # Older sidecars hold repr strings; a mapping write (stores/sniff.py) its arch at the top.
+        "arch": _text(options.get("arch") or meta.get("arch"), "").strip("'") or "?",
         "size": entry.size,
         "created": _number(record.get("created")),
         "last_used": entry.atime,

@@ -21,6 +21,7 @@ from kernelcache import forksafe
 from kernelcache.log import KernelCacheWarning as KernelCacheWarning  # re-exported: what stores warn with
 from kernelcache.log import WarnOnce
 from kernelcache.stats import MemoryStats, public_view
+from kernelcache.stores import sniff
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -293,7 +294,8 @@ class CountingStore(ProgramCacheResource):
         return default if record is None else record[0]
 
     def __setitem__(self, key: bytes | str, value: ValueLike) -> None:
-        self.set_record(key, value)
+        data = as_value_bytes(value)
+        self.set_record(key, data, sniff.describe(value, data))  # what the bytes say, for `ls`
 
     def __delitem__(self, key: bytes | str) -> None:
         """Remove ``key``: KeyError when absent, OSError when present but not removable."""
