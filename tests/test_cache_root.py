@@ -254,3 +254,23 @@ def test_clear_removes_only_the_files_it_listed(tmp_path) -> None:
     for n in survived:
         with open(os.path.join(shard, n), "rb") as f:
             assert f.read() == b"fresh"
+
+
+def test_reading_commands_remove_nothing_either(tmp_path) -> None:
+    root = str(tmp_path / "c")
+    with FileStreamProgramCache(root) as cache:
+        cache[b"k"] = b"value"
+    # A dead writer's staged file (nobody holds its lock): maintenance removes it, reading does not.
+    leftover = os.path.join(root, FORMAT_DIR, "tmp", "0" * 32 + ".tmp")
+    _write(leftover, b"half a write")
+    before = tree(root)
+    for command in (("ls", "--json"), ("stats", "--json"), ("show", "ff"), ("verify", "--json")):
+        kc(*command, cache=root)
+        assert os.path.exists(leftover), command
+    assert {p: c for p, c in tree(root).items() if c is not None and "stats" not in p} == {
+        p: c for p, c in before.items() if c is not None and "stats" not in p
+    }
+    report = json.loads(kc("verify", "--json", cache=root).stdout)
+    assert report["stale_temps"] == [leftover]
+    assert kc("verify", "--fix", cache=root).returncode == 0
+    assert not os.path.exists(leftover)

@@ -105,10 +105,11 @@ def open_cache(
         raise UserError(f"no cache at {root}{named}: the directory does not exist (nothing was created)")
     if removes is not None:
         require_cache_root(root, removes)
-    # verify opens without the start-up sweep of stale temp files, so it can report them.
+    # The start-up sweep of stale temp files is a removal: only the commands that remove do
+    # it (not verify, which reports them; not a reading command, which changes nothing).
     # The cap is the default cache's (KERNELCACHE_MAX_SIZE, else the directory's), so that stats shows it.
     # create=False: a directory without a tree is an empty cache, and stays as it is.
-    tmp_max_age_s = None if sweep else float("inf")
+    tmp_max_age_s = None if sweep and (create or removes is not None) else float("inf")
     return FileStreamProgramCache(root, config.cap_for(root)[0], tmp_max_age_s=tmp_max_age_s, create=create)
 
 
