@@ -6,6 +6,7 @@ holding every request, a bucket that does not exist, bytes flipped in the bucket
 
 from __future__ import annotations
 
+import os
 import textwrap
 import threading
 import warnings
@@ -338,3 +339,32 @@ def test_a_cpp_hit_from_the_bucket_is_one_get_per_level_and_writes_nothing_back(
         proxy.stop()
     assert proxy.count("GET") == 2 and proxy.count() == 2  # the manifest, then the entry; no write
     assert len(FileStreamProgramCache(tmp_path / "b")) == 2  # both copied into the disk tier
+
+
+def test_ls_and_stats_read_a_bucket(s3: S3Server, bucket: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    store = _store(bucket)
+    store.set_record(b"a", b"\x7fELF" + bytes(60), {"code_type": "c++", "target_type": "cubin", "kernels": ["k"]})
+    store.set_record(b"m", b"{}", {"kind": "manifest"})  # bookkeeping: not listed
+    env = {**os.environ, **env_for(s3.endpoint)}
+    url = f"s3://{bucket}/team"
+    ls = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "ls", "--object-store", url, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert ls.returncode == 0, ls.stderr
+    (row,) = json.loads(ls.stdout)
+    assert (row["code_type"], row["target_type"], row["kernels"]) == ("c++", "cubin", ["k"])
+    stats = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "stats", "--object-store", url, "--json"],
+        env={**env, "KERNELCACHE_DIR": "/nonexistent/kc"},
+        capture_output=True,
+        text=True,
+    )
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["object"]["entries"] == 2

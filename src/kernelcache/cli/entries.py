@@ -75,10 +75,30 @@ _SORTS = {
 
 
 def list_rows(cache: FileStreamProgramCache, sort: str, limit: int | None) -> list[dict[str, Any]]:
-    rows = [entry_row(e) for e in cache.iter_entries() if not is_manifest(e)]
+    return _sorted([entry_row(e) for e in cache.iter_entries() if not is_manifest(e)], sort, limit)
+
+
+def _sorted(rows: list[dict[str, Any]], sort: str, limit: int | None) -> list[dict[str, Any]]:
     key, reverse = _SORTS[sort]
     rows.sort(key=key, reverse=reverse)
     return rows[:limit] if limit else rows
+
+
+def object_store_rows(url: str, sort: str, limit: int | None) -> list[dict[str, Any]]:
+    """``ls --object-store URL``: the entries of a bucket, as ``ls`` shows a disk cache's
+    (last used: when the record was written; a bucket keeps no read times)."""
+    import warnings
+
+    from kernelcache.stores.object.store import ObjectStoreProgramCache
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the error below says it once
+        store = ObjectStoreProgramCache(url, read_only=True)
+        found = store.entries()
+    if found is None:
+        raise ValueError(f"the object store {url} was not reached ({store.last_error})")
+    infos = [EntryInfo(name, url, size, t, {"meta": meta or {}, "created": t}) for name, size, t, meta in found]
+    return _sorted([entry_row(e) for e in infos if not is_manifest(e)], sort, limit)
 
 
 def find_by_prefix(cache: FileStreamProgramCache, prefix: str) -> EntryInfo:

@@ -201,10 +201,14 @@ def stats(
     help="Order of the rows (largest or most recent first).",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Show at most this many entries.")
+@click.option("--object-store", "object_store", default=None, metavar="URL", help="List this bucket's entries instead.")
 @JSON_OPTION
-def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, as_json: bool) -> None:
+def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, object_store: str | None, as_json: bool) -> None:
     """List entries: name prefix (show accepts it), types, arch, size, last used, compile time, kernels."""
-    rows = ent.list_rows(_open(cache_dir), sort, limit)
+    if object_store is not None:
+        rows = ent.object_store_rows(object_store, sort, limit)
+    else:
+        rows = ent.list_rows(_open(cache_dir), sort, limit)
     _emit(rows, as_json, ls_table)
 
 

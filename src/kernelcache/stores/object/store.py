@@ -160,7 +160,9 @@ class ObjectStoreProgramCache(RecordStore):
     # -- the store -------------------------------------------------------------------------------
 
     def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
-        path = self._path(key)
+        return self._read_path(self._path(key))
+
+    def _read_path(self, path: str) -> tuple[bytes, Meta] | None:
         found = self._call("read", _get_raw(path))
         if not found:
             return None
@@ -254,6 +256,25 @@ class ObjectStoreProgramCache(RecordStore):
 
     def __len__(self) -> int:
         return len(self._call("count", self._entry_paths) or ())
+
+    def entries(self) -> list[tuple[str, int, float, Meta | None]] | None:
+        """(entry name, size, last modified as a Unix time, metadata or None) of every entry under
+        this prefix, for listing tools: one listing, then every record read (sent together).
+        None when the store cannot be reached."""
+        import obstore
+
+        def listing(store: Any) -> list[Any]:
+            return [m for batch in obstore.list(store, f"{self._prefix}e/") for m in batch]
+
+        listed = self._call("list", listing)
+        if listed is None:
+            return None
+        with ThreadPoolExecutor(max_workers=_MAX_PARALLEL_GETS) as pool:
+            records = list(pool.map(self._read_path, [m["path"] for m in listed]))
+        return [
+            (m["path"].rsplit("/", 1)[-1], int(m["size"]), m["last_modified"].timestamp(), r[1] if r else None)
+            for m, r in zip(listed, records)
+        ]
 
     def usage(self) -> tuple[int, int] | None:
         """(entries, bytes) under this prefix, from one listing; None when the store cannot be reached."""
