@@ -33,6 +33,7 @@ from kernelcache.keys.derive import digest_components
 from kernelcache.keys.options import OPTION_POLICY, TRACKED, emits_flag
 from kernelcache.memo import remember
 from kernelcache.stores.base import ProgramCacheResource
+from kernelcache.stores.cuda_core import ForeignStore
 from kernelcache.stores.safe import read_record, write_record
 from kernelcache.stores.tiered import leaf_tiers
 
@@ -53,9 +54,14 @@ def _fresh_lock_in_child() -> None:
 forksafe.reset_function_in_child(_fresh_lock_in_child)
 
 
+def _store_id(cache: ProgramCacheResource) -> int:
+    # A cuda.core store is wrapped anew by every call: its memo is the wrapped store's.
+    return id(cache.store) if isinstance(cache, ForeignStore) else id(cache)
+
+
 def _memo_get(cache: ProgramCacheResource, manifest_key: bytes) -> dict[str, Any] | None:
     with _manifest_memo_lock:
-        return _manifest_memo.get(manifest_key, {}).get(id(cache))
+        return _manifest_memo.get(manifest_key, {}).get(_store_id(cache))
 
 
 def _memo_put(cache: ProgramCacheResource, manifest_key: bytes, manifest: dict[str, Any]) -> None:
@@ -64,7 +70,7 @@ def _memo_put(cache: ProgramCacheResource, manifest_key: bytes, manifest: dict[s
         if per_store is None or len(per_store) >= _STORES_PER_KEY:
             per_store = {}
             remember(_manifest_memo, manifest_key, per_store, _MEMO_LIMIT)
-        per_store[id(cache)] = manifest
+        per_store[_store_id(cache)] = manifest
 
 
 def _tiers(cache: ProgramCacheResource) -> list[ProgramCacheResource]:
