@@ -90,7 +90,10 @@ class Lookup:
         """(key, record or None, header variant or None); key is b"" when no variant matches."""
         if not self.track:
             return self.entry_key, read_artifact(self.cache, self.entry_key), None
-        variant = manifests.matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.request.options))
+        cwd = hdr.workdir()
+        if cwd is None:  # deleted: no variant can be vouched for (compile.tracing: compiled untracked)
+            return b"", None, None
+        variant = manifests.matching_variant(self.cache, self.manifest_key, hdr.search_dirs(self.request.options, cwd))
         if variant is None:
             return b"", None, None
         key = manifests.full_key(self.base, variant, self.manifest_key)

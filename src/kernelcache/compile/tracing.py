@@ -2,13 +2,13 @@
 compile, and the header variant built from what the compile read.
 
 Any step that cannot vouch for the headers (no room for the trace, a trace NVRTC lost or
-did not write, a header that changed while NVRTC read it) sets ``not_stored``: the compile's
+did not write, a header that changed while NVRTC read it, a working directory that was
+deleted) sets ``not_stored``: the compile's
 result is returned to the caller and never stored under a key that would claim it.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from kernelcache.compile.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state
@@ -24,12 +24,18 @@ class HeaderTrace:
     def __init__(self, request: CompileRequest, manifest_key: bytes, tmp_dir: str | None) -> None:
         self.request = request
         self.tmp_dir = tmp_dir
-        self.path = new_trace_path(tmp_dir)  # where NVRTC writes the headers it read; None: no room
         self.not_stored = ""  # why this compile's result cannot be stored, when it cannot
-        if self.path is None:
+        cwd = hdr.workdir()
+        self.path = None if cwd is None else new_trace_path(tmp_dir)  # where NVRTC writes what it read
+        if cwd is None:
+            # NVRTC compiles in a deleted directory (a batch job's, say) as anywhere else, but
+            # its quoted includes may resolve against a path no look-up can name: the compile
+            # runs untraced and its result is the caller's alone.
+            self.not_stored = "the working directory was deleted (headers read from it cannot be tracked)"
+        elif self.path is None:
             self.not_stored = "there is no room for NVRTC's header trace (a full disk would abort NVRTC)"
-        self.cwd = os.getcwd()
-        self.dirs = hdr.search_dirs(request.options, self.cwd)
+        self.cwd = cwd or "/"
+        self.dirs = [] if cwd is None else hdr.search_dirs(request.options, cwd)
         self.before = manifests.digests_before(manifest_key, self.dirs)
         self.started_ns = hdr.now_ns()  # the clock files are stamped with
 

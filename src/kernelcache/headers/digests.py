@@ -94,6 +94,14 @@ def file_digest(path: str) -> str | None:
     return digest
 
 
+def workdir() -> str | None:
+    """The current directory; None when it was deleted (os.getcwd() then raises)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
+
+
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
     """Absolute search directories for quoted includes, in NVRTC's order (memoised)."""
     cwd = cwd or os.getcwd()
