@@ -97,7 +97,7 @@ def test_results_records_and_headers_equal_an_in_process_compile(tmp_path, monke
             assert len(a.code) == len(b.code) and a.name.endswith(".cu") and b.name.endswith(".cu")
     # The same keys (the header-complete ones too), artifacts, logs, headers and manifests.
     mine, theirs = records(here), records(there)
-    assert sorted(mine) == sorted(theirs) and len(mine) == len(reqs) + 2  # + the manifests of w.h, v.h
+    assert sorted(mine) == sorted(theirs) and len(mine) >= len(reqs) + 2  # + the manifests of w.h, v.h, ...
     for name in mine:
         if name != varying.entry_name:
             assert mine[name] == theirs[name]
