@@ -20,14 +20,15 @@ import threading
 import warnings
 from typing import Any
 
+from kernelcache.log import KernelCacheWarning, WarnOnce, logger
+
 PREFIX = "KERNELCACHE_"
 _UNLOADED = object()
 _lock = threading.Lock()
-_warn_lock = threading.Lock()  # its own: ensure_loaded warns about a file's keys under _lock
 _loaded_for: object = _UNLOADED  # the KERNELCACHE_CONFIG value the file was read for
 _loaded_path: str | None = None
 _injected: dict[str, str] = {}  # variable -> the text this file put into the environment
-_warned_unknown: set[str] = set()
+_unknown = WarnOnce()  # one warning per unknown variable name
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
 _CONFIG_KEY = os.fsencode("KERNELCACHE_CONFIG")
 
@@ -129,23 +130,17 @@ def warn_unknown_variables(known: tuple[str, ...]) -> None:
 
 
 def _warn_unknown(name: str, known: tuple[str, ...], where: str) -> None:
-    with _warn_lock:
-        if name in _warned_unknown:
-            return
-        _warned_unknown.add(name)
+    if not _unknown.first(name):
+        return
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f": did you mean {close[0]}?" if close else " (see `kernelcache config` for the known ones)"
-    message = f"kernelcache: {name} {where} is not a variable kernelcache reads{hint}"
-    from kernelcache.log import logger
-    from kernelcache.stores.base import KernelCacheWarning
-
-    logger.warning("%s", message)
-    warnings.warn(message, KernelCacheWarning, stacklevel=4)
+    logger.warning("%s", f"{name} {where} is not a variable kernelcache reads{hint}")
+    warnings.warn(f"kernelcache: {name} {where} is not a variable kernelcache reads{hint}", KernelCacheWarning, 4)
 
 
 def _reset_in_child() -> None:
-    global _lock, _warn_lock
-    _lock, _warn_lock = threading.Lock(), threading.Lock()  # a parent's thread may have held them
+    global _lock
+    _lock = threading.Lock()  # a parent's thread may have held it at the fork
 
 
 if hasattr(os, "register_at_fork"):

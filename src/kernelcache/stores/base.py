@@ -347,6 +347,11 @@ class RecordStore(CountingStore):
     def get_record_uncounted(self, key: bytes) -> tuple[bytes, Meta] | None:
         return self._read(key)
 
+    def _check_writable(self, what: str) -> None:
+        """PermissionError for a deletion asked of a read_only store (``what`` it does not do)."""
+        if self.read_only:
+            raise PermissionError(f"this {type(self).__name__} is read_only=True: it does not {what}")
+
     def _counted_read(self, key: bytes, internal: bool) -> tuple[bytes, Meta] | None:
         record = self._read(key)
         self._count_read(record, internal)

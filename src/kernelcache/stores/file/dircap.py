@@ -11,18 +11,16 @@ cap then comes from the default.
 from __future__ import annotations
 
 import os
-import threading
-import warnings
 
 from kernelcache import config
+from kernelcache.log import WarnOnce
 from kernelcache.stores.file.marker import FORMAT_DIR
 from kernelcache.stores.file.ops import publish, read_regular, stage
 
 NAME = "config.toml"
 _MAX_FILE = 64 * 1024
 _KEY = "max_size"
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
+_warnings = WarnOnce()  # one per cap file
 
 
 class FromDirectory:
@@ -91,13 +89,4 @@ def write(root: str, text: str, shared: bool) -> int | None:
 
 
 def _warn(path: str, why: str) -> None:
-    with _warned_lock:
-        if path in _warned:
-            return
-        _warned.add(path)
-    from kernelcache.log import logger
-    from kernelcache.stores.base import KernelCacheWarning
-
-    message = f"kernelcache: the cache's cap file {path} {why}; the default cap is used"
-    logger.warning("%s", message)
-    warnings.warn(message, KernelCacheWarning, stacklevel=4)
+    _warnings.warn(path, f"the cache's cap file {path} {why}; the default cap is used", stacklevel=4)

@@ -245,10 +245,6 @@ class ObjectStoreProgramCache(RecordStore):
             raise ConnectionError(f"the object store {self.url} could not be reached: {path} may not be removed")
         return bool(removed)
 
-    def _check_writable(self, what: str) -> None:
-        if self._read_only:
-            raise PermissionError(f"this ObjectStoreProgramCache is read_only=True: it does not {what}")
-
     def _entry_paths(self, store: Any) -> list[str]:
         import obstore
 

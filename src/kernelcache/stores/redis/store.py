@@ -319,10 +319,6 @@ class RedisProgramCache(RecordStore):
             raise ConnectionError(f"Redis at {self.url} could not be reached: {rk} may not be removed")
         return bool(removed)
 
-    def _check_writable(self, what: str) -> None:
-        if self._read_only:
-            raise PermissionError(f"this RedisProgramCache is read_only=True: it does not {what}")
-
     def _scan(self, client: Any) -> Iterator[Any]:
         # The namespace is matched literally: "ml*" must not match "ml-team".
         # The name is matched as hex digits of its exact length, so that namespace "a" does
