@@ -186,3 +186,28 @@ def test_warm_arch_that_nvrtc_does_not_know_is_one_line(tmp_path) -> None:
     manifest.write_text(json.dumps({"kernel": [{"name": "k", "code": "__global__ void k() {}"}]}))
     out = _kc("warm", str(manifest), "--arch", "sm_7", "--cache-dir", str(tmp_path / "c"))
     assert out.returncode == 2 and "--arch sm_7" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_warm_arch_bundle_serves_a_fresh_process_with_an_empty_cache_for_both_archs(tmp_path) -> None:
+    lock, built = str(tmp_path / "kernels.lock.json"), str(tmp_path / "built")
+    run_python(PROGRAM, "sm_80", env={"KERNELCACHE_DIR": str(tmp_path / "run"), "KERNELCACHE_RECORD": lock})
+    out = tmp_path / "image" / "kernels.kcb"
+    out.parent.mkdir()
+    warm = _kc("warm", lock, "--arch", "sm_80", "--arch", "sm_90", "--bundle", str(out), "--cache-dir", built, "--json")
+    assert warm.returncode == 0, warm.stderr
+    data = json.loads(warm.stdout)
+    assert len(data["kernels"]) == 2 and data["bundle"]["path"] == str(out)
+    # Two artifacts, and the source index that explains a miss: every record of the cache.
+    assert data["bundle"]["entries"] == 3
+    env = {"KERNELCACHE_DIR": str(tmp_path / "empty"), "KERNELCACHE_BUNDLES": str(out), "KERNELCACHE_REQUIRE_HIT": "1"}
+    for arch in ("sm_80", "sm_90"):
+        assert json.loads(run_python(PROGRAM, arch, env=env))["hit"], arch
+
+
+def test_warm_writes_no_bundle_when_a_kernel_fails(tmp_path) -> None:
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"kernel": [{"name": "bad", "code": "__global__ void k() { nope; }"}]}))
+    out = tmp_path / "k.kcb"
+    warm = _kc("warm", str(manifest), "--bundle", str(out), "--cache-dir", str(tmp_path / "c"))
+    assert warm.returncode == 1 and "no bundle written" in warm.stdout
+    assert not out.exists()

@@ -14,7 +14,7 @@ import click
 
 from kernelcache import config
 from kernelcache.cli import entries as ent
-from kernelcache.cli.bundle import bundle, import_cmd
+from kernelcache.cli.bundle import SECRET_ENV_OPTION, bundle, create_bundle, import_cmd, secret_from_env
 from kernelcache.cli.common import (
     ALLOW_SHARED_OPTION,
     CACHE_DIR_OPTION,
@@ -25,7 +25,7 @@ from kernelcache.cli.common import (
 )
 from kernelcache.cli.common import emit as _emit
 from kernelcache.cli.common import open_cache as _open
-from kernelcache.cli.render import explain_text, ls_table, show_text, verify_text
+from kernelcache.cli.render import explain_text, ls_table, show_text, verify_text, warm_text
 from kernelcache.integrations.materialized import KEEP_RECENT_S, remove_materialized
 from kernelcache.stores.file.store import FileStreamProgramCache
 
@@ -371,29 +371,43 @@ def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
     metavar="ARCH",
     help="Compile every C++ kernel for this arch instead of its recorded one (repeatable; no GPU needed).",
 )
+@click.option("--bundle", "bundle_out", default=None, metavar="OUT", help="Then write the warmed cache as this bundle.")
+@SECRET_ENV_OPTION
 @JSON_OPTION
 def warm(
-    manifest: str, cache_dir: str | None, jobs: int, redis_url: str | None, archs: tuple[str, ...], as_json: bool
+    manifest: str,
+    cache_dir: str | None,
+    jobs: int,
+    redis_url: str | None,
+    archs: tuple[str, ...],
+    bundle_out: str | None,
+    secret_env: str | None,
+    as_json: bool,
 ) -> None:
-    """Precompile every kernel of a JSON/TOML manifest (or a KERNELCACHE_RECORD lockfile) in parallel."""
+    """Precompile every kernel of a JSON/TOML manifest (or a KERNELCACHE_RECORD lockfile) in parallel.
+
+    With --bundle OUT, the cache is then written as one bundle file (only when every kernel
+    warmed; --secret-env VAR signs it); --json then prints {"kernels": [...], "bundle": {...}}.
+    """
     from kernelcache.cli import warm as warm_mod
     from kernelcache.cli.demo import check_arch
 
+    secret = secret_from_env(secret_env)
     items = warm_mod.load_manifest(manifest)
     if archs:
         items = warm_mod.for_archs(items, [check_arch(a) for a in archs])
     results = warm_mod.run(items, cache_dir, jobs, progress=not as_json, redis_url=redis_url)
-
-    def render(data: list[dict[str, Any]]) -> None:
-        for r in data:
-            status = "error: " + r["error"] if r.get("error") else ("hit" if r["hit"] else "compiled")
-            status = "skipped: " + r["skipped"] if r.get("skipped") else status
-            click.echo(f"{r['name']} [{r['arch']} {r['target_type']}]: {status}")
-        failed = sum(1 for r in data if r.get("error"))
-        click.echo(f"{len(data) - failed} ok, {failed} failed")
-
-    _emit(results, as_json, render)
-    if any(r.get("error") for r in results):
+    failed = any(r.get("error") for r in results)
+    if bundle_out is not None:
+        summary = None if failed else create_bundle(bundle_out, cache_dir, secret)
+        _emit(
+            {"kernels": results, "bundle": summary},
+            as_json,
+            lambda d: warm_text(d["kernels"], d["bundle"], bundle_asked=True),
+        )
+    else:
+        _emit(results, as_json, warm_text)
+    if failed:
         sys.exit(1)
 
 

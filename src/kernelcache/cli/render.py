@@ -94,3 +94,17 @@ def explain_text(data: dict[str, Any]) -> None:
         click.echo("no differing key component")
     for name, (a, b) in data["differences"].items():
         click.echo(f"{name}:\n  - {a}\n  + {b}")
+
+
+def warm_text(data: list[dict[str, Any]], bundle: dict[str, Any] | None = None, *, bundle_asked: bool = False) -> None:
+    """``warm``: a line per kernel, the tally, and the bundle written when --bundle asked for one."""
+    for r in data:
+        status = "error: " + r["error"] if r.get("error") else ("hit" if r["hit"] else "compiled")
+        status = "skipped: " + r["skipped"] if r.get("skipped") else status
+        click.echo(f"{r['name']} [{r['arch']} {r['target_type']}]: {status}")
+    failed = sum(1 for r in data if r.get("error"))
+    click.echo(f"{len(data) - failed} ok, {failed} failed")
+    if bundle is not None:
+        click.echo(f"bundle {bundle['path']}: {bundle['entries']} entries, {bundle['bytes']} bytes")
+    elif bundle_asked:
+        click.echo("no bundle written: a kernel failed")
