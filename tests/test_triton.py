@@ -99,7 +99,7 @@ def test_files_and_groups_round_trip_between_processes(tmp_path):
             os.unlink(os.path.join(d, f))
     got = _run(_env(root), "get", key, *NAMES)["group"]
     assert got == {name: f"v1:{name}" for name in NAMES}
-    # Every file and the group manifest are entries that ls lists (and the tools check).
+    # The group is one row in ls (its files are entries the tools check; show lists them).
     ls = subprocess.run(
         [sys.executable, "-m", "kernelcache", "ls", "--json", "--cache-dir", str(root)],
         capture_output=True,
@@ -107,7 +107,7 @@ def test_files_and_groups_round_trip_between_processes(tmp_path):
         check=True,
     )
     rows = json.loads(ls.stdout)
-    assert sorted(r["target_type"] for r in rows) == sorted(["source", "ttir", "ptx", "cubin", "json", "group"])
+    assert [r["target_type"] for r in rows] == ["group"]
     assert {r["code_type"] for r in rows} == {"triton"}
     verify = subprocess.run(
         [sys.executable, "-m", "kernelcache", "verify", "--json", "--cache-dir", str(root)],
@@ -502,3 +502,24 @@ def test_copies_stay_within_the_cap_and_idle_ones_go_without_a_prune(tmp_path):
     subprocess.run([sys.executable, "-c", BOUNDED, "30", "1", "1000"], env=env, check=True, timeout=300)
     files, _ = _copies(root)
     assert files <= 3  # the last group's two copies (and the sweep's own stamp)
+
+
+def test_ls_shows_one_row_per_triton_kernel_show_its_members_stats_its_hits(tmp_path):
+    # A real triton.compile (sm_90, on CPU), then a second process's hit.
+    root = tmp_path / "kc"
+    env = _env(root, TRITON_STORE_BINARY_ONLY="")
+    _run(env, "compile")
+    _run(env, "compile")
+    cli = [sys.executable, "-m", "kernelcache"]
+    rows = json.loads(subprocess.run([*cli, "ls", "--json"], env=env, capture_output=True, text=True, check=True).stdout)
+    assert len(rows) == 1
+    (row,) = rows
+    assert (row["code_type"], row["target_type"], row["arch"], row["kernels"]) == ("triton", "group", "sm_90", ["axpy"])
+    shown = subprocess.run([*cli, "show", row["key"][:12]], env=env, capture_output=True, text=True, check=True).stdout
+    lines = shown.split("members:\n", 1)[1].splitlines()
+    listed = [line.split() for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith("  "))]]
+    assert sorted(name for name, *_ in listed) == ["axpy.cubin", "axpy.json"]
+    assert row["size"] == sum(int(size) for _, size, *_ in listed)
+    stats = json.loads(subprocess.run([*cli, "stats", "--json"], env=env, capture_output=True, text=True, check=True).stdout)
+    flat = stats.get("disk", stats) if isinstance(stats.get("disk"), dict) else stats
+    assert flat["hits"] == 1 and flat["compile_seconds_saved"] > 0

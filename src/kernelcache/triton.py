@@ -28,6 +28,7 @@ import atexit
 import json
 import os
 import shutil
+import time
 from typing import Any
 
 try:
@@ -40,6 +41,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised where triton 
 
 from kernelcache import config
 from kernelcache.compile import lockfile, strict
+from kernelcache.compile.metadata import count
 from kernelcache.integrations.materialized import MATERIALIZED_DIR, check_file_name, materialize, private_root
 from kernelcache.integrations.triton_files import TritonFiles, is_plain, warn_once
 from kernelcache.stores.base import ProgramCacheResource
@@ -130,6 +132,7 @@ class KernelCacheManager(CacheManager):
         # Copies are bounded by the store's own size cap (KERNELCACHE_MAX_SIZE), or by the
         # default cap of copies where the store has none.
         self._cap = self._files.size_cap()
+        self._first_put: float | None = None
 
     def _path(self, name: str, data: bytes, *, scratch: bool = False) -> str | None:
         if not self._root:
@@ -157,6 +160,8 @@ class KernelCacheManager(CacheManager):
         check_file_name(filename)
         payload = _as_bytes(data)
         keep = _needed(filename)
+        if self._first_put is None:
+            self._first_put = time.monotonic()  # Triton's first put comes as its compile starts
         if keep:
             self._files.put(filename, payload)  # a dropped write has warned; the path still works
         path = self._path(filename, payload, scratch=not keep)
@@ -172,6 +177,9 @@ class KernelCacheManager(CacheManager):
             return self._delegate.get_group(filename)
         check_file_name(filename)
         members = self._files.get_group(filename)
+        if members is not None:
+            # The store counted the hit (the manifest's read); the compile it saved is ours to add.
+            count(self._files.store, compile_us_saved=int(self._files.saved_seconds * 1e6))
         if members is None:
             strict.on_triton_miss(self.key, filename)  # KERNELCACHE_REQUIRE_HIT=1 raises: Triton compiles nothing
             return None
@@ -198,7 +206,8 @@ class KernelCacheManager(CacheManager):
             except OSError as exc:
                 warn_once(f"group-read-{exc.errno}", f"cannot read group member {path}: {exc}; group not stored")
                 return None
-        self._files.put_group(filename, members)
+        seconds = None if self._first_put is None else time.monotonic() - self._first_put
+        self._files.put_group(filename, members, seconds)
         # Triton ignores the result; like its FileCacheManager, return the group file's path.
         # Nothing reads it back (get_group reads the store): a scratch copy, gone at exit.
         return self._path(_GROUP_PREFIX + filename, json.dumps({"child_paths": group}).encode(), scratch=True)

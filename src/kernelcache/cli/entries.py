@@ -37,6 +37,13 @@ def is_manifest(entry: EntryInfo) -> bool:
     return meta.get("kind") in ("manifest", "source-index")
 
 
+def is_listed(entry: EntryInfo) -> bool:
+    """Whether ``ls`` lists the entry: not bookkeeping (manifests, CuPy's index) nor one of a
+    Triton kernel's files, for which its group's one row stands (``show`` lists them)."""
+    meta = (entry.meta or {}).get("meta") or {}
+    return not is_manifest(entry) and meta.get("kind") not in ("cupy-index", "triton")
+
+
 def _text(value: Any, default: str = "?") -> str:
     return default if value is None or value == "" else str(value)
 
@@ -58,7 +65,8 @@ def entry_row(entry: EntryInfo) -> dict[str, Any]:
         "target_type": _text(meta.get("target_type")),
         # Older sidecars hold repr strings; a mapping write (stores/sniff.py) its arch at the top.
         "arch": _text(options.get("arch") or meta.get("arch"), "").strip("'") or "?",
-        "size": entry.size,
+        # A Triton kernel's row: the bytes of its whole group, not of its manifest alone.
+        "size": int(meta["group_bytes"]) if isinstance(meta.get("group_bytes"), int) else entry.size,
         "created": _number(record.get("created")),
         "last_used": entry.atime,
         "compile_seconds": _number(meta.get("compile_seconds")),
@@ -75,7 +83,7 @@ _SORTS = {
 
 
 def list_rows(cache: FileStreamProgramCache, sort: str, limit: int | None) -> list[dict[str, Any]]:
-    return _sorted([entry_row(e) for e in cache.iter_entries() if not is_manifest(e)], sort, limit)
+    return _sorted([entry_row(e) for e in cache.iter_entries() if is_listed(e)], sort, limit)
 
 
 def _sorted(rows: list[dict[str, Any]], sort: str, limit: int | None) -> list[dict[str, Any]]:
@@ -98,7 +106,7 @@ def object_store_rows(url: str, sort: str, limit: int | None) -> list[dict[str, 
     if found is None:
         raise ValueError(f"the object store {url} was not reached ({store.last_error})")
     infos = [EntryInfo(name, url, size, t, {"meta": meta or {}, "created": t}) for name, size, t, meta in found]
-    return _sorted([entry_row(e) for e in infos if not is_manifest(e)], sort, limit)
+    return _sorted([entry_row(e) for e in infos if is_listed(e)], sort, limit)
 
 
 def find_by_prefix(cache: FileStreamProgramCache, prefix: str) -> EntryInfo:

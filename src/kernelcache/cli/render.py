@@ -43,6 +43,11 @@ def show_text(data: dict[str, Any]) -> None:
     meta = data.get("meta") or {}
     for field in ("code_type", "target_type", "name", "compile_seconds", "kernels"):
         click.echo(f"{field}: {_plain(meta.get(field))}")
+    members = meta.get("members")
+    if isinstance(members, dict):  # a Triton kernel's group: its files and their bytes
+        click.echo("members:")
+        for name, size in members.items():
+            click.echo(f"  {name}  {_plain(size)} bytes")
     for section, sep in (("toolchain", ": "), ("options", " = ")):
         click.echo(f"{section}:")
         values = meta.get(section)

@@ -67,7 +67,7 @@ def collect(
 def _disk(cache_dir: str | None, zero: bool) -> dict[str, Any]:
     cache = open_cache(cache_dir)
     s: dict[str, Any] = dict(cache.stats())
-    s["entries"] = sum(1 for e in cache.iter_entries() if not ent.is_manifest(e))
+    s["entries"] = sum(1 for e in cache.iter_entries() if ent.is_listed(e))  # as ls lists them
     s["max_size_bytes"] = cache.max_size_bytes  # None: no cap
     s["max_size_source"] = config.cap_for(cache.path)[1]
     s["path"] = cache.path

@@ -60,6 +60,8 @@ class TritonFiles:
     def _file_key(self, name: str) -> bytes:
         return _FILE_DOMAIN + self._prefix + name.encode("utf-8")
 
+    saved_seconds = 0.0  # the compile time the group last read saves (its writer measured it)
+
     def entry_file(self, name: str) -> str | None:
         """The file holding member ``name`` in the store's file tier, if it has one (a hard
         link to it is a copy that costs no bytes); None: no file tier."""
@@ -90,15 +92,24 @@ class TritonFiles:
             "triton_version": triton.__version__,
         }
 
-    def _group_meta(self, members: dict[str, bytes]) -> dict[str, Any]:
-        return {
+    def _group_meta(self, members: dict[str, bytes], compile_seconds: float | None = None) -> dict[str, Any]:
+        """What ``kernelcache ls``/``show`` print for the group: one row per Triton kernel,
+        with its name and arch (from Triton's metadata JSON), its members and their bytes."""
+        info = _kernel_info(members)
+        meta: dict[str, Any] = {
             "kind": "triton-group",
             "code_type": "triton",
             "target_type": "group",
-            "kernels": sorted(members),
+            "kernels": [info.get("name") or "?"],
+            "members": {member: len(data) for member, data in sorted(members.items())},
+            "group_bytes": sum(len(data) for data in members.values()),
+            "options": {"arch": info.get("arch") or "?"},
             "triton_key": self.key,
             "triton_version": triton.__version__,
         }
+        if compile_seconds is not None:
+            meta["compile_seconds"] = compile_seconds
+        return meta
 
     @staticmethod
     def _manifest(members: dict[str, bytes]) -> bytes:
@@ -108,8 +119,9 @@ class TritonFiles:
     def put(self, name: str, data: bytes) -> bool:
         return self.store.set_record(self._file_key(name), data, self._member_meta(name))
 
-    def put_group(self, name: str, members: dict[str, bytes]) -> bool:
-        """Store every member that the store does not hold as given, then the manifest."""
+    def put_group(self, name: str, members: dict[str, bytes], compile_seconds: float | None = None) -> bool:
+        """Store every member that the store does not hold as given, then the manifest
+        (``compile_seconds``: what a hit on this group saves, as ``stats`` counts it)."""
         for member, data in members.items():
             # Re-put a member a peer replaced since we wrote it (or that was evicted): the
             # manifest must name bytes that are in the store now, or readers would miss on
@@ -118,7 +130,8 @@ class TritonFiles:
                 return False  # a member that is not stored makes no group
         # Last write: until it lands, readers see no group (a writer killed before this
         # line leaves members only, which nobody reads as a group).
-        return self.store.set_record(self._group_key(name), self._manifest(members), self._group_meta(members))
+        meta = self._group_meta(members, compile_seconds)
+        return self.store.set_record(self._group_key(name), self._manifest(members), meta)
 
     def get_group(self, name: str) -> dict[str, bytes] | None:
         """Every member of the group, each matching the manifest's digest; else None.
@@ -150,6 +163,8 @@ class TritonFiles:
         record = store.get_record(self._group_key(name), internal=store is not self.store)
         if record is None:
             return None
+        saved = record[1].get("compile_seconds") if isinstance(record[1], dict) else None
+        self.saved_seconds = float(saved) if isinstance(saved, (int, float)) else 0.0
         try:
             manifest = json.loads(record[0])
             digests = manifest["members"]
@@ -187,3 +202,22 @@ class TritonFiles:
             for member, data in members.items():
                 tier.set_record(self._file_key(member), data, self._member_meta(member), internal=True)
             tier.set_record(self._group_key(name), self._manifest(members), self._group_meta(members), internal=True)
+
+
+def _kernel_info(members: dict[str, bytes]) -> dict[str, str]:
+    """The kernel's name and arch from Triton's metadata JSON among the members ({} if none)."""
+    for member, data in members.items():
+        if not member.endswith(".json") or member.startswith("__grp__"):
+            continue
+        try:
+            meta = json.loads(data)
+        except ValueError:
+            continue
+        if not isinstance(meta, dict) or "name" not in meta:
+            continue
+        target = meta.get("target") if isinstance(meta.get("target"), dict) else {}
+        arch = target.get("arch")
+        backend = target.get("backend", "")
+        spelled = f"sm_{arch}" if backend == "cuda" and isinstance(arch, int) else f"{backend}:{arch}" if arch else ""
+        return {"name": str(meta["name"]), "arch": spelled}
+    return {}
