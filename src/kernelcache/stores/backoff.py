@@ -3,6 +3,8 @@
 A stopped server would otherwise cost a full timeout on every call of a compile (look-up,
 lock, store). After one failure the store is skipped for ``retry_after_s``, doubling while
 it stays down (up to five minutes); when the period ends, exactly one caller probes it.
+A probe that ends in neither healthy() nor failed() (a KeyboardInterrupt, any exception that
+is not the store's own error) is let go by ``settled()``, so the next caller probes again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class Backoff:
         self._lock = threading.Lock()
         self._down_until = 0.0
         self._probing = False
+        self._prober = 0  # the thread running the probe (threading.get_ident), while one runs
         self._pause = self._retry_after
         self.skipped = 0  # calls not made while backing off (not errors: nothing was tried)
 
@@ -35,8 +38,15 @@ class Backoff:
             # Race: when the back-off ends, many threads may call at once; one of them probes
             # and the others keep skipping until it knows, so an outage costs one timeout per
             # back-off period, not one per thread.
-            self._probing = True
+            self._probing, self._prober = True, threading.get_ident()
             return True
+
+    def settled(self) -> None:
+        """After every call, in a ``finally``: a probe of this thread still pending (it raised
+        something else than the store's error) is let go, without judging the store."""
+        with self._lock:
+            if self._probing and self._prober == threading.get_ident():
+                self._probing = False
 
     def backing_off(self) -> bool:
         """Down and not yet due for a probe (a caller that should not even try, e.g. a counter flush)."""

@@ -154,6 +154,8 @@ class ObjectStoreProgramCache(RecordStore):
                 f"dropped write (compiles still work); it is skipped for {pause:g} s, then tried again",
             )
             return None
+        finally:
+            self._health.settled()  # a probe interrupted by anything else (Ctrl-C) is let go
         self._health.healthy()
         return result
 

@@ -196,6 +196,10 @@ class RedisProgramCache(RecordStore):
                 + ("the write is dropped, reads go on" if what == "write" else "treated as a miss"),
             )
             return None
+        finally:
+            # Anything else (Ctrl-C in a notebook) is the caller's; a probe it interrupted
+            # must not leave Redis skipped for the life of the process.
+            self._health.settled()
         self._healthy()
         return result
 
