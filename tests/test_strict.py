@@ -339,3 +339,22 @@ def test_an_older_near_copy_of_the_index_never_drops_a_key_a_shared_tier_holds(t
     for tier in tiered.tiers:
         entries = json.loads(tier.get_record(index_key(look))[0])["entries"]
         assert sorted(e["components"]["options.define_macro"] for e in entries) == ["N=1", "N=2", "N=3"]
+
+
+def test_require_hit_from_the_config_file_applies_to_a_call_with_its_own_cache(tmp_path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('require_hit = "1"\n')
+    code = textwrap.dedent(
+        f"""
+        from cuda.core import ProgramOptions
+        from kernelcache import CacheMissError, InMemoryProgramCache, compile_program
+        try:
+            compile_program({SRC!r}, options=ProgramOptions(arch={ARCH!r}, define_macro="N=1"),
+                            cache=InMemoryProgramCache())
+            print("compiled")
+        except CacheMissError as exc:
+            print("raised:", exc.explanation)
+        """
+    )
+    out = run_python(code, env={"KERNELCACHE_CONFIG": str(config)})  # nothing reads the default cache
+    assert out.strip() == "raised: no entry for this source", out

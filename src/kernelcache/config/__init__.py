@@ -345,7 +345,9 @@ def _env_fast(name: str) -> str | None:
     """``os.environ.get(name)`` without the exception an unset variable costs inside (hit path).
 
     See default_cache_raw: on CPython for POSIX, os.environ's own backing dict answers it.
+    The config file's values are in the environment once it is loaded (config.file).
     """
+    configfile.ensure_loaded(KNOWN, ConfigError)  # a compare when KERNELCACHE_CONFIG is unchanged
     data = getattr(os.environ, "_data", None)
     if _POSIX and type(data) is dict:
         value = data.get(_ENCODED.get(name) or os.fsencode(name))
