@@ -368,3 +368,26 @@ def test_ls_and_stats_read_a_bucket(s3: S3Server, bucket: str) -> None:
     )
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["object"]["entries"] == 2
+
+
+def test_bundle_create_from_a_bucket_and_import_into_another(s3: S3Server, bucket: str, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    _store(bucket).set_record(b"k1", b"cubin one", {"symbol_mapping": {"f": "_Z1fv"}})
+    _store(bucket).set_record(b"k2", b"cubin two", {})
+    env = {**os.environ, **env_for(s3.endpoint)}
+    out = str(tmp_path / "fleet.kcb")
+
+    def kc(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kernelcache", *args], env=env, capture_output=True, text=True)
+
+    made = kc("bundle", "create", out, "--object-store", f"s3://{bucket}/team")
+    assert made.returncode == 0 and "2 entries" in made.stdout, made.stderr
+    other = s3.bucket()
+    loaded = kc("import", out, "--object-store", f"s3://{other}/team")
+    assert loaded.returncode == 0 and "imported 2 entries" in loaded.stdout, loaded.stderr
+    assert _store(other).get_record(b"k1") == (b"cubin one", {"symbol_mapping": {"f": "_Z1fv"}})
+    assert _store(other)[b"k2"] == b"cubin two"
+    both = kc("import", out, "--object-store", f"s3://{other}/team", "--redis", "redis://127.0.0.1:1/0")
+    assert both.returncode == 2 and "give one of" in both.stderr

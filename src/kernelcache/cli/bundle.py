@@ -32,6 +32,22 @@ REDIS_OPTION = click.option(
 )
 
 
+OBJECT_STORE_OPTION = click.option(
+    "--object-store", "object_store", default=None, metavar="URL", help="An object store (s3://bucket/path...) instead."
+)
+
+
+def _object_store(url: str, read_only: bool) -> Any:
+    from kernelcache.stores.object.store import ObjectStoreProgramCache
+
+    return ObjectStoreProgramCache(url, secret=config.object_store_secret(), read_only=read_only)
+
+
+def _one_place(cache_dir: str | None, redis_url: str | None, object_store: str | None) -> None:
+    if sum(x is not None for x in (cache_dir, redis_url, object_store)) > 1:
+        raise UserError("give one of --cache-dir, --redis and --object-store")
+
+
 def secret_from_env(var: str | None) -> bytes | None:
     """The secret held by the environment variable ``var`` (None: no --secret-env)."""
     if var is None:
@@ -67,7 +83,11 @@ def _file_records(cache: FileStreamProgramCache, skipped: list[str]) -> Iterator
 
 
 def create_bundle(
-    out: str, cache_dir: str | None = None, secret: bytes | None = None, redis_url: str | None = None
+    out: str,
+    cache_dir: str | None = None,
+    secret: bytes | None = None,
+    redis_url: str | None = None,
+    object_store: str | None = None,
 ) -> dict[str, Any]:
     """Write every entry of the cache at ``cache_dir`` (or of the Redis at ``redis_url``) that
     passes its check into the bundle ``out``: artifacts, header manifests, Triton groups and
@@ -77,6 +97,8 @@ def create_bundle(
     if redis_url is not None:
         source = _redis(redis_url, read_only=True)
         records: Any = source.iter_records()
+    elif object_store is not None:
+        records = _object_store(object_store, read_only=True).iter_records()
     else:
         records = _file_records(_source(cache_dir), skipped)
     summary = write_bundle(out, records, secret)
@@ -106,12 +128,19 @@ def bundle() -> None:
 @CACHE_DIR_OPTION
 @SECRET_ENV_OPTION
 @REDIS_OPTION
+@OBJECT_STORE_OPTION
 @JSON_OPTION
-def create(out: str, cache_dir: str | None, secret_env: str | None, redis_url: str | None, as_json: bool) -> None:
-    """Write every entry of a cache directory (or a Redis namespace) into the bundle OUT."""
-    if cache_dir is not None and redis_url is not None:
-        raise UserError("give --cache-dir or --redis, not both")
-    report = create_bundle(out, cache_dir, secret_from_env(secret_env), redis_url)
+def create(
+    out: str,
+    cache_dir: str | None,
+    secret_env: str | None,
+    redis_url: str | None,
+    object_store: str | None,
+    as_json: bool,
+) -> None:
+    """Write every entry of a cache directory (or a Redis namespace, an object store) into the bundle OUT."""
+    _one_place(cache_dir, redis_url, object_store)
+    report = create_bundle(out, cache_dir, secret_from_env(secret_env), redis_url, object_store)
 
     def render(r: dict[str, Any]) -> None:
         signed = "signed" if r["signed"] else "unsigned"
@@ -168,13 +197,26 @@ def verify(path: str, secret_env: str | None, as_json: bool) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 @CACHE_DIR_OPTION
 @REDIS_OPTION
+@OBJECT_STORE_OPTION
 @SECRET_ENV_OPTION
 @JSON_OPTION
-def import_cmd(path: str, cache_dir: str | None, redis_url: str | None, secret_env: str | None, as_json: bool) -> None:
-    """Copy every entry of the bundle PATH into a cache directory or a Redis namespace."""
-    if cache_dir is not None and redis_url is not None:
-        raise UserError("give --cache-dir or --redis, not both")
-    target: Any = _redis(redis_url, read_only=False) if redis_url else open_cache(cache_dir, create=True)
+def import_cmd(
+    path: str,
+    cache_dir: str | None,
+    redis_url: str | None,
+    object_store: str | None,
+    secret_env: str | None,
+    as_json: bool,
+) -> None:
+    """Copy every entry of the bundle PATH into a cache directory, a Redis namespace or an object store."""
+    _one_place(cache_dir, redis_url, object_store)
+    target: Any
+    if redis_url:
+        target = _redis(redis_url, read_only=False)
+    elif object_store:
+        target = _object_store(object_store, read_only=False)
+    else:
+        target = open_cache(cache_dir, create=True)
     imported, dropped, damaged = 0, 0, []
     with _open_bundle(path, secret_from_env(secret_env)) as store, target:
         for name in store.names():
@@ -185,7 +227,12 @@ def import_cmd(path: str, cache_dir: str | None, redis_url: str | None, secret_e
                 imported += 1
             else:
                 dropped += 1
-    report = {"imported": imported, "dropped": dropped, "damaged": damaged, "into": redis_url or target.path}
+    report = {
+        "imported": imported,
+        "dropped": dropped,
+        "damaged": damaged,
+        "into": redis_url or object_store or target.path,
+    }
 
     def render(r: dict[str, Any]) -> None:
         click.echo(f"imported {r['imported']} entries into {r['into']}")

@@ -202,9 +202,15 @@ class ObjectStoreProgramCache(RecordStore):
             )
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
+        return self._write_at(self._path(key), payload, meta)
+
+    def write_named(self, name: str, payload: bytes, meta: Meta) -> bool:
+        """Store an entry by its name (naming.entry_name of its key): ``kernelcache import``."""
+        return self._write_at(f"{self._prefix}e/{name}", payload, meta)
+
+    def _write_at(self, path: str, payload: bytes, meta: Meta) -> bool:
         if self._read_only:
             return False  # a consumer: never writes (by choice, not an error)
-        path = self._path(key)
         record = rec.encode(path, payload, meta, self._secret)
         outcome = self._call("write", _put(path, record, "create"))
         if outcome == "no-bucket":
@@ -255,10 +261,9 @@ class ObjectStoreProgramCache(RecordStore):
     def __len__(self) -> int:
         return len(self._call("count", self._entry_paths) or ())
 
-    def entries(self) -> list[tuple[str, int, float, Meta | None]] | None:
-        """(entry name, size, last modified as a Unix time, metadata or None) of every entry under
-        this prefix, for listing tools: one listing, then every record read (sent together).
-        None when the store cannot be reached."""
+    def _listed_records(self) -> list[tuple[Any, tuple[bytes, Meta] | None]] | None:
+        """(listing row, verified record or None) of every entry under this prefix: one listing,
+        then the records read together; None when the store cannot be reached."""
         import obstore
 
         def listing(store: Any) -> list[Any]:
@@ -268,11 +273,24 @@ class ObjectStoreProgramCache(RecordStore):
         if listed is None:
             return None
         with ThreadPoolExecutor(max_workers=_MAX_PARALLEL_GETS) as pool:
-            records = list(pool.map(self._read_path, [m["path"] for m in listed]))
+            return list(zip(listed, pool.map(self._read_path, [m["path"] for m in listed])))
+
+    def entries(self) -> list[tuple[str, int, float, Meta | None]] | None:
+        """(entry name, size, last modified as a Unix time, metadata or None) of every entry, for
+        listing tools; None when the store cannot be reached."""
+        found = self._listed_records()
+        if found is None:
+            return None
         return [
             (m["path"].rsplit("/", 1)[-1], int(m["size"]), m["last_modified"].timestamp(), r[1] if r else None)
-            for m, r in zip(listed, records)
+            for m, r in found
         ]
+
+    def iter_records(self) -> Iterator[tuple[str, bytes, Meta, Any]]:
+        """(entry name, payload, meta, created) of each entry that passes its check (bundle create)."""
+        for m, r in sorted(self._listed_records() or (), key=lambda found: found[0]["path"]):
+            if r is not None:
+                yield m["path"].rsplit("/", 1)[-1], r[0], r[1], m["last_modified"].timestamp()
 
     def usage(self) -> tuple[int, int] | None:
         """(entries, bytes) under this prefix, from one listing; None when the store cannot be reached."""
