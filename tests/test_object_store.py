@@ -391,3 +391,56 @@ def test_bundle_create_from_a_bucket_and_import_into_another(s3: S3Server, bucke
     assert _store(other)[b"k2"] == b"cubin two"
     both = kc("import", out, "--object-store", f"s3://{other}/team", "--redis", "redis://127.0.0.1:1/0")
     assert both.returncode == 2 and "give one of" in both.stderr
+
+
+def test_an_expired_lock_is_taken_over_by_exactly_one_waiter(s3: S3Server, bucket: str) -> None:
+    import json
+    import time
+
+    # A lock left by a holder that died (its expiry passed): waiters race to replace it.
+    body = json.dumps({"token": "dead-holder", "expires": time.time() - 5}).encode()
+    s3.client().put_object(Bucket=bucket, Key="team/kernelcache/locks/k", Body=body)
+    outcomes: list[str] = []
+    gate = threading.Barrier(6)
+
+    def waiter() -> None:
+        store = _store(bucket, lock_ttl_s=30)
+        gate.wait()
+        with store.remote_lock("k", time.monotonic() + 2, lambda: False) as outcome:
+            outcomes.append(outcome)
+            if outcome == "acquired":
+                time.sleep(4)  # held past every other waiter's deadline
+
+    threads = [threading.Thread(target=waiter) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["acquired"] + ["timeout"] * 5
+
+
+def test_a_holder_killed_mid_compile_is_taken_over_after_its_ttl(s3: S3Server, bucket: str) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = textwrap.dedent(
+        f"""
+        import time
+        from kernelcache import ObjectStoreProgramCache
+        store = ObjectStoreProgramCache("s3://{bucket}/team", lock_ttl_s=1)
+        with store.remote_lock("k", time.monotonic() + 5, lambda: False) as outcome:
+            print(outcome, flush=True)
+            time.sleep(60)
+        """
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "acquired"
+    store = _store(bucket, lock_ttl_s=1)
+    with store.remote_lock("k", time.monotonic() + 0.5, lambda: False) as outcome:
+        assert outcome == "timeout"  # alive and refreshing: not taken
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with store.remote_lock("k", time.monotonic() + 30, lambda: False) as outcome:
+        assert outcome == "acquired"  # once its expiry passed
