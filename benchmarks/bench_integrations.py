@@ -6,7 +6,9 @@ kernelcache and through each tool's own cache, side by side.
 
 Each figure is the median over --repeat fresh processes of the time from the first call to
 a finished result (compile or cache load included; interpreter and import time excluded).
-Cold: empty caches. Warm: a second process on the caches the cold one filled.
+Cold: empty caches. Warm: a second process on the caches the cold one filled. The ratios
+compare kernelcache with the tool's own cache (below 1: kernelcache is faster). For Triton,
+the disk each cache holds after one kernel: bytes of files (each inode once), files, inodes.
 """
 
 from __future__ import annotations
@@ -69,6 +71,23 @@ def _precompile_kernelcache() -> None:
     compileall.compile_dir(os.path.dirname(kernelcache.__file__), quiet=1)
 
 
+def disk(mode: str) -> tuple[int, int, int]:
+    """(bytes, files, inodes) that one cold process leaves in the caches (all of them)."""
+    root = tempfile.mkdtemp(prefix="kc-bench-")
+    try:
+        _child(mode, _env(mode, root))
+        seen: dict[int, int] = {}
+        files = 0
+        for d, _, names in os.walk(root):
+            for name in names:
+                st = os.lstat(os.path.join(d, name))
+                files += 1
+                seen[st.st_ino] = st.st_size
+        return sum(seen.values()), files, len(seen)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -78,11 +97,21 @@ def main() -> None:
     _precompile_kernelcache()
     print(f"{'mode':<28}{'cold ms':>10}{'warm ms':>10}{'cold/warm':>11}  correct")
     for tool in ("triton-cpu",) if args.cpu else ("triton", "cupy"):
-        if args.only not in (None, tool):
+        if args.only not in (None, tool) and f"{args.only}-cpu" != tool:
             continue
+        figures = []
         for mode, label in ((tool, f"{tool} via kernelcache"), (f"{tool}-own", f"{tool} own cache")):
             cold, warm, correct = measure(mode, args.repeat)
+            figures.append((cold, warm))
             print(f"{label:<28}{cold * 1e3:>10.1f}{warm * 1e3:>10.1f}{cold / warm:>10.1f}x  {correct}")
+        (kc_cold, kc_warm), (own_cold, own_warm) = figures
+        print(f"{tool + ' kernelcache/own':<28}{kc_cold / own_cold:>9.2f}x{kc_warm / own_warm:>9.2f}x")
+        if tool.startswith("triton"):
+            ours, theirs = disk(tool), disk(f"{tool}-own")
+            for label, (nbytes, files, inodes) in (("kernelcache", ours), ("own", theirs)):
+                print(f"  disk {label:<22}{nbytes:>10} B {files:>4} files {inodes:>4} inodes")
+            ratio_bytes, ratio_inodes = ours[0] / theirs[0], ours[2] / theirs[2]
+            print(f"  disk kernelcache/own       {ratio_bytes:>9.2f}x bytes {ratio_inodes:>5.2f}x inodes")
 
 
 if __name__ == "__main__":
