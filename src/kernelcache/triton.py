@@ -40,8 +40,6 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised where triton 
     ) from exc
 
 from kernelcache import config
-from kernelcache.compile import lockfile, strict
-from kernelcache.compile.metadata import count
 from kernelcache.integrations.materialized import MATERIALIZED_DIR, check_file_name, materialize, private_root
 from kernelcache.integrations.triton_files import TritonFiles, is_plain, warn_once
 from kernelcache.stores.base import ProgramCacheResource
@@ -172,15 +170,20 @@ class KernelCacheManager(CacheManager):
         return path
 
     def get_group(self, filename: str) -> dict[str, str] | None:
-        lockfile.record_triton(self.key, filename)  # KERNELCACHE_RECORD: the kernels this run needed
+        if config.record_path() is not None:  # KERNELCACHE_RECORD: the kernels this run needed
+            from kernelcache.compile import lockfile  # imported only then: a hit stays light
+
+            lockfile.record_triton(self.key, filename)
         if self._delegate is not None:
             return self._delegate.get_group(filename)
         check_file_name(filename)
         members = self._files.get_group(filename)
         if members is not None:
             # The store counted the hit (the manifest's read); the compile it saved is ours to add.
-            count(self._files.store, compile_us_saved=int(self._files.saved_seconds * 1e6))
+            self._files.count_saved()
         if members is None:
+            from kernelcache.compile import strict
+
             strict.on_triton_miss(self.key, filename)  # KERNELCACHE_REQUIRE_HIT=1 raises: Triton compiles nothing
             return None
         paths = {}

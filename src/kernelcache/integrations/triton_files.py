@@ -62,6 +62,14 @@ class TritonFiles:
 
     saved_seconds = 0.0  # the compile time the group last read saves (its writer measured it)
 
+    def count_saved(self) -> None:
+        """Add the compile the group last read saved to the store's counters (a store that
+        cannot count is left alone: counting never fails a load)."""
+        try:
+            self.store.add_stats(compile_us_saved=int(self.saved_seconds * 1e6))
+        except Exception:
+            pass
+
     def entry_file(self, name: str) -> str | None:
         """The file holding member ``name`` in the store's file tier, if it has one (a hard
         link to it is a copy that costs no bytes); None: no file tier."""
