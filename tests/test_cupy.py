@@ -308,3 +308,17 @@ def test_a_hand_off_reaches_cupys_class_when_ours_replaced_it_on_the_cupy_module
         warnings.simplefilter("ignore")
         assert type(cupy.RawKernel(TEMPLATED, "scale", backend="nvcc")) is own_kernel
         assert type(cupy.RawModule(code=TEMPLATED, jitify=True)) is own_module
+
+
+def test_a_raw_module_pickles_by_its_arguments():
+    # CuPy's RawModule pickles; ours held a lock (its per-device modules) and did not.
+    kcupy = pytest.importorskip("kernelcache.cupy")
+    import pickle
+
+    module = kcupy.RawModule(
+        code=TEMPLATED, options=("-DN_OFFSET=1",), name_expressions=("scale<float>",), enable_cooperative_groups=True
+    )
+    again = pickle.loads(pickle.dumps(module))
+    assert type(again) is kcupy.RawModule
+    assert (again.code, again.options, again.name_expressions) == (TEMPLATED, ("-DN_OFFSET=1",), ("scale<float>",))
+    assert again.enable_cooperative_groups is True

@@ -129,61 +129,61 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep)
 
 
-def test_copies_never_go_under_a_directory_the_store_refused(users, base):
+@pytest.fixture
+def refused(base) -> Iterator[tuple[str, RedisServer]]:
+    """An other-writable KERNELCACHE_DIR (the store refuses its disk tier) and a Redis."""
+    need_redis()
+    server = RedisServer(base)
+    shared = os.path.join(base, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    try:
+        yield shared, server
+    finally:
+        server.stop()
+
+
+def test_copies_never_go_under_a_directory_the_store_refused(users, base, refused):
     # KERNELCACHE_DIR is other-writable, so the store refuses its disk tier and runs on
     # memory -> Redis. An outsider plants the tree the copies would land in, then swaps
     # whatever appears there: nothing handed out may live there, and what is read is ours.
-    need_redis()
-    server = RedisServer(base)
-    try:
-        shared = os.path.join(base, "shared")
-        os.mkdir(shared)
-        os.chmod(shared, 0o777)
-        outsider = users["kcinteg_x"]
-        planted = os.path.join(shared, "materialized")
-        subprocess.run(["mkdir", "-p", "-m", "777", planted], check=True, user=outsider.pw_uid)
-        victim_tmp = os.path.join(base, "victim-tmp")
-        os.mkdir(victim_tmp, 0o700)
-        env = {"KERNELCACHE_DIR": shared, "KERNELCACHE_REDIS_URL": server.url, "TMPDIR": victim_tmp}
-        put = _triton(env, "put", KEY, *NAMES)
-        got = _triton(env, "get", KEY, *NAMES)
-        assert got["contents"] == {n: f"v1:{n}" for n in NAMES}  # the group came back over Redis
-        for path in [*put["paths"].values(), *got["paths"].values()]:
-            assert not _inside(path, shared), path
-            folder = os.path.dirname(path)
-            while _inside(folder, victim_tmp):  # every directory up to the private root is ours alone
-                st = os.lstat(folder)
-                assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, (folder, oct(st.st_mode))
-                folder = os.path.dirname(folder)
-        # Nothing of ours appeared in the refused directory, so there is nothing to swap.
-        mine = [os.path.join(d, f) for d, _, fs in os.walk(shared) for f in fs]
-        assert [p for p in mine if os.lstat(p).st_uid == os.geteuid()] == []
-        assert sorted(os.listdir(shared)) == ["materialized"] and os.listdir(planted) == []
-    finally:
-        server.stop()
+    shared, server = refused
+    outsider = users["kcinteg_x"]
+    planted = os.path.join(shared, "materialized")
+    subprocess.run(["mkdir", "-p", "-m", "777", planted], check=True, user=outsider.pw_uid)
+    victim_tmp = os.path.join(base, "victim-tmp")
+    os.mkdir(victim_tmp, 0o700)
+    env = {"KERNELCACHE_DIR": shared, "KERNELCACHE_REDIS_URL": server.url, "TMPDIR": victim_tmp}
+    put = _triton(env, "put", KEY, *NAMES)
+    got = _triton(env, "get", KEY, *NAMES)
+    assert got["contents"] == {n: f"v1:{n}" for n in NAMES}  # the group came back over Redis
+    for path in [*put["paths"].values(), *got["paths"].values()]:
+        assert not _inside(path, shared), path
+        folder = os.path.dirname(path)
+        while _inside(folder, victim_tmp):  # every directory up to the private root is ours alone
+            st = os.lstat(folder)
+            assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, (folder, oct(st.st_mode))
+            folder = os.path.dirname(folder)
+    # Nothing of ours appeared in the refused directory, so there is nothing to swap.
+    mine = [os.path.join(d, f) for d, _, fs in os.walk(shared) for f in fs]
+    assert [p for p in mine if os.lstat(p).st_uid == os.geteuid()] == []
+    assert sorted(os.listdir(shared)) == ["materialized"] and os.listdir(planted) == []
 
 
-def test_a_private_copy_directory_someone_else_planted_is_refused(users, base):
+def test_a_private_copy_directory_someone_else_planted_is_refused(users, base, refused):
     # The per-user directory lives under the temp dir, where anyone can create it first.
-    need_redis()
-    server = RedisServer(base)
-    try:
-        shared = os.path.join(base, "shared")
-        os.mkdir(shared)
-        os.chmod(shared, 0o777)
-        tmp = os.path.join(base, "tmp")
-        os.mkdir(tmp)
-        os.chmod(tmp, 0o1777)
-        squat = os.path.join(tmp, f"kernelcache-{os.geteuid()}")
-        subprocess.run(["mkdir", "-m", "777", squat], check=True, user=users["kcinteg_x"].pw_uid)
-        env = {"KERNELCACHE_DIR": shared, "KERNELCACHE_REDIS_URL": server.url, "TMPDIR": tmp}
-        put = _triton(env, "put", KEY, *NAMES)
-        # Triton still gets working paths (its own cache directory), none in the squatted one.
-        assert put["contents"] == {n: f"v1:{n}" for n in NAMES}
-        assert all(not _inside(p, squat) and not _inside(p, shared) for p in put["paths"].values())
-        assert os.listdir(squat) == []
-    finally:
-        server.stop()
+    shared, server = refused
+    tmp = os.path.join(base, "tmp")
+    os.mkdir(tmp)
+    os.chmod(tmp, 0o1777)
+    squat = os.path.join(tmp, f"kernelcache-{os.geteuid()}")
+    subprocess.run(["mkdir", "-m", "777", squat], check=True, user=users["kcinteg_x"].pw_uid)
+    env = {"KERNELCACHE_DIR": shared, "KERNELCACHE_REDIS_URL": server.url, "TMPDIR": tmp}
+    put = _triton(env, "put", KEY, *NAMES)
+    # Triton still gets working paths (its own cache directory), none in the squatted one.
+    assert put["contents"] == {n: f"v1:{n}" for n in NAMES}
+    assert all(not _inside(p, squat) and not _inside(p, shared) for p in put["paths"].values())
+    assert os.listdir(squat) == []
 
 
 def test_team_members_read_each_others_copies(users, base):

@@ -24,6 +24,7 @@ cached by CuPy, with one ``KernelCacheWarning``.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import warnings
 from collections.abc import Sequence
@@ -53,18 +54,29 @@ _CUPY_RAW_KERNEL = cupy.RawKernel
 _CUPY_RAW_MODULE = cupy.RawModule
 
 
-def _handed_off(reason: str | None, make: Any) -> Any:
-    """CuPy's own object for what kernelcache does not compile, with one warning saying so."""
+def _handed_off(cls: type, cupys: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """CuPy's own object (``cupys``, built from the very same arguments) for what kernelcache
+    does not compile, with one warning saying so; None when kernelcache compiles it."""
+    try:
+        bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+    except TypeError:
+        return None  # wrong arguments: our __init__ raises CuPy's TypeError for them
+    bound.apply_defaults()
+    given = bound.arguments
+    if given.get("code") is None:
+        return None  # RawModule(path=...): CuPy's own loader, inside our class
+    translate, jitify = given["translate_cucomplex"], given["jitify"]
+    reason = cupy_build.handoff_reason(given["backend"], given["options"], translate, jitify)
     if reason is None:
         return None
-    from kernelcache.log import KernelCacheWarning
+    from kernelcache.stores.base import KernelCacheWarning
 
     warnings.warn(
         f"kernelcache.cupy: {reason} is compiled and cached by CuPy itself, not by kernelcache",
         KernelCacheWarning,
         stacklevel=3,
     )
-    return make()
+    return cupys(*args, **kwargs)
 
 
 def _check_options(options: Any) -> tuple[str, ...]:
@@ -167,30 +179,8 @@ class RawKernel(_CUPY_RAW_KERNEL):  # type: ignore[misc, valid-type]
     ``backend='nvcc'`` and ``jitify=True`` return CuPy's own RawKernel (one KernelCacheWarning).
     """
 
-    def __new__(
-        cls,
-        code: str = "",
-        name: str = "",
-        options: tuple[str, ...] = (),
-        backend: str = "nvrtc",
-        *,
-        translate_cucomplex: bool = False,
-        enable_cooperative_groups: bool = False,
-        jitify: Any = None,
-    ) -> Any:
-        def make() -> Any:
-            extra = {} if jitify is None else {"jitify": jitify}
-            return _CUPY_RAW_KERNEL(
-                code,
-                name,
-                options,
-                backend,
-                translate_cucomplex=translate_cucomplex,
-                enable_cooperative_groups=enable_cooperative_groups,
-                **extra,
-            )
-
-        own = _handed_off(cupy_build.handoff_reason(backend, options, translate_cucomplex, jitify), make)
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        own = _handed_off(cls, _CUPY_RAW_KERNEL, args, kwargs)
         return own if own is not None else super().__new__(cls)
 
     def __init__(
@@ -241,33 +231,8 @@ class RawModule(_CUPY_RAW_MODULE):  # type: ignore[misc, valid-type]
     compiled by kernelcache; ``path=`` (a prebuilt cubin/PTX) is CuPy's own loader.
     ``backend='nvcc'`` and ``jitify=True`` return CuPy's own RawModule (one KernelCacheWarning)."""
 
-    def __new__(
-        cls,
-        *,
-        code: str | None = None,
-        path: str | None = None,
-        options: tuple[str, ...] = (),
-        backend: str = "nvrtc",
-        translate_cucomplex: bool = False,
-        enable_cooperative_groups: bool = False,
-        name_expressions: Sequence[str] | None = None,
-        jitify: Any = None,
-    ) -> Any:
-        def make() -> Any:
-            extra = {} if jitify is None else {"jitify": jitify}
-            return _CUPY_RAW_MODULE(
-                code=code,
-                path=path,
-                options=options,
-                backend=backend,
-                translate_cucomplex=translate_cucomplex,
-                enable_cooperative_groups=enable_cooperative_groups,
-                name_expressions=name_expressions,
-                **extra,
-            )
-
-        reason = None if code is None else cupy_build.handoff_reason(backend, options, translate_cucomplex, jitify)
-        own = _handed_off(reason, make)
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        own = _handed_off(cls, _CUPY_RAW_MODULE, args, kwargs)
         return own if own is not None else super().__new__(cls)
 
     def __init__(
@@ -297,6 +262,22 @@ class RawModule(_CUPY_RAW_MODULE):  # type: ignore[misc, valid-type]
         names = tuple(name_expressions) if name_expressions is not None else None
         self._compiled = _Compiled(code, tuple(options), names, translate_cucomplex) if code is not None else None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by its arguments (as CuPy pickles its RawKernel): the compiled modules and
+        # their lock stay behind, and the unpickled module compiles (or loads) anew.
+        compiled = self._compiled
+        arguments = (
+            {"path": self.file_path}
+            if compiled is None
+            else {
+                "code": compiled.code,
+                "options": compiled.options,
+                "translate_cucomplex": compiled.translate_cucomplex,
+                "name_expressions": compiled.name_expressions,
+            }
+        )
+        return (_rebuild_module, (arguments, self.enable_cooperative_groups))
+
     def _module(self, log_stream: Any = None) -> Any:
         if self._compiled is None:
             return super()._module(log_stream)
@@ -317,6 +298,10 @@ class RawModule(_CUPY_RAW_MODULE):  # type: ignore[misc, valid-type]
         kernel._compiled = self._compiled  # share the module: one compile for all its kernels
         kernel._kernel()  # like CuPy: a missing kernel raises here, not at launch
         return kernel
+
+
+def _rebuild_module(arguments: dict[str, Any], enable_cooperative_groups: bool) -> RawModule:
+    return RawModule(**arguments, enable_cooperative_groups=enable_cooperative_groups)
 
 
 try:  # CuPy >= 14: an experimental, private kernel-cache backend hook
