@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernelcache.memo import remember
+
 META_SCHEMA = 2
 SCHEMA_FIELD = "schema"
 
@@ -36,8 +38,26 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# id(meta) -> meta, for metadata objects already found usable. A store hands out one dict per
+# verified record again and again (the file store's verified-pair memo), and metadata read
+# from a store is never changed afterwards, so a hit checks each such object once. The memo
+# holds the object itself: its id cannot be reused by another object while it is here.
+# No lock: each dict operation is atomic, and an entry lost to a concurrent clear costs one check.
+_usable: dict[int, Any] = {}
+_USABLE_LIMIT = 1024
+
+
 def meta_is_usable(meta: Any) -> bool:
     """Whether an artifact record's metadata is of this schema and shape (else: a miss)."""
+    if _usable.get(id(meta)) is meta:
+        return True
+    if _check(meta):
+        remember(_usable, id(meta), meta, _USABLE_LIMIT)
+        return True
+    return False
+
+
+def _check(meta: Any) -> bool:
     if not isinstance(meta, dict) or type(meta.get(SCHEMA_FIELD)) is not int or meta[SCHEMA_FIELD] != META_SCHEMA:
         return False
     for field, types in _FIELD_TYPES.items():

@@ -98,8 +98,8 @@ KNOWN = tuple(name for name, _, _ in VARIABLES) + _TEST_VARIABLES
 
 def _env(name: str, default: str = "") -> str:
     """The value of ``name`` ("" when unset): the environment's, else the config file's (config.file)."""
-    configfile.ensure_loaded(KNOWN, ConfigError)
-    return os.environ.get(name, default)
+    value = _env_fast(name)
+    return default if value is None else value
 
 
 def _shown(raw: str) -> str:
@@ -138,7 +138,9 @@ def format_size(nbytes: int | None) -> str:
 
 
 def _flag(name: str) -> bool:
-    raw = _env(name, "")
+    raw = _env_fast(name)
+    if raw is None:  # unset (the usual case, on every hit): off
+        return False
     value = raw.strip().lower()
     if value in _TRUE:
         return True
@@ -342,7 +344,8 @@ def require_hit() -> str | None:
 
 
 def _env_fast(name: str) -> str | None:
-    """``os.environ.get(name)`` without the exception an unset variable costs inside (hit path).
+    """``os.environ.get(name)`` (None when unset; the config file loaded first), without the
+    exception an unset variable costs inside: every variable is read on every call.
 
     See default_cache_raw: on CPython for POSIX, os.environ's own backing dict answers it.
     The config file's values are in the environment once it is loaded (config.file).
@@ -356,7 +359,7 @@ def _env_fast(name: str) -> str | None:
 
 
 _POSIX = os.name == "posix"
-_ENCODED = {name: os.fsencode(name) for name in ("KERNELCACHE_RECORD", "KERNELCACHE_REQUIRE_HIT")}
+_ENCODED = {name: os.fsencode(name) for name in KNOWN}
 
 
 def bundles() -> tuple[str, ...]:
