@@ -13,19 +13,9 @@ import sys
 import time
 
 import pytest
+from test_integrations_gpu import _child  # one fresh-process runner for the GPU children
 
 pytestmark = pytest.mark.gpu
-
-CHILD = os.path.join(os.path.dirname(__file__), "_integration_gpu_child.py")
-
-
-def _child(mode: str, env: dict[str, str]) -> dict:
-    out = subprocess.run(
-        [sys.executable, CHILD, mode], env={**os.environ, **env}, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
 
 def _env(root: str, tag: str, **extra: str) -> dict[str, str]:
     return {
