@@ -17,6 +17,7 @@ from test_integrations_gpu import _child  # one fresh-process runner for the GPU
 
 pytestmark = pytest.mark.gpu
 
+
 def _env(root: str, tag: str, **extra: str) -> dict[str, str]:
     return {
         "KERNELCACHE_DIR": os.path.join(root, f"kc-{tag}"),
