@@ -79,6 +79,10 @@ def normalize_requests(
     """The requests as dicts; TypeError (naming the request) for anything malformed."""
     if isinstance(requests, (str, bytes, Mapping)):
         raise TypeError(f"{what}: requests must be a sequence of mappings, not one {type(requests).__name__}")
+    if not isinstance(requests, Iterable):
+        raise TypeError(
+            f"{what}: requests must be a sequence of mappings (one per compile), not {type(requests).__name__}"
+        )
     out = []
     for i, request in enumerate(requests):
         if not isinstance(request, Mapping):

@@ -75,6 +75,11 @@ class Call:
     def __init__(
         self, info: CompileInfo, logs: Any = None, want_headers: bool = False, processes: bool = False
     ) -> None:
+        if logs is not None and not callable(getattr(logs, "write", None)):
+            raise TypeError(
+                f"logs must have a write(str) method (a file, io.StringIO, sys.stderr) or be None, "
+                f"not {type(logs).__name__}"
+            )
         self.info = info
         self.logs = logs
         self.start = time.perf_counter()

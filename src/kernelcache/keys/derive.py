@@ -15,6 +15,7 @@ import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kernelcache.keys.arguments import check_as_cuda_core, check_path_fields
 from kernelcache.keys.options import HASHED_FIELDS, encode, option_components
 from kernelcache.keys.toolchain import Toolchain, toolchain_for
 
@@ -127,6 +128,8 @@ def key_components(
             "use_libdevice=True links a libdevice file that ships with no wheel here (a system NVVM: "
             f"{tc.compiler}), so the key cannot see it; pass extra_digest=<a digest of that libdevice file>"
         )
+    if ct == "c++":
+        check_path_fields(options)
     components = [
         ("schema", b"%d" % KEY_SCHEMA_VERSION),
         ("code_type", ct.encode()),
@@ -138,6 +141,8 @@ def key_components(
         ("toolchain.cuda_core", tc.cuda_core.encode()),
         ("toolchain.compiler", tc.compiler.encode()),
     ]
+    if ct == "c++":  # after the key's own refusals, which say what to do instead
+        check_as_cuda_core(options, tt)
     if extra is not None:
         components.append(("extra_digest", extra))
     return components

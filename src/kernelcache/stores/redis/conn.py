@@ -30,6 +30,13 @@ def check_url(url: str) -> None:
     if not url.startswith(SCHEMES):
         raise ValueError(f"Redis URL {url!r} must start with one of {', '.join(SCHEMES)}")
     plain = url.replace("+cluster", "", 1)
+    if plain.startswith("unix://"):
+        where = urlsplit(plain)
+        if where.netloc or where.path in ("", "/"):
+            # redis-py would drop a host and connect to "" or "/": a back-off at every call.
+            raise ValueError(
+                f"Redis URL {url!r} names no socket: write the socket's absolute path, unix:///run/redis/redis.sock"
+            )
     options = parse_url(plain)  # a malformed port or query value raises ValueError now
     # redis-py silently ignores a database that is not a number (redis://host/cache is db 0).
     db = urlsplit(plain).path.strip("/") if not plain.startswith("unix://") else ""
