@@ -74,7 +74,7 @@ def reader(root: str) -> dict[str, object]:
 
 def fresh(n: str) -> dict[str, object]:
     """Kernel n compiled by NVRTC alone (cuda.bindings, nothing of kernelcache) in a process
-    that compiled nothing else; the PTX without its terminating NUL, as stored without a driver."""
+    that compiled nothing else; NVRTC's whole PTX buffer, terminating NUL included, as stored."""
     from cuda.bindings import nvrtc
 
     err, prog = nvrtc.nvrtcCreateProgram(kernel(int(n)).encode(), b"default_program", 0, [], [])
@@ -83,7 +83,7 @@ def fresh(n: str) -> dict[str, object]:
     buf = bytearray(size)
     nvrtc.nvrtcGetPTX(prog, buf)
     nvrtc.nvrtcDestroyProgram(prog)
-    return {"ptx": bytes(buf).rstrip(b"\x00").decode()}
+    return {"ptx": bytes(buf).decode()}
 
 
 def pool_pids(root: str, seconds: str) -> dict[str, object]:

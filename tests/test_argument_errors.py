@@ -48,7 +48,7 @@ def test_code_none_names_the_argument() -> None:
 
 
 @pytest.mark.parametrize("field", ["include_path", "pre_include"])
-@pytest.mark.parametrize("value", [5, 5.0, b"inc", pathlib.Path("/inc"), {"inc"}, ["inc", 5]], ids=repr)
+@pytest.mark.parametrize("value", [5, 5.0, b"inc", pathlib.Path("/inc"), {"inc"}], ids=repr)
 def test_a_path_field_cuda_core_would_drop_or_mangle_is_refused(field: str, value: object) -> None:
     # cuda.core passes nothing for 5, a Path or a set, one flag per byte for b"inc": one clear error.
     options = ProgramOptions(arch=ARCH, **{field: value})

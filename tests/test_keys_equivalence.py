@@ -50,6 +50,7 @@ def ptx_key(**kw: Any) -> bytes:
 CHANGED = {
     "name": "other_name",
     "arch": "sm_80",
+    "split_compile": 2,  # NVRTC writes "-split-compile 2" into the cubin
     "relocatable_device_code": True,
     "extensible_whole_program": True,
     "debug": True,

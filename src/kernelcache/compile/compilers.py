@@ -207,19 +207,14 @@ class NvrtcCall:
     target_type: str
     name_expressions: tuple[str | bytes, ...]
     name: str | None  # the ObjectCode's name
-    # C++ -> PTX without a driver: cuda.core 1.2's Program.compile("ptx") asks the driver
-    # whether the PTX can be loaded and raises where there is none (PTX generation never
-    # needed one); that PTX is stored without its terminating NUL, as this path always did.
-    strip_nul: bool = False
 
     def run(
         self, log: LogCollector, error: type[Exception] | None = None
     ) -> tuple[bytes, dict[str | bytes, bytes | None]]:
         """(output bytes, symbol mapping); NVRTCError (or ``error``) in cuda.core's words."""
-        data, mapping = nvrtc_run(
+        return nvrtc_run(
             self.source, self.program_name, self.flags, self.target_type, self.name_expressions, log, error
         )
-        return (data.rstrip(b"\x00") if self.strip_nul else data), mapping
 
     def object_code(self, data: bytes, mapping: dict[str | bytes, bytes | None]) -> ObjectCode:
         from cuda.core import ObjectCode
@@ -229,22 +224,23 @@ class NvrtcCall:
 
 
 def plan_compile(
-    request: CompileRequest, trace_path: str | None, ptx_nul: bool | None = None
+    request: CompileRequest, trace_path: str | None, direct_ptx: bool = False
 ) -> tuple[str | bytes, ProgramOptions, NvrtcCall | None]:
     """What run_compiler hands the compiler: (source, options with the trace, the direct
     NVRTC call, or None where cuda.core's Program compiles it).
 
-    ``ptx_nul``: C++ -> PTX as a direct call that keeps (True) or strips (False) the NUL; None:
-    as this process compiles it (through cuda.core where a driver exists, else stripped).
+    C++ -> PTX is a direct call where this process has no driver (cuda.core 1.2's
+    Program.compile("ptx") asks the driver whether it can load the PTX, and raises without
+    one) or with ``direct_ptx`` (a worker, which never loads the driver). Its PTX is NVRTC's
+    whole buffer, terminating NUL included, as cuda.core's Program returns it with a driver:
+    one form of the bytes under one key, wherever it was compiled.
     """
     code, code_type, target_type, options = request.code, request.code_type, request.target_type, request.options
     if trace_path is not None:
         options = with_fields(options, fdevice_time_trace=trace_path)
     source: str | bytes = code if code_type == "nvvm" else _as_source_text(code)
     ptx = code_type == "c++" and target_type == "ptx"
-    if ptx and ptx_nul is None and not driver_available():
-        ptx_nul = False
-    if (ptx and ptx_nul is not None) or _nvrtc_directly(code_type, target_type, options):
+    if (ptx and (direct_ptx or not driver_available())) or _nvrtc_directly(code_type, target_type, options):
         call = NvrtcCall(
             str(source),
             options._name,  # type: ignore[attr-defined]
@@ -252,7 +248,6 @@ def plan_compile(
             target_type,
             request.name_expressions,
             compiled_name(options, "c++"),
-            strip_nul=ptx and not ptx_nul,
         )
         return source, options, call
     return source, options, None

@@ -55,7 +55,7 @@ class _InWorkers:
 
     def run_compiler(self, request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]:
         ptx = request.code_type == "c++" and request.target_type == "ptx"
-        _, _, call = compilers.plan_compile(request, trace_path, compilers.driver_available() if ptx else None)
+        _, _, call = compilers.plan_compile(request, trace_path, direct_ptx=ptx)
         if call is not None:
             kind, args = "nvrtc", (call, trace_path and os.path.dirname(trace_path))
         else:

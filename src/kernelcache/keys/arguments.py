@@ -3,14 +3,15 @@
 Where cuda.core refuses a value itself (``define_macro=123``: its option formatting raises),
 the key raises exactly what cuda.core raises, in its words: a key for options that cannot
 compile would be a key for nothing. Where cuda.core passes a value on in silence as
-something else, one clear TypeError: an ``include_path``/``pre_include`` that is not a str
-or a list/tuple of str or path-like objects (cuda.core gives NVRTC nothing for ``5``, a
-``pathlib.Path`` or a set, and one flag per byte for ``b"inc"``).
+something else, one clear TypeError: an ``include_path``/``pre_include`` that names
+something cuda.core drops or mangles. cuda.core passes a str as one flag and each item of a
+sequence as one; anything else it drops in silence (``5``, a ``pathlib.Path``, a set), and
+bytes become one flag per byte. Falsy values it drops (``False``) name nothing: accepted.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Sequence
 from typing import Any
 
 _PATH_FIELDS = ("include_path", "pre_include")
@@ -20,13 +21,13 @@ def check_path_fields(options: Any) -> None:
     """TypeError for an include_path or pre_include cuda.core would not pass on as written."""
     for field in _PATH_FIELDS:
         value = getattr(options, field, None)
-        if value is None or isinstance(value, str):
+        mangled = isinstance(value, (bytes, bytearray))
+        if value is None or isinstance(value, str) or not value or (isinstance(value, Sequence) and not mangled):
             continue
-        if isinstance(value, (list, tuple)) and all(isinstance(v, (str, os.PathLike)) for v in value):
-            continue
+        what = "one flag per byte" if mangled else "nothing"
         raise TypeError(
             f"ProgramOptions.{field} must be a str or a list or tuple of str or path-like objects, not "
-            f"{value!r} ({type(value).__name__}): cuda.core would not pass it to NVRTC as written; "
+            f"{value!r} ({type(value).__name__}): cuda.core would pass {what} to NVRTC for it; "
             f"e.g. {field}=[str(path)]"
         )
 

@@ -65,7 +65,7 @@ OPTION_POLICY: dict[str, str] = {
     "diag_warn": HASH,
     "brief_diagnostics": HASH,  # log
     "time": REJECT,  # NVRTC writes a timing file (the PTX linker's -time only logs: LINKER_GATES)
-    "split_compile": IGNORE,  # thread count for the compile: same output, faster or slower
+    "split_compile": HASH,  # a thread count, but NVRTC writes "-split-compile N" into the cubin
     "fdevice_syntax_only": HASH,
     "minimal": HASH,
     "no_cache": IGNORE,  # turns off the linker's in-process JIT cache: same output
