@@ -128,7 +128,7 @@ def test_no_command_removes_a_file_it_did_not_write(tmp_path) -> None:
 
     copy = materialize(root, "triton", "owner", "kern.cubin", b"cubin bytes")
     theirs = {
-        p: c for p, c in tree(root).items() if p.startswith(("api", "v1/routes.py", "v1/entries/ab/notes", "mat"))
+        p: c for p, c in tree(root).items() if p.startswith(("api", "v1/routes.py", "v1/entries/ab/notes", "materialized/report"))
     }
     # The copy and the copies' sweep stamp are kernelcache's own files; the rest are the user's.
     ours = (copy, os.path.join(root, "materialized", ".swept"))
@@ -276,3 +276,18 @@ def test_reading_commands_remove_nothing_either(tmp_path) -> None:
     assert report["stale_temps"] == [leftover]
     assert kc("verify", "--fix", cache=root).returncode == 0
     assert not os.path.exists(leftover)
+
+
+def test_a_directory_that_also_holds_a_users_files_is_never_tagged(tmp_path) -> None:
+    # The tag makes backup tools (tar --exclude-caches, borg) skip the whole directory: a
+    # user's project used as a cache directory must still be backed up, and is no cache root.
+    root = str(tmp_path / "project")
+    _write(os.path.join(root, "notes.txt"), b"mine\n")
+    with FileStreamProgramCache(root) as cache:
+        cache[b"k"] = b"value"
+        assert cache[b"k"] == b"value"
+    assert not os.path.exists(os.path.join(root, MARKER_NAME))
+    line = _one_line(kc("clear", "--yes", cache=root))
+    assert "notes.txt" in line and "refusing to clear" in line
+    with FileStreamProgramCache(root) as cache:
+        assert cache[b"k"] == b"value"

@@ -14,10 +14,10 @@ import os
 
 from kernelcache import config
 from kernelcache.log import WarnOnce
-from kernelcache.stores.file.marker import FORMAT_DIR
+from kernelcache.stores.file.marker import FORMAT_DIR, ROOT_CONFIG
 from kernelcache.stores.file.ops import publish, read_regular, stage
 
-NAME = "config.toml"
+NAME = ROOT_CONFIG
 _MAX_FILE = 64 * 1024
 _KEY = "max_size"
 _warnings = WarnOnce()  # one per cap file

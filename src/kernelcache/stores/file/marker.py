@@ -29,7 +29,13 @@ from kernelcache.stores.file.ops import O_READ_SAFE, starts_with
 
 __all__ = [
     "FORMAT_DIR",
-    "MARKER_NAME", "NotACacheRootError", "has_marker", "require_cache_root", "tree_exists",
+    "MARKER_NAME",
+    "ROOT_CONFIG",
+    "NotACacheRootError",
+    "has_marker",
+    "holds_only_ours",
+    "require_cache_root",
+    "tree_exists",
     "write_marker",
 ]
 
@@ -48,6 +54,10 @@ _MAX_MARKER = 4096  # a marker is a few lines: a bigger file there is not ours
 # FileStreamProgramCache's layout).
 FORMAT_DIR = "v2"
 _V2_CHILDREN = frozenset({"entries", "tmp", "locks", "stats"})
+# The root's cap file (stores/file/dircap.py), and every name kernelcache gives a file in a
+# root: layout v1's tree, Triton's materialized copies, the marker.
+ROOT_CONFIG = "config.toml"
+_ROOT_CHILDREN = frozenset({FORMAT_DIR, "v1", "materialized", ROOT_CONFIG, MARKER_NAME})
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY = re.compile(r"[0-9a-f]{64}(\.meta)?")
 _STATS_MAGIC = b"KCSTATS1"
@@ -65,6 +75,17 @@ def tree_exists(root: str) -> bool:
         return stat_mod.S_ISDIR(os.lstat(os.path.join(root, FORMAT_DIR)).st_mode)
     except OSError:
         return False
+
+
+def holds_only_ours(root: str) -> bool:
+    """Whether every name in root is one kernelcache gives its files there (an empty root
+    too). Only such a root is marked: the tag makes backup tools skip the whole directory,
+    and a user's directory that also holds a cache must still be backed up."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return False
+    return all(name in _ROOT_CHILDREN or name.startswith(f".{MARKER_NAME}.") for name in names)
 
 
 def has_marker(root: str) -> bool:
@@ -142,6 +163,9 @@ def require_cache_root(root: str, action: str) -> None:
 def _unadoptable(root: str) -> str | None:
     """Why the markerless tree at root cannot be taken for a kernelcache tree (None: it can)."""
     base = os.path.join(root, FORMAT_DIR)
+    if not holds_only_ours(root):
+        stray = sorted(set(os.listdir(root)) - _ROOT_CHILDREN)
+        return f"{os.path.join(root, stray[0]) if stray else root} is no file of kernelcache's"
     try:
         if not stat_mod.S_ISDIR(os.lstat(base).st_mode):
             return f"{base} is not a directory"

@@ -33,7 +33,7 @@ from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.file import dircap
 from kernelcache.stores.file import locks as lockfiles
 from kernelcache.stores.file.counters import FileStats
-from kernelcache.stores.file.marker import FORMAT_DIR
+from kernelcache.stores.file.marker import FORMAT_DIR, holds_only_ours
 from kernelcache.stores.file.oldlayout import remove_v1_tree
 from kernelcache.stores.file.ops import (
     READ_CHUNK,
@@ -134,9 +134,10 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         self._entries = os.path.join(base, "entries")
         self._tmp = os.path.join(base, "tmp")
         self._locks = os.path.join(base, "locks")
-        # The tree is created here if missing, and then it is marked as a cache root first
-        # (marker.py): destructive commands remove nothing under a root without the mark.
-        fresh = not os.path.lexists(base)
+        # The tree is created here if missing, and marked as a cache root first (marker.py)
+        # when the root holds nothing but kernelcache's: destructive commands remove nothing
+        # under a root without the mark, and backup tools skip a marked root whole.
+        fresh = not os.path.lexists(base) and holds_only_ours(self._root)
         subdirs = (base, self._entries, self._tmp, self._locks)
         make_tree(self._root, subdirs, self._allow_shared, mark=fresh, create=create)
         # Files by umask in a team cache (ccache's model); 0600 in a private one.
