@@ -57,6 +57,7 @@ def test_a_triton_group_from_the_bucket_is_fetched_in_one_round_trip(tmp_path) -
     bucket = s3.bucket()
     base = {**os.environ, "TRITON_CACHE_MANAGER": "kernelcache.triton:KernelCacheManager"}
     base["KERNELCACHE_OBJECT_STORE_URL"] = f"s3://{bucket}/fleet"
+    base["TRITON_STORE_BINARY_ONLY"] = "0"  # every member stored, the IRs too: a group of five
     key = "ab" * 32
 
     def worker(endpoint: str, root: str, *args: str) -> str:
