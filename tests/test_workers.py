@@ -358,3 +358,20 @@ def test_a_worker_killed_while_it_starts_is_replaced_and_workers_stay_on(tmp_pat
         watcher.join()
     assert killed and pool().crashes == crashes + 1 and not pool().unavailable
     assert objs[0].symbol_mapping == {"axpy<float>": b"_Z4axpyIfEvT_PKS0_PS0_i"} and killed[0] not in pool().pids()
+
+
+def test_warm_uses_the_workers_from_enough_misses(tmp_path) -> None:
+    from kernelcache.cli import warm
+
+    manifest = tmp_path / "m.json"
+    kernels = [
+        {"name": f"k{i}", "code": TEMPLATE.replace("a * x[i]", f"{i}.5f * x[i]"), "name_expressions": ["axpy<float>"]}
+        for i in range(MIN_MISSES)
+    ]
+    kernels.append({"name": "broken", "code": BROKEN})
+    manifest.write_text(json.dumps({"defaults": {"arch": ARCH}, "kernel": kernels}))
+    compiled = pool().compiles
+    results = warm.run(warm.load_manifest(str(manifest)), str(tmp_path / "c"), 2, progress=False)
+    assert 0 < pool().compiles - compiled < MIN_MISSES + 1  # the calling thread compiled some here
+    assert [r.get("error", "")[:12] for r in results] == [""] * MIN_MISSES + ["NVRTCError: "]
+    assert FileStreamProgramCache(tmp_path / "c").stats()["compiles"] == MIN_MISSES
