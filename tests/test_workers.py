@@ -224,17 +224,20 @@ def test_a_forked_child_does_not_inherit_the_pool(tmp_path) -> None:
     mine = pool().pids()
     assert mine
     r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: a pool of its own, empty until it compiles
-        code = 1
-        try:
-            os.close(r)
-            inherited = pool().pids()
-            compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "child"), processes=True)
-            os.write(w, json.dumps({"inherited": inherited, "own": pool().pids()}).encode())
-            code = 0
-        finally:
-            os._exit(code)
+    # Forked while the pool's lock is held (as by another thread handing out a worker): the
+    # child must not need it.
+    with pool()._cond:
+        pid = os.fork()
+        if pid == 0:  # the child, still inside the lock: a pool of its own, empty until it compiles
+            code = 1
+            try:
+                os.close(r)
+                inherited = pool().pids()
+                compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "child"), processes=True)
+                os.write(w, json.dumps({"inherited": inherited, "own": pool().pids()}).encode())
+                code = 0
+            finally:
+                os._exit(code)
     os.close(w)
     with os.fdopen(r) as f:
         seen = json.loads(f.read() or "{}")
@@ -375,3 +378,24 @@ def test_warm_uses_the_workers_from_enough_misses(tmp_path) -> None:
     assert 0 < pool().compiles - compiled < MIN_MISSES + 1  # the calling thread compiled some here
     assert [r.get("error", "")[:12] for r in results] == [""] * MIN_MISSES + ["NVRTCError: "]
     assert FileStreamProgramCache(tmp_path / "c").stats()["compiles"] == MIN_MISSES
+
+
+@pytest.mark.gpu
+def test_with_a_context_here_workers_load_no_driver_and_get_kernels_uses_them(tmp_path) -> None:
+    from cuda.core import Device
+
+    from kernelcache import KernelCache
+
+    dev = Device(0)
+    dev.set_current()  # this process holds a CUDA context; its workers are spawned, not forked
+    arch = f"sm_{dev.arch}"
+    code = 'extern "C" __global__ void g{n}(float* a) {{ a[threadIdx.x] *= {n}.0f; }}\n'
+    reqs = [
+        {"code": code.format(n=n), "name": f"g{n}", "options": ProgramOptions(arch=arch)} for n in range(MIN_MISSES)
+    ]
+    compiled = pool().compiles
+    kernels = KernelCache(FileStreamProgramCache(tmp_path)).get_kernels(reqs, device=0)
+    assert all(k is not None for k in kernels) and pool().compiles > compiled
+    for pid in pool().pids():
+        with open(f"/proc/{pid}/maps") as f:
+            assert "libcuda.so" not in f.read()
