@@ -30,6 +30,9 @@ _loaded_path: str | None = None
 _injected: dict[str, str] = {}  # variable -> the text this file put into the environment
 _unknown = WarnOnce()  # one warning per unknown variable name
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+if not isinstance(_ENV_DATA, dict):
+    _ENV_DATA = None
+_loaded_bytes: object = _UNLOADED  # _loaded_for as os.environ's backing dict holds it
 _CONFIG_KEY = os.fsencode("KERNELCACHE_CONFIG")
 
 
@@ -52,7 +55,9 @@ def ensure_loaded(known: tuple[str, ...], error: type[Exception]) -> None:
     ``known``: every variable name kernelcache reads; ``error``: raised for a file that cannot
     be used (config.ConfigError), naming the file and what is wrong.
     """
-    global _loaded_for, _loaded_path
+    global _loaded_for, _loaded_path, _loaded_bytes
+    if _ENV_DATA is not None and _ENV_DATA.get(_CONFIG_KEY) == _loaded_bytes:
+        return  # the hit path asks several times per call: one look-up, no decoding
     raw = _config_env()
     if raw == _loaded_for:
         return
@@ -74,6 +79,7 @@ def ensure_loaded(known: tuple[str, ...], error: type[Exception]) -> None:
                 os.environ[name] = text
                 _injected[name] = text
         _loaded_for, _loaded_path = raw, path if values else None
+        _loaded_bytes = None if raw is None else os.fsencode(raw)
 
 
 def _unload() -> None:
