@@ -18,7 +18,6 @@ import warnings
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelcache.compile import compilers
-from kernelcache.compile import workers as pool_mod
 from kernelcache.log import WarnOnce
 
 if TYPE_CHECKING:
@@ -61,6 +60,8 @@ class _InWorkers:
         else:
             kind, args = "program", (request, trace_path)
         restrict = bool(getattr(request.options, "restrict", False))
+        from kernelcache.compile import workers as pool_mod  # here: a hit never needs multiprocessing
+
         try:
             outcome, value, shown = pool_mod.pool().run(kind, args, restrict, trace_path)
         except pool_mod.PoolUnavailable as exc:
@@ -106,6 +107,8 @@ def batch_uses_processes(processes: bool | None, misses: int) -> bool:
     """compile_many's choice: ``processes`` when given, else workers from MIN_MISSES misses on
     a host with more than one usable core. TypeError for anything but True, False or None."""
     if processes is None:
+        from kernelcache.compile import workers as pool_mod
+
         return misses >= MIN_MISSES and pool_mod.usable_cores() > 1
     if type(processes) is not bool:
         raise TypeError(f"processes must be True, False or None (decide by the misses), not {processes!r}")

@@ -14,7 +14,6 @@ process reads it once.
 
 from __future__ import annotations
 
-import difflib
 import os
 import threading
 import warnings
@@ -138,6 +137,8 @@ def warn_unknown_variables(known: tuple[str, ...]) -> None:
 def _warn_unknown(name: str, known: tuple[str, ...], where: str) -> None:
     if not _unknown.first(name):
         return
+    import difflib  # only for a warning: not imported by every process that reads a setting
+
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f": did you mean {close[0]}?" if close else " (see `kernelcache config` for the known ones)"
     logger.warning("%s", f"{name} {where} is not a variable kernelcache reads{hint}")
