@@ -70,6 +70,9 @@ def test_a_record_of_another_schema_or_shape_is_a_miss_not_an_error(tmp_path, sh
         first = CompileInfo()
         expected = _compile(cache, first)
         assert not first.hit
+        warm = CompileInfo()
+        _compile(cache, warm)  # a hit first: this version's metadata is known usable in this process
+        assert warm.hit
         other = OTHER_SHAPES[shape](_good_meta(cache, first.key))
         assert cache.set_record(first.key, bytes(expected.code), other)  # another version's write
 
