@@ -138,9 +138,15 @@ def format_size(nbytes: int | None) -> str:
 
 
 def _flag(name: str) -> bool:
-    raw = _env_fast(name)
-    if raw is None:  # unset (the usual case, on every hit): off
-        return False
+    configfile.ensure_loaded(KNOWN, ConfigError)
+    data = getattr(os.environ, "_data", None)
+    if _POSIX and type(data) is dict:  # as _env_fast, inline: every hit asks two flags
+        found = data.get(_ENCODED[name])
+        if found is None:  # unset (the usual case): off
+            return False
+        raw = os.fsdecode(found)
+    else:
+        raw = os.environ.get(name, "")
     value = raw.strip().lower()
     if value in _TRUE:
         return True
