@@ -91,9 +91,10 @@ def test_corrupt_cached_artifact_is_healed_at_load(tmp_path) -> None:
     store = FileStreamProgramCache(tmp_path)
     info = CompileInfo()
     compile_program(SRC, options=_options(0), cache=store, info=info)
-    # Plant bytes the driver cannot load, with a consistent sidecar (so the store's own
-    # integrity check passes: the damage is only visible to the driver).
-    store.set_record(info.key, b"\x7fELF" + b"\0" * 60 + b"not a cubin", {"code_type": "c++", "target_type": "cubin"})
+    # Plant bytes the driver cannot load under the entry's own metadata (so the store's
+    # integrity check and the schema check pass: the damage is only visible to the driver).
+    meta = store.get_record(info.key)[1]
+    store.set_record(info.key, b"\x7fELF" + b"\0" * 60 + b"not a cubin", meta)
     kc = KernelCache(store)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
