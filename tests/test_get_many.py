@@ -55,8 +55,7 @@ def test_a_triton_group_from_the_bucket_is_fetched_in_one_round_trip(tmp_path) -
     need_object_store()
     s3 = S3Server()
     bucket = s3.bucket()
-    # every member stored, IRs too (TRITON_STORE_BINARY_ONLY=0), as the group under test has them
-    base = {**os.environ, "TRITON_CACHE_MANAGER": "kernelcache.triton:KernelCacheManager", "TRITON_STORE_BINARY_ONLY": "0"}
+    base = {**os.environ, "TRITON_CACHE_MANAGER": "kernelcache.triton:KernelCacheManager"}
     base["KERNELCACHE_OBJECT_STORE_URL"] = f"s3://{bucket}/fleet"
     base["TRITON_STORE_BINARY_ONLY"] = "0"  # every member stored, the IRs too: a group of five
     key = "ab" * 32
