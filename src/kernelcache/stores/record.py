@@ -140,3 +140,20 @@ def owner_of(prefix: bytes, secret: bytes | None) -> Verdict:
     """Why a record that starts with ``prefix`` (PREFIX_SIZE bytes) cannot be verified by ``secret``."""
     verdict, _ = decode("", prefix.ljust(_HEAD.size + _TAG_SIZE, b"\0"), secret)
     return Verdict.UNKNOWN if verdict in (Verdict.OK, Verdict.DAMAGED) else verdict
+
+
+def unverifiable_warning(verdict: Verdict, where: str, secret_variable: str) -> tuple[str, str]:
+    """(cause, text) of the one warning a shared store gives for a record it may not judge.
+
+    ``where`` names the record (``Redis entry ns:e:...``, ``object ... in s3://...``). Another
+    secret is loud: the host is misconfigured for its fleet. Every such record is a miss,
+    never replaced or deleted by this host.
+    """
+    if verdict is Verdict.FOREIGN:
+        return "foreign-secret", (
+            f"{where} is signed with another secret: THIS HOST'S SECRET DOES NOT MATCH THE FLEET'S. Such records "
+            f"are misses here and are never replaced or deleted by this host; give it the team's secret "
+            f"(secret= / {secret_variable})"
+        )
+    cause = f"unverifiable-{verdict.name}"
+    return cause, f"{where} is {verdict.value}; a miss, left in place (never replaced or deleted)"

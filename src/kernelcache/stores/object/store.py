@@ -189,17 +189,8 @@ class ObjectStoreProgramCache(RecordStore):
             return list(pool.map(self._read, keys))
 
     def _warn_unverifiable(self, path: str, verdict: rec.Verdict) -> None:
-        if verdict is rec.Verdict.FOREIGN:
-            self.warn_once(
-                "foreign-secret",
-                f"object {path} in {self.url} is signed with another secret: THIS HOST'S SECRET DOES NOT MATCH "
-                "THE FLEET'S. Such records are misses here and are never replaced or deleted by this host; give "
-                "it the team's secret (secret= / KERNELCACHE_OBJECT_STORE_SECRET)",
-            )
-        else:
-            self.warn_once(
-                f"unverifiable-{verdict.name}", f"object {path} in {self.url} is {verdict.value}; a miss, left in place"
-            )
+        where = f"object {path} in {self.url}"
+        self.warn_once(*rec.unverifiable_warning(verdict, where, "KERNELCACHE_OBJECT_STORE_SECRET"))
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         return self._write_at(self._path(key), payload, meta)

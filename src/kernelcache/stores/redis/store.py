@@ -263,18 +263,7 @@ class RedisProgramCache(RecordStore):
         return None
 
     def _warn_unverifiable(self, rk: str, verdict: rec.Verdict) -> None:
-        if verdict is rec.Verdict.FOREIGN:
-            self.warn_once(
-                "foreign-secret",
-                f"Redis entry {rk} is signed with another secret: THIS HOST'S SECRET DOES NOT MATCH THE "
-                "FLEET'S. Such entries are misses here and are never overwritten or deleted by this host; "
-                "give it the team's secret (secret= / KERNELCACHE_REDIS_SECRET)",
-            )
-        else:
-            self.warn_once(
-                f"unverifiable-{verdict.name}",
-                f"Redis entry {rk} is {verdict.value}; a miss, left in place (never overwritten or deleted)",
-            )
+        self.warn_once(*rec.unverifiable_warning(verdict, f"Redis entry {rk}", "KERNELCACHE_REDIS_SECRET"))
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         return self._write_at(self._entry_key(key), payload, meta)
