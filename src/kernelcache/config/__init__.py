@@ -98,7 +98,7 @@ KNOWN = tuple(name for name, _, _ in VARIABLES) + _TEST_VARIABLES
 
 def _env(name: str, default: str = "") -> str:
     """The value of ``name`` ("" when unset): the environment's, else the config file's (config.file)."""
-    value = _env_fast(name)
+    value = env_get(name)
     return default if value is None else value
 
 
@@ -140,7 +140,7 @@ def format_size(nbytes: int | None) -> str:
 def _flag(name: str) -> bool:
     configfile.ensure_loaded(KNOWN, ConfigError)
     data = getattr(os.environ, "_data", None)
-    if _POSIX and type(data) is dict:  # as _env_fast, inline: every hit asks two flags
+    if _POSIX and type(data) is dict:  # as env_get, inline: every hit asks two flags
         found = data.get(_ENCODED[name])
         if found is None:  # unset (the usual case): off
             return False
@@ -305,7 +305,7 @@ def record_path() -> str | None:
     ``~`` expanded, made absolute against the current directory. A directory, or a path whose
     parent directory does not exist, is a ConfigError (so a typo fails at once, not never).
     """
-    raw = _env_fast("KERNELCACHE_RECORD")
+    raw = env_get("KERNELCACHE_RECORD")
     if not raw:
         return None
     checked = _record_checked.get(raw)
@@ -333,7 +333,7 @@ def require_hit() -> str | None:
     "raise": a miss raises CacheMissError instead of compiling; "warn": it compiles, with
     one KernelCacheWarning per miss.
     """
-    raw = _env_fast("KERNELCACHE_REQUIRE_HIT")
+    raw = env_get("KERNELCACHE_REQUIRE_HIT")
     if raw is None:
         return None
     value = raw.strip().lower()
@@ -349,7 +349,7 @@ def require_hit() -> str | None:
     )
 
 
-def _env_fast(name: str) -> str | None:
+def env_get(name: str) -> str | None:
     """``os.environ.get(name)`` (None when unset; the config file loaded first), without the
     exception an unset variable costs inside: every variable is read on every call.
 

@@ -18,7 +18,6 @@ import os
 from typing import Any
 
 from kernelcache import config
-from kernelcache.config import file as configfile
 from kernelcache.keys.program_name import compiled_name, with_fields
 from kernelcache.memo import remember
 
@@ -26,18 +25,14 @@ FIELDS = ("include_path", "pre_include", "name")
 REBASED_TARGETS = ("cubin", "ptx")
 # No path holds a NUL byte: a rebased value can never equal one a caller gave.
 _MARK = "\0base_dir\0"
-_RAW = os.fsencode("KERNELCACHE_BASE_DIR")
 _checked: dict[str, str] = {}  # raw value -> the validated base directory
 
 
 def current() -> str | None:
     """The base directory (config.base_dir), read per call at the cost of one dict look-up."""
-    configfile.ensure_loaded(config.KNOWN, config.ConfigError)  # the config file may set it
-    data = getattr(os.environ, "_data", None)
-    raw = data.get(_RAW) if isinstance(data, dict) and os.name == "posix" else os.environ.get("KERNELCACHE_BASE_DIR")
-    if not raw:
+    text = config.env_get("KERNELCACHE_BASE_DIR")  # the config file loaded first: it may set it
+    if not text:
         return None
-    text = os.fsdecode(raw)
     base = _checked.get(text)
     if base is None:
         base = config.base_dir()  # ConfigError for a bad value, at once
