@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
-from decimal import Decimal, InvalidOperation
 
 from kernelcache.config import file as configfile
+from kernelcache.config.sizes import format_size as format_size  # re-exported: config.format_size
+from kernelcache.config.sizes import parse_size, shown
+from kernelcache.config.variables import KNOWN, VARIABLES  # noqa: F401 - VARIABLES: config.VARIABLES
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -40,101 +41,21 @@ _FALSE = ("0", "false", "no", "off", "")
 # filling a disk (an unbounded default is why JAX could not turn its cache on by default).
 DEFAULT_MAX_SIZE = 10 * 10**9
 _NO_CAP = ("none", "unlimited", "0")
-# Larger than any disk; beyond it a "size" is a typo (and int(float(...)) would overflow).
-_MAX_SANE_SIZE = 2**63 - 1
 # About 31 years. A lock wait longer than threading.TIMEOUT_MAX (about 292 years here) or a
 # deadline past time_t raises OverflowError in every compile: 1e10 was accepted, then failed.
 MAX_WAIT_S = 1e9
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 
-_SIZE_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 10**3,
-    "KB": 10**3,
-    "KIB": 2**10,
-    "M": 10**6,
-    "MB": 10**6,
-    "MIB": 2**20,
-    "G": 10**9,
-    "GB": 10**9,
-    "GIB": 2**30,
-    "T": 10**12,
-    "TB": 10**12,
-    "TIB": 2**40,
-}
-
-
 class ConfigError(ValueError):
     """An environment variable holds a value kernelcache cannot use."""
 
 
-# Every variable kernelcache reads: (name, what `kernelcache config` calls it, its default).
-# A KERNELCACHE_* variable not listed here is a warning naming the closest listed one.
-VARIABLES: tuple[tuple[str, str, str], ...] = (
-    ("KERNELCACHE_DIR", "cache dir", "the user cache dir"),
-    ("KERNELCACHE_MAX_SIZE", "max size", "10.0 GB"),
-    ("KERNELCACHE_ALLOW_SHARED", "team mode (allow shared)", "off"),
-    ("KERNELCACHE_WAIT_TIMEOUT", "wait timeout", "600 s"),
-    ("KERNELCACHE_DISABLE", "disable", "off"),
-    ("KERNELCACHE_RECACHE", "recache (compile, store, replace)", "off"),
-    ("KERNELCACHE_REDIS_URL", "redis url", "unset"),
-    ("KERNELCACHE_REDIS_SECRET", "redis secret", "unset"),
-    ("KERNELCACHE_REDIS_READ_ONLY", "redis read only", "off"),
-    ("KERNELCACHE_OBJECT_STORE_URL", "object store url", "unset"),
-    ("KERNELCACHE_OBJECT_STORE_SECRET", "object store secret", "unset"),
-    ("KERNELCACHE_OBJECT_STORE_READ_ONLY", "object store read only", "off"),
-    ("KERNELCACHE_BUNDLES", "bundles", "unset"),
-    ("KERNELCACHE_BUNDLE_SECRET", "bundle secret", "unset"),
-    ("KERNELCACHE_RECORD", "record", "unset"),
-    ("KERNELCACHE_REQUIRE_HIT", "require hit", "off"),
-    ("KERNELCACHE_BASE_DIR", "base dir", "unset"),
-    ("KERNELCACHE_CONFIG", "config file", "<user config dir>/kernelcache/config.toml"),
-)
-# Read by kernelcache's own test suite only (tests/): not a setting, never warned about.
-_TEST_VARIABLES = ("KERNELCACHE_BIG_TESTS",)
-KNOWN = tuple(name for name, _, _ in VARIABLES) + _TEST_VARIABLES
 
 
 def _env(name: str, default: str = "") -> str:
     """The value of ``name`` ("" when unset): the environment's, else the config file's (config.file)."""
     value = env_get(name)
     return default if value is None else value
-
-
-def _shown(raw: str) -> str:
-    return repr(raw) if len(raw) <= 60 else repr(raw[:57]) + "..."
-
-
-def parse_size(text: str) -> int:
-    """'2GB' -> 2000000000, '512MiB' -> 536870912; ValueError naming the accepted forms."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = m.group(2).upper() if m else None
-    if m is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"bad size {_shown(text)}: use a number with an optional unit, e.g. 500MB, 2GB, 1.5GiB")
-    try:
-        value = int(Decimal(m.group(1)) * _SIZE_UNITS[unit])
-    except (InvalidOperation, OverflowError):  # pragma: no cover - the regex admits plain decimals only
-        value = _MAX_SANE_SIZE + 1
-    if value > _MAX_SANE_SIZE:
-        raise ValueError(f"bad size {_shown(text)}: larger than any disk (at most 9.2 EB)")
-    return value
-
-
-def format_size(nbytes: int | None) -> str:
-    """Bytes for people: '12.0 kB', '10.0 GB'; None is 'no cap'."""
-    if nbytes is None:
-        return "no cap"
-    if nbytes < 1000:
-        return f"{nbytes} B"
-    value = float(nbytes)
-    units = ("kB", "MB", "GB", "TB", "PB", "EB")
-    i = 0
-    while True:
-        value /= 1000
-        if value < 1000 or i == len(units) - 1:
-            return f"{value:.1f} {units[i]}"
-        i += 1
 
 
 def _flag(name: str) -> bool:
@@ -152,7 +73,7 @@ def _flag(name: str) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ConfigError(f"{name}={_shown(raw)} is not a yes/no value: use 1/true/yes/on or 0/false/no/off, or unset it")
+    raise ConfigError(f"{name}={shown(raw)} is not a yes/no value: use 1/true/yes/on or 0/false/no/off, or unset it")
 
 
 def cache_dir() -> str:
@@ -195,7 +116,7 @@ def wait_timeout_s() -> float:
         value = -1.0
     if not is_wait_s(value):
         raise ConfigError(
-            f"KERNELCACHE_WAIT_TIMEOUT={_shown(raw)}: use a number of seconds from 0 to {MAX_WAIT_S:g} "
+            f"KERNELCACHE_WAIT_TIMEOUT={shown(raw)}: use a number of seconds from 0 to {MAX_WAIT_S:g} "
             "(e.g. 600), or inf to wait forever"
         )
     return value
@@ -207,7 +128,7 @@ def parse_cap(text: str) -> int | None:
         return None
     size = parse_size(text)
     if size == 0:  # "0GB", "0.5B": not the no-cap spelling "0"
-        raise ValueError(f"{_shown(text)} is less than one byte: use e.g. 500MB, or 'none' for no cap")
+        raise ValueError(f"{shown(text)} is less than one byte: use e.g. 500MB, or 'none' for no cap")
     return size
 
 
@@ -252,7 +173,7 @@ def redis_url() -> str | None:
         return None
     if not raw.startswith(_REDIS_SCHEMES):
         raise ConfigError(
-            f"KERNELCACHE_REDIS_URL={_shown(raw)} is not a Redis URL: use redis://host:port/db, "
+            f"KERNELCACHE_REDIS_URL={shown(raw)} is not a Redis URL: use redis://host:port/db, "
             "rediss:// (TLS), unix:///path.sock or redis+cluster://host:port"
         )
     from kernelcache.stores.redis.store import check_url
@@ -262,7 +183,7 @@ def redis_url() -> str | None:
     except ImportError:
         pass  # no redis client: default_cache says so when it needs one
     except ValueError as exc:
-        raise ConfigError(f"KERNELCACHE_REDIS_URL={_shown(raw)}: {exc}") from None
+        raise ConfigError(f"KERNELCACHE_REDIS_URL={shown(raw)}: {exc}") from None
     return raw
 
 
@@ -286,7 +207,7 @@ def object_store_url() -> str | None:
     try:
         return check_url(raw)
     except ValueError as exc:
-        raise ConfigError(f"KERNELCACHE_OBJECT_STORE_URL={_shown(raw)}: {exc}") from None
+        raise ConfigError(f"KERNELCACHE_OBJECT_STORE_URL={shown(raw)}: {exc}") from None
 
 
 def object_store_secret() -> str | None:
@@ -313,10 +234,10 @@ def record_path() -> str | None:
         return checked
     path = os.path.abspath(os.path.expanduser(raw))
     if os.path.isdir(path):
-        raise ConfigError(f"KERNELCACHE_RECORD={_shown(raw)} is a directory: name a file, e.g. kernels.lock.json")
+        raise ConfigError(f"KERNELCACHE_RECORD={shown(raw)} is a directory: name a file, e.g. kernels.lock.json")
     if not os.path.isdir(os.path.dirname(path)):
         raise ConfigError(
-            f"KERNELCACHE_RECORD={_shown(raw)}: the directory {os.path.dirname(path)} does not exist; create it first"
+            f"KERNELCACHE_RECORD={shown(raw)}: the directory {os.path.dirname(path)} does not exist; create it first"
         )
     if not os.path.isabs(os.path.expanduser(raw)):
         return path  # relative: resolved per call (the current directory may change), not memoised
@@ -344,7 +265,7 @@ def require_hit() -> str | None:
     if value in _FALSE:
         return None
     raise ConfigError(
-        f"KERNELCACHE_REQUIRE_HIT={_shown(raw)}: use 1 (a miss raises CacheMissError), "
+        f"KERNELCACHE_REQUIRE_HIT={shown(raw)}: use 1 (a miss raises CacheMissError), "
         "warn (a miss compiles and warns) or 0, or unset it"
     )
 
@@ -377,7 +298,7 @@ def bundles() -> tuple[str, ...]:
     for path in paths:
         if not path.strip() or path != path.strip():
             raise ConfigError(
-                f"KERNELCACHE_BUNDLES={_shown(raw)} has an empty or space-padded entry: "
+                f"KERNELCACHE_BUNDLES={shown(raw)} has an empty or space-padded entry: "
                 f"give bundle paths separated by {os.pathsep!r}, e.g. /opt/kc/base.kcb{os.pathsep}/opt/kc/extra.kcb"
             )
         if not os.path.isabs(os.path.expanduser(path)):
@@ -407,7 +328,7 @@ def base_dir() -> str | None:
     path = os.path.expanduser(raw)
     if not os.path.isabs(path) or not os.path.normpath(path).strip(os.sep):
         raise ConfigError(
-            f"KERNELCACHE_BASE_DIR={_shown(raw)}: give an absolute directory other than / "
+            f"KERNELCACHE_BASE_DIR={shown(raw)}: give an absolute directory other than / "
             "(the root of your checkouts, e.g. /home/alice/src), or unset it"
         )
     return os.path.normpath(path)
