@@ -110,38 +110,11 @@ def materialize(
     # The content's digest leads the name (the extension, which Triton reads, stays last):
     # one directory per owner, none per copy.
     path = os.path.join(folder, f"{digest}-{name}")
-    if _same_content(path, data):
-        try:
-            # Race with prune: it may unlink between our compare and this utime (prune
-            # only takes copies idle for KEEP_RECENT_S, so that needs a copy idle that long
-            # and then handed out in the same microseconds). Triton then fails to open the
-            # path; a rerun rematerializes it. Never a wrong file, since paths are immutable.
-            os.utime(path)
-            return path
-        except FileNotFoundError:
-            pass
+    if _reuse(path, data):
+        return path
     tmp = _staged(root, os.path.join(base, "tmp"), data, link_from)
-    tries = 0
     try:
-        while True:
-            try:
-                make_dirs(folder)
-                # Two processes materializing the same bytes both replace: either result is
-                # the same content, and a reader holding the path sees one whole file or the other.
-                os.replace(tmp, path)
-                # Race: whoever can write the folder could swap the file between our replace
-                # and Triton's open. Copies live only under an accepted or private root, where
-                # nobody else can; reading it back catches anything that got there anyway.
-                if not _same_content(path, data):
-                    raise OSError(f"the copy at {path} does not hold the bytes just placed there")
-                break
-            except FileNotFoundError:
-                # Race with prune: it keeps recent files but removes every empty directory,
-                # so the folder just made (or a parent) can vanish before the replace lands
-                # in it. Make it again; only a clear that also took our staged file fails.
-                tries += 1
-                if tries == _ATTEMPTS:
-                    raise
+        _place(tmp, folder, path, data)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -149,6 +122,45 @@ def materialize(
     # A linked copy counts too: it takes bytes of its own once the store evicts its entry.
     _after_write(root, len(data), cap)
     return path
+
+
+def _reuse(path: str, data: bytes) -> bool:
+    """True when ``path`` already holds ``data``; its mtime is bumped so prune keeps it."""
+    if not _same_content(path, data):
+        return False
+    try:
+        # Race with prune: it may unlink between our compare and this utime (prune
+        # only takes copies idle for KEEP_RECENT_S, so that needs a copy idle that long
+        # and then handed out in the same microseconds). Triton then fails to open the
+        # path; a rerun rematerializes it. Never a wrong file, since paths are immutable.
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _place(tmp: str, folder: str, path: str, data: bytes) -> None:
+    """Move the staged file ``tmp`` to ``path`` (in ``folder``) and check it reads back."""
+    tries = 0
+    while True:
+        try:
+            make_dirs(folder)
+            # Two processes materializing the same bytes both replace: either result is
+            # the same content, and a reader holding the path sees one whole file or the other.
+            os.replace(tmp, path)
+            # Race: whoever can write the folder could swap the file between our replace
+            # and Triton's open. Copies live only under an accepted or private root, where
+            # nobody else can; reading it back catches anything that got there anyway.
+            if not _same_content(path, data):
+                raise OSError(f"the copy at {path} does not hold the bytes just placed there")
+            return
+        except FileNotFoundError:
+            # Race with prune: it keeps recent files but removes every empty directory,
+            # so the folder just made (or a parent) can vanish before the replace lands
+            # in it. Make it again; only a clear that also took our staged file fails.
+            tries += 1
+            if tries == _ATTEMPTS:
+                raise
 
 
 def _staged(root: str, tmp_dir: str, data: bytes, link_from: str | None) -> str:
