@@ -13,7 +13,7 @@ import click
 from kernelcache import config
 from kernelcache.cli import entries as ent
 from kernelcache.cli import table
-from kernelcache.cli.common import UserError, open_cache
+from kernelcache.cli.common import CACHE_DIR_OPTION, JSON_OPTION, UserError, emit, open_cache
 
 _ROWS = (
     "hits",
@@ -158,3 +158,69 @@ def _render_hosts(hosts: dict[str, dict[str, Any]]) -> None:
         rows.append((field, *cells))
     title = "the fleet by host (hosts seen within a day; the totals keep every host)"
     click.echo(table.render(title, ("counter", *hosts), rows, right=range(1, len(hosts) + 1)))
+
+
+@click.command()
+@CACHE_DIR_OPTION
+@click.option(
+    "--redis",
+    "redis_url",
+    default=None,
+    metavar="URL",
+    help="Also report the fleet's counters kept in Redis at this URL (default: KERNELCACHE_REDIS_URL).",
+)
+@click.option("--redis-namespace", default="kernelcache", show_default=True, help="The Redis store's namespace.")
+@click.option("--by-host", is_flag=True, help="With --redis: the fleet's counters per host too.")
+@click.option(
+    "--object-store",
+    "object_store",
+    default=None,
+    metavar="URL",
+    help="Also report what the object store at this URL holds (default: KERNELCACHE_OBJECT_STORE_URL).",
+)
+@click.option("--zero", is_flag=True, help="Show the counters, then reset them to 0 (size and entries stay).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "prometheus"]),
+    default=None,
+    help="text (default), json (= --json), or prometheus (the text exposition format, for a scraper).",
+)
+@JSON_OPTION
+def stats(
+    cache_dir: str | None,
+    redis_url: str | None,
+    redis_namespace: str,
+    by_host: bool,
+    object_store: str | None,
+    zero: bool,
+    fmt: str | None,
+    as_json: bool,
+) -> None:
+    """Hits, misses, hit rate, compiles, seconds saved, stores, evictions, errors, size.
+
+    With --redis: also the counters of every host sharing that Redis namespace (the fleet;
+    --by-host: per host). A tier that cannot be read is one line saying so; the command fails
+    only when nothing could be read. With --zero: the counters shown are reset to 0.
+    """
+    if by_host and not (redis_url or config.redis_url()):
+        raise click.UsageError("--by-host needs --redis URL (or KERNELCACHE_REDIS_URL)")
+    per_store, notes = collect(
+        cache_dir,
+        redis_url or config.redis_url(),
+        redis_namespace,
+        zero,
+        by_host=by_host,
+        object_store=object_store or config.object_store_url(),
+    )
+    if fmt == "prometheus":
+        from kernelcache.cli import prometheus
+
+        click.echo(prometheus.render(per_store), nl=False)
+        for note in notes:
+            click.echo(f"kernelcache: {note}", err=True)
+        return
+    data: dict[str, Any] = {**per_store, "zeroed": True} if zero and as_json else dict(per_store)
+    if notes and (as_json or fmt == "json"):
+        data["notes"] = notes
+    emit(data, as_json or fmt == "json", lambda d: render(per_store, zero, notes))
