@@ -130,28 +130,11 @@ def _remove_own_entry(cache: FileStreamProgramCache, source: str, options: Any) 
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the demo and return its report (what the command prints)."""
-    from cuda.core import ProgramOptions
-
     from kernelcache import config
 
-    if cfg.tile_size not in TILE_SIZES:
-        raise ValueError(f"--tile-size must be one of {TILE_SIZES}, got {cfg.tile_size}")
-    if cfg.epilogue not in EPILOGUES:
-        raise ValueError(f"--epilogue must be one of {sorted(EPILOGUES)}, got {cfg.epilogue!r}")
-    if min(cfg.m, cfg.n, cfg.k) <= 0:
-        raise ValueError("--m, --n and --k must be positive")
+    _check(cfg)
     report: dict[str, Any] = {}
-    dev, why_not = _find_gpu(cfg.device)
-    if dev is not None:
-        major, minor = dev.compute_capability
-        arch = f"sm_{major}{minor}"
-        report["device"] = f"{cfg.device}: {dev.name}"
-        report["compute_capability"] = f"{major}.{minor}"
-    else:
-        arch = cfg.arch
-        report["device"] = None
-        report["no_gpu_reason"] = why_not
-    report["arch"] = arch
+    dev, arch = _device(cfg, report)
     # KERNELCACHE_DISABLE: compile without the cache, and create no cache directory.
     cache = None if config.disabled() else _open_cache(cfg)
     report["cache_dir"] = cache.path if cache is not None else None
@@ -160,20 +143,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     report["tile"] = cfg.tile_size
 
     t0 = time.perf_counter()
-    source = generate_source(cfg.tile_size, cfg.epilogue)
-    name = kernel_name(cfg.tile_size, cfg.epilogue)
-    options = ProgramOptions(arch=arch, name=f"{name}.cu", std="c++17")
-    if cache is not None and cfg.clear_cache:
-        _remove_own_entry(cache, source, options)
-    info = CompileInfo()
-    obj = compile_program(source, "c++", "cubin", options=options, cache=cache, info=info)
-    report["cache_status"] = "DISABLED" if not info.cached and cache is None else "HIT" if info.hit else "MISS"
-    report["key_prefix"] = info.entry_name[:16] or None
-    report["artifact_bytes"] = len(bytes(obj.code))
-    used_cache = report["cache_status"] != "DISABLED"
-    report["lookup_ms"] = info.lookup_seconds * 1e3 if used_cache else None
-    report["compile_ms"] = None if info.hit else info.compile_seconds * 1e3
-    report["store_ms"] = info.store_seconds * 1e3 if used_cache and not info.hit else None
+    obj, name = _compile(cfg, arch, cache, report)
     if dev is None:
         # No host prep without a GPU: it would only be lookup + compile + store again.
         report["host_prep_ms"] = None
@@ -192,6 +162,55 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     report["max_error"] = max_err
     report["result"] = "PASSED" if ok else "FAILED"
     return report
+
+
+def _check(cfg: DemoConfig) -> None:
+    """ValueError naming the first setting of ``cfg`` the demo cannot run with."""
+    if cfg.tile_size not in TILE_SIZES:
+        raise ValueError(f"--tile-size must be one of {TILE_SIZES}, got {cfg.tile_size}")
+    if cfg.epilogue not in EPILOGUES:
+        raise ValueError(f"--epilogue must be one of {sorted(EPILOGUES)}, got {cfg.epilogue!r}")
+    if min(cfg.m, cfg.n, cfg.k) <= 0:
+        raise ValueError("--m, --n and --k must be positive")
+
+
+def _device(cfg: DemoConfig, report: dict[str, Any]) -> tuple[Any, str]:
+    """The GPU (None without one) and the arch to compile for: the GPU's, else ``cfg.arch``."""
+    dev, why_not = _find_gpu(cfg.device)
+    if dev is not None:
+        major, minor = dev.compute_capability
+        arch = f"sm_{major}{minor}"
+        report["device"] = f"{cfg.device}: {dev.name}"
+        report["compute_capability"] = f"{major}.{minor}"
+    else:
+        arch = cfg.arch
+        report["device"] = None
+        report["no_gpu_reason"] = why_not
+    report["arch"] = arch
+    return dev, arch
+
+
+def _compile(
+    cfg: DemoConfig, arch: str, cache: FileStreamProgramCache | None, report: dict[str, Any]
+) -> tuple[Any, str]:
+    """The kernel's ObjectCode (through the cache) and its name; the timings go in ``report``."""
+    from cuda.core import ProgramOptions
+
+    source = generate_source(cfg.tile_size, cfg.epilogue)
+    name = kernel_name(cfg.tile_size, cfg.epilogue)
+    options = ProgramOptions(arch=arch, name=f"{name}.cu", std="c++17")
+    if cache is not None and cfg.clear_cache:
+        _remove_own_entry(cache, source, options)
+    info = CompileInfo()
+    obj = compile_program(source, "c++", "cubin", options=options, cache=cache, info=info)
+    report["cache_status"] = "DISABLED" if not info.cached and cache is None else "HIT" if info.hit else "MISS"
+    report["key_prefix"] = info.entry_name[:16] or None
+    report["artifact_bytes"] = len(bytes(obj.code))
+    used_cache = report["cache_status"] != "DISABLED"
+    report["lookup_ms"] = info.lookup_seconds * 1e3 if used_cache else None
+    report["compile_ms"] = None if info.hit else info.compile_seconds * 1e3
+    report["store_ms"] = info.store_seconds * 1e3 if used_cache and not info.hit else None
+    return obj, name
 
 
 def _host_array(buffer: Any, count: int) -> np.ndarray:

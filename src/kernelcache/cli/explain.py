@@ -55,44 +55,61 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
         b = _components(_pick(load_manifest(second), entry_name, second))
         diffs = {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and k != "key"}
         return {"source_key": a["key"], "other_source_key": b["key"], "in_cache": None, "differences": diffs}
+    return _against_cache(a_item, a, cache_dir)
+
+
+def _against_cache(item: WarmItem, ours: dict[str, str], cache_dir: str | None) -> dict[str, Any]:
+    """``explain`` with one description: is it in the cache, and if not, what differs."""
     from kernelcache import config
     from kernelcache.compile.flow import probe
-    from kernelcache.compile.metadata import options_summary
     from kernelcache.stores.file.marker import tree_exists
     from kernelcache.stores.file.store import FileStreamProgramCache
     from kernelcache.stores.naming import entry_name as name_of
 
     root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
     if not tree_exists(root):  # nothing cached there; a diagnostic creates no directory
-        return {"key": None, "source_key": a["key"], "in_cache": False, "differences": {}, "no_cache_at": root}
+        return {"key": None, "source_key": ours["key"], "in_cache": False, "differences": {}, "no_cache_at": root}
     # touch_on_read=False: a diagnostic must not change which entries eviction takes first.
     cache = FileStreamProgramCache(root, touch_on_read=False)
     found = probe(
-        a_item.code,
-        a_item.code_type,
-        a_item.target_type,
-        options=program_options(a_item),
+        item.code,
+        item.code_type,
+        item.target_type,
+        options=program_options(item),
         cache=cache,
-        name_expressions=a_item.name_expressions,
+        name_expressions=item.name_expressions,
     )
     result: dict[str, Any] = {
         "key": name_of(found.key) if found.key else None,
-        "source_key": a["key"],
+        "source_key": ours["key"],
         "in_cache": found.hit,
         "differences": {},
     }
     if found.hit:
         return result
-    headers = _header_changes(a_item, cache)
+    headers = _header_changes(item, cache)
     if headers is not None:
         result["headers"] = headers
-    # Not cached: compare with the cached entry of the same kernel(s) that differs least.
-    ours = {f"options.{k}": v for k, v in options_summary(program_options(a_item)).items()}
-    ours.update({k: v for k, v in a.items() if k.startswith("toolchain.") or k in ("code_type", "target_type")})
+    best = _closest(item, ours, cache)
+    if best is not None:
+        name, diffs = best
+        result["closest"] = name[:16]
+        if not diffs and not any((headers or {}).values()):
+            diffs = {"code or headers": ("cached", "changed")}
+        result["differences"] = diffs
+    return result
+
+
+def _closest(item: WarmItem, parts: dict[str, str], cache: Any) -> tuple[str, dict[str, Any]] | None:
+    """The cached entry of the same kernel(s) that differs least from ``item``, and how."""
+    from kernelcache.compile.metadata import options_summary
+
+    ours = {f"options.{k}": v for k, v in options_summary(program_options(item)).items()}
+    ours.update({k: v for k, v in parts.items() if k.startswith("toolchain.") or k in ("code_type", "target_type")})
     best = None
     for entry in cache.iter_entries():
         meta = (entry.meta or {}).get("meta") or {}
-        if not meta_is_usable(meta) or not set(meta["kernels"]) & {a_item.name, *a_item.name_expressions}:
+        if not meta_is_usable(meta) or not set(meta["kernels"]) & {item.name, *item.name_expressions}:
             continue  # another version's record (or a manifest): not comparable
         theirs = {f"options.{k}": v for k, v in (meta.get("options") or {}).items()}
         theirs.update({f"toolchain.{k}": v for k, v in (meta.get("toolchain") or {}).items()})
@@ -102,13 +119,7 @@ def explain(first: str, second: str | None, entry_name: str | None, cache_dir: s
         }
         if best is None or len(diffs) < len(best[1]):
             best = (entry.name, diffs)
-    if best is not None:
-        name, diffs = best
-        result["closest"] = name[:16]
-        if not diffs and not any((headers or {}).values()):
-            diffs = {"code or headers": ("cached", "changed")}
-        result["differences"] = diffs
-    return result
+    return best
 
 
 def _header_changes(item: WarmItem, cache: Any) -> dict[str, list[str]] | None:

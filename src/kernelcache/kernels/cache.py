@@ -190,6 +190,25 @@ class KernelCache:
             kernel = loaded.kernel
             if kernel is not None:
                 return kernel
+        return self._build(
+            shard, key, device, device_id, code, name, options, code_type, target_type, names, extra_digest
+        )
+
+    def _build(
+        self,
+        shard: Any,
+        key: Any,
+        device: Any,
+        device_id: int,
+        code: str | bytes,
+        name: str,
+        options: ProgramOptions | None,
+        code_type: str,
+        target_type: str,
+        names: tuple[str | bytes, ...],
+        extra_digest: bytes | None,
+    ) -> Kernel:
+        """get_kernel's L1 miss: compile (or read L2) and load once per key, under single flight."""
         dev = self._device(device)
         loaded = shard.find_or_build(
             key,
