@@ -14,7 +14,7 @@ from conftest import ARCH, run_python
 from cuda.core import ProgramOptions
 
 from kernelcache import make_program_cache_key
-from kernelcache.integrations.nvrtc_flags import program_options
+from kernelcache.compile.nvrtc_flags import program_options
 
 TEMPLATED = r"""
 template<typename T>
@@ -88,7 +88,7 @@ def test_templated_kernel_with_cupy_style_flags_hits_in_a_fresh_process(tmp_path
     code = (
         "import json, sys\n"
         "from kernelcache import CompileInfo, compile_program\n"
-        "from kernelcache.integrations.nvrtc_flags import program_options\n"
+        "from kernelcache.compile.nvrtc_flags import program_options\n"
         "flags = ('-DN_OFFSET=2', '--std=c++17', '-ftz=true', sys.argv[1], '--device-as-default-execution-space')\n"
         "info = CompileInfo()\n"
         "obj = compile_program(sys.argv[2], 'c++', 'cubin', options=program_options(flags),\n"
@@ -132,7 +132,7 @@ def test_package_works_without_the_extra_and_says_which_to_install(extra, tmp_pa
     code = _BLOCK + (
         "import kernelcache\n"
         "from kernelcache import FileStreamProgramCache\n"
-        "from kernelcache.integrations.nvrtc_flags import program_options\n"
+        "from kernelcache.compile.nvrtc_flags import program_options\n"
         f"FileStreamProgramCache({str(tmp_path / 'kc')!r})['k'] = b'v'\n"
         "try:\n"
         f"    import kernelcache.{extra}\n"
@@ -192,8 +192,8 @@ def test_a_failed_compile_raises_cupys_compile_exception_with_nvrtcs_log(tmp_pat
     from cupy.cuda.compiler import CompileException
 
     from kernelcache import FileStreamProgramCache, compile_program
+    from kernelcache.compile.nvrtc_argv import argv_options
     from kernelcache.integrations import cupy_build
-    from kernelcache.integrations.nvrtc_argv import argv_options
 
     argv = (f"-arch={ARCH}", "-DN_OFFSET=1")
     broken = 'extern "C" __global__ void k(float* x) { x[0] = undeclared_name; }\n'

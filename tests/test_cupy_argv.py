@@ -8,8 +8,8 @@ import pytest
 from conftest import ARCH
 
 from kernelcache import CompileInfo, FileStreamProgramCache, compile_program, make_program_cache_key
-from kernelcache.integrations.nvrtc_argv import argv_options
-from kernelcache.integrations.nvrtc_flags import program_options
+from kernelcache.compile.nvrtc_argv import argv_options
+from kernelcache.compile.nvrtc_flags import program_options
 
 SOURCE = r"""
 extern "C" __global__ void k(float* o) {
@@ -110,7 +110,7 @@ INDEXED = (
     "key = cupy_index.index_key(sys.argv[1], argv, 'cubin', None)\n"
     "if sys.argv[3] == 'compile':\n"
     "    from kernelcache import CompileInfo, compile_program\n"
-    "    from kernelcache.integrations.nvrtc_argv import argv_options\n"
+    "    from kernelcache.compile.nvrtc_argv import argv_options\n"
     "    info = CompileInfo()\n"
     "    obj = compile_program(sys.argv[1], options=argv_options(argv), info=info)\n"
     "    cupy_index.remember(store, key, info.key)\n"

@@ -43,8 +43,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised where cupy is
     ) from exc
 
 from kernelcache.compile.metadata import decode_symbols
+from kernelcache.compile.nvrtc_flags import option_fields
 from kernelcache.integrations import cupy_build, cupy_index
-from kernelcache.integrations.nvrtc_flags import option_fields
 
 __all__ = ["KernelCacheBackend", "RawKernel", "RawModule", "install_backend"]
 
@@ -133,8 +133,8 @@ class _Compiled:
         from cuda.core._utils.cuda_utils import NVRTCError
 
         from kernelcache.compile.flow import CompileInfo, compile_program
+        from kernelcache.compile.nvrtc_argv import argv_options
         from kernelcache.headers.scan import may_read_files
-        from kernelcache.integrations.nvrtc_argv import argv_options
         from kernelcache.stores.default import default_cache_or_none
 
         options = argv_options(argv)

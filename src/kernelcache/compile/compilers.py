@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.compile import restrict_leak
-from kernelcache.integrations.nvrtc_argv import nvrtc_argv
+from kernelcache.compile.nvrtc_argv import nvrtc_argv
 from kernelcache.keys.program_name import compiled_name, with_fields
 
 if TYPE_CHECKING:

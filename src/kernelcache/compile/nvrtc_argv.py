@@ -19,7 +19,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from kernelcache.integrations.nvrtc_flags import option_fields
+from kernelcache.compile.nvrtc_flags import option_fields
 
 __all__ = ["argv_options", "nvrtc_argv"]
 
