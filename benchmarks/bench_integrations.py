@@ -8,7 +8,9 @@ Each figure is the median over --repeat fresh processes of the time from the fir
 a finished result (compile or cache load included; interpreter and import time excluded).
 Cold: empty caches. Warm: a second process on the caches the cold one filled. The ratios
 compare kernelcache with the tool's own cache (below 1: kernelcache is faster). For Triton,
-the disk each cache holds after one kernel: bytes of files (each inode once), files, inodes.
+the disk each cache holds after a cold and a warm process of one kernel, counted as ``du``
+counts it, each inode once (tests/_triton_disk_child.usage, the measure of
+bench_triton_disk.py): inodes (files + directories), apparent bytes (``du -sb``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ import subprocess
 import sys
 import tempfile
 
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "_integration_gpu_child.py")
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+CHILD = os.path.join(TESTS, "_integration_gpu_child.py")
+sys.path.insert(0, TESTS)
+
+from _triton_disk_child import usage  # noqa: E402
 
 
 def _child(mode: str, env: dict[str, str]) -> dict:
@@ -71,19 +77,13 @@ def _precompile_kernelcache() -> None:
     compileall.compile_dir(os.path.dirname(kernelcache.__file__), quiet=1)
 
 
-def disk(mode: str) -> tuple[int, int, int]:
-    """(bytes, files, inodes) that one cold process leaves in the caches (all of them)."""
+def disk(mode: str) -> dict[str, int]:
+    """What a cold and then a warm process of ``mode`` leave in the caches (all of them)."""
     root = tempfile.mkdtemp(prefix="kc-bench-")
     try:
         _child(mode, _env(mode, root))
-        seen: dict[int, int] = {}
-        files = 0
-        for d, _, names in os.walk(root):
-            for name in names:
-                st = os.lstat(os.path.join(d, name))
-                files += 1
-                seen[st.st_ino] = st.st_size
-        return sum(seen.values()), files, len(seen)
+        _child(mode, _env(mode, root))
+        return usage(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -108,11 +108,13 @@ def main() -> None:
         print(f"{tool + ' kernelcache/own':<28}{kc_cold / own_cold:>9.2f}x{kc_warm / own_warm:>9.2f}x")
         if tool.startswith("triton"):
             ours, theirs = disk(tool), disk(f"{tool}-own")
-            for label, (nbytes, files, inodes) in (("kernelcache", ours), ("own", theirs)):
-                print(f"  disk {label:<22}{nbytes:>10} B {files:>4} files {inodes:>4} inodes")
-            ratio_bytes, ratio_inodes = ours[0] / theirs[0], ours[2] / theirs[2]
+            for label, u in (("kernelcache", ours), ("own", theirs)):
+                print(
+                    f"  disk {label:<22}{u['bytes']:>10} B {u['files']:>4} files {u['dirs']:>4} dirs"
+                    f" {u['inodes']:>4} inodes"
+                )
+            ratio_bytes, ratio_inodes = ours["bytes"] / theirs["bytes"], ours["inodes"] / theirs["inodes"]
             print(f"  disk kernelcache/own       {ratio_bytes:>9.2f}x bytes {ratio_inodes:>5.2f}x inodes")
-
 
 if __name__ == "__main__":
     main()
