@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from kernelcache import config
+from kernelcache.stores.file import dircap
 from kernelcache.stores.file.marker import require_cache_root
 from kernelcache.stores.file.store import FileStreamProgramCache
 
@@ -110,7 +111,7 @@ def open_cache(
     # The cap is the default cache's (KERNELCACHE_MAX_SIZE, else the directory's), so that stats shows it.
     # create=False: a directory without a tree is an empty cache, and stays as it is.
     tmp_max_age_s = None if sweep and (create or removes is not None) else float("inf")
-    return FileStreamProgramCache(root, config.cap_for(root)[0], tmp_max_age_s=tmp_max_age_s, create=create)
+    return FileStreamProgramCache(root, dircap.cap_for(root)[0], tmp_max_age_s=tmp_max_age_s, create=create)
 
 
 def _named(cache_dir: str | None, root: str) -> str:

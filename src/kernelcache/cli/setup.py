@@ -12,6 +12,7 @@ import click
 from kernelcache import config
 from kernelcache.cli.common import CACHE_DIR_OPTION, JSON_OPTION, UserError, emit, open_cache
 from kernelcache.config import file as configfile
+from kernelcache.stores.file import dircap
 
 _SECRETS = ("KERNELCACHE_REDIS_SECRET", "KERNELCACHE_OBJECT_STORE_SECRET", "KERNELCACHE_BUNDLE_SECRET")
 
@@ -27,7 +28,7 @@ def settings(cache_dir: str | None) -> list[dict[str, str]]:
         if name == "KERNELCACHE_DIR":
             value, source = root, "--cache-dir" if cache_dir is not None else source
         elif name == "KERNELCACHE_MAX_SIZE":
-            cap, source = config.cap_for(root)
+            cap, source = dircap.cap_for(root)
             value = config.format_size(cap)
         elif name == "KERNELCACHE_CONFIG":
             value = raw or configfile.default_path()
@@ -65,8 +66,6 @@ def config_group(ctx: click.Context, cache_dir: str | None, as_json: bool) -> No
 @click.pass_context
 def config_set(ctx: click.Context, key: str, value: str) -> None:
     """Store KEY (max-size: a size like 20G, or none) in the cache directory."""
-    from kernelcache.stores.file import dircap
-
     cache = open_cache(ctx.obj["cache_dir"])
     try:
         cap = dircap.write(cache.path, value, shared=config.allow_shared())

@@ -14,6 +14,7 @@ from kernelcache import config
 from kernelcache.cli import entries as ent
 from kernelcache.cli import table
 from kernelcache.cli.common import CACHE_DIR_OPTION, JSON_OPTION, UserError, emit, open_cache
+from kernelcache.stores.file import dircap
 
 _ROWS = (
     "hits",
@@ -69,7 +70,7 @@ def _disk(cache_dir: str | None, zero: bool) -> dict[str, Any]:
     s: dict[str, Any] = dict(cache.stats())
     s["entries"] = sum(1 for e in cache.iter_entries() if ent.is_listed(e))  # as ls lists them
     s["max_size_bytes"] = cache.max_size_bytes  # None: no cap
-    s["max_size_source"] = config.cap_for(cache.path)[1]
+    s["max_size_source"] = dircap.cap_for(cache.path)[1]
     s["path"] = cache.path
     if zero:
         cache.zero_stats()

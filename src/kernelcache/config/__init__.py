@@ -30,6 +30,7 @@ import math
 import os
 
 from kernelcache.config import file as configfile
+from kernelcache.config import urls
 from kernelcache.config.sizes import format_size as format_size  # re-exported: config.format_size
 from kernelcache.config.sizes import parse_size, shown
 from kernelcache.config.variables import KNOWN, VARIABLES  # noqa: F401 - VARIABLES: config.VARIABLES
@@ -44,12 +45,10 @@ _NO_CAP = ("none", "unlimited", "0")
 # About 31 years. A lock wait longer than threading.TIMEOUT_MAX (about 292 years here) or a
 # deadline past time_t raises OverflowError in every compile: 1e10 was accepted, then failed.
 MAX_WAIT_S = 1e9
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+
 
 class ConfigError(ValueError):
     """An environment variable holds a value kernelcache cannot use."""
-
-
 
 
 def _env(name: str, default: str = "") -> str:
@@ -143,19 +142,6 @@ def max_size_bytes() -> int | None:
         raise ConfigError(f"KERNELCACHE_MAX_SIZE: {exc} (or 'none' for no cap)") from None
 
 
-def cap_for(root: str) -> tuple[int | None, str]:
-    """The cap in force for the cache at ``root`` and where it came from: KERNELCACHE_MAX_SIZE
-    (the environment or the config file), else the cap stored in the cache directory, else 10 GB."""
-    if _env("KERNELCACHE_MAX_SIZE").strip():
-        return max_size_bytes(), f"KERNELCACHE_MAX_SIZE ({configfile.source('KERNELCACHE_MAX_SIZE')})"
-    from kernelcache.stores.file import dircap
-
-    found = dircap.read(root)
-    if found is not None:
-        return found[0], f"the cache directory ({dircap.path_of(root)})"
-    return DEFAULT_MAX_SIZE, "default"
-
-
 def recache() -> bool:
     """``KERNELCACHE_RECACHE`` is 1/true/yes/on: compile even what is stored, store it, replace the old entry."""
     return _flag("KERNELCACHE_RECACHE")
@@ -171,15 +157,13 @@ def redis_url() -> str | None:
     raw = _env("KERNELCACHE_REDIS_URL", "").strip()
     if not raw:
         return None
-    if not raw.startswith(_REDIS_SCHEMES):
+    if not raw.startswith(urls.REDIS_SCHEMES):
         raise ConfigError(
             f"KERNELCACHE_REDIS_URL={shown(raw)} is not a Redis URL: use redis://host:port/db, "
             "rediss:// (TLS), unix:///path.sock or redis+cluster://host:port"
         )
-    from kernelcache.stores.redis.store import check_url
-
     try:
-        check_url(raw)
+        urls.check_redis_url(raw)
     except ImportError:
         pass  # no redis client: default_cache says so when it needs one
     except ValueError as exc:
@@ -202,10 +186,8 @@ def object_store_url() -> str | None:
     raw = _env("KERNELCACHE_OBJECT_STORE_URL", "").strip()
     if not raw:
         return None
-    from kernelcache.stores.object.conn import check_url
-
     try:
-        return check_url(raw)
+        return urls.check_object_store_url(raw)
     except ValueError as exc:
         raise ConfigError(f"KERNELCACHE_OBJECT_STORE_URL={shown(raw)}: {exc}") from None
 

@@ -12,6 +12,7 @@ import threading
 from kernelcache import config, forksafe
 from kernelcache.log import WarnOnce
 from kernelcache.stores.base import ProgramCacheResource
+from kernelcache.stores.file import dircap
 from kernelcache.stores.file.store import FileStreamProgramCache
 
 _default_lock = threading.Lock()
@@ -90,7 +91,7 @@ def configured_cache(root: str | None, redis_url: str | None = None) -> ProgramC
     config.check()
     settings = Settings.from_config()
     if root is not None:
-        settings = dataclasses.replace(settings, root=root, max_size=config.cap_for(root)[0])
+        settings = dataclasses.replace(settings, root=root, max_size=dircap.cap_for(root)[0])
     settings = dataclasses.replace(settings, redis_url=redis_url or settings.redis_url)
     return _make_default_cache(settings, skip_unusable_disk=False)  # a directory the user named must work
 
@@ -116,7 +117,7 @@ class Settings:
         root = config.cache_dir()
         return cls(
             root=root,
-            max_size=config.cap_for(root)[0],
+            max_size=dircap.cap_for(root)[0],
             allow_shared=config.allow_shared(),
             redis_url=config.redis_url(),
             redis_secret=config.redis_secret(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from kernelcache import config
+from kernelcache.config import file as configfile
 from kernelcache.log import WarnOnce
 from kernelcache.stores.file.marker import FORMAT_DIR, ROOT_CONFIG
 from kernelcache.stores.file.ops import publish, read_regular, stage
@@ -41,6 +42,17 @@ def cap_of(root: str) -> int | None:
 
 def path_of(root: str) -> str:
     return os.path.join(root, NAME)
+
+
+def cap_for(root: str) -> tuple[int | None, str]:
+    """The cap in force for the cache at ``root`` and where it came from: KERNELCACHE_MAX_SIZE
+    (the environment or the config file), else the cap stored in the cache directory, else 10 GB."""
+    if (config.env_get("KERNELCACHE_MAX_SIZE") or "").strip():
+        return config.max_size_bytes(), f"KERNELCACHE_MAX_SIZE ({configfile.source('KERNELCACHE_MAX_SIZE')})"
+    found = read(root)
+    if found is not None:
+        return found[0], f"the cache directory ({path_of(root)})"
+    return config.DEFAULT_MAX_SIZE, "default"
 
 
 def parse(text: str) -> int | None:

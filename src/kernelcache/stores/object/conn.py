@@ -1,5 +1,6 @@
-"""Reaching an object store through obstore: which URLs are accepted, the bounded timeouts a
-client gets, and which errors mean "not reached" (back off) rather than "it answered no"."""
+"""Reaching an object store through obstore (config.urls says which URLs are accepted): the
+bounded timeouts a client gets, and which errors mean "not reached" (back off) rather than
+"it answered no"."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import datetime
 import os
 from collections.abc import Mapping
 from typing import Any
-
-SCHEMES = ("s3://", "s3a://", "gs://", "az://", "azure://", "abfs://", "abfss://", "adl://", "file://", "memory://")
 
 # Bounded by default: obstore's own defaults retry for up to three minutes, which a compile
 # waiting on a look-up must never pay. The caller's client_options win over these.
@@ -18,18 +17,6 @@ _RETRY = {
     "backoff": {"init_backoff": datetime.timedelta(milliseconds=100), "max_backoff": datetime.timedelta(seconds=1)},
     "retry_timeout": datetime.timedelta(seconds=10),
 }
-
-
-def check_url(url: object) -> str:
-    """``url`` if it names a bucket or container obstore can open; ValueError/TypeError naming the forms."""
-    if not isinstance(url, str):
-        raise TypeError(f"url must be a str like 's3://bucket/path', not {type(url).__name__}")
-    if not url.startswith(SCHEMES) or url.rstrip("/") in {s.rstrip("/") for s in SCHEMES if s != "memory://"}:
-        raise ValueError(
-            f"object store URL {url!r}: use s3://bucket/path, gs://bucket/path, az://container/path, "
-            "file:///directory or memory:///"
-        )
-    return url
 
 
 def make_store(url: str, client_options: Mapping[str, Any] | None) -> Any:

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from kernelcache.config.urls import check_object_store_url
 from kernelcache.stores import record as rec
 from kernelcache.stores.backoff import Backoff
 from kernelcache.stores.base import Meta, RecordStore
@@ -95,7 +96,7 @@ class ObjectStoreProgramCache(RecordStore):
         lock_ttl_s: float = objlock.DEFAULT_TTL_S,
     ) -> None:
         super().__init__()
-        self.url = conn.check_url(url)
+        self.url = check_object_store_url(url)
         if not isinstance(prefix, str) or prefix.startswith("/") or ".." in prefix.split("/"):
             raise ValueError(f"prefix must be a relative path like 'kernelcache/', got {prefix!r}")
         if isinstance(secret, str):

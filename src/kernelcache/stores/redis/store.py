@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from kernelcache.config.urls import check_binary, check_redis_url
 from kernelcache.log import logger
 from kernelcache.stores import record as rec
 from kernelcache.stores.backoff import Backoff
@@ -37,7 +38,7 @@ from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.naming import entry_name
 from kernelcache.stores.redis import fleet as redisfleet
 from kernelcache.stores.redis import lock as redislock
-from kernelcache.stores.redis.conn import check_binary, check_url, make_client, unreachable_errors
+from kernelcache.stores.redis.conn import make_client, unreachable_errors
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
@@ -139,7 +140,7 @@ class RedisProgramCache(RecordStore):
         self._client_lock = threading.Lock()
         self._client: Any = None
         if isinstance(url, str):
-            check_url(url)
+            check_redis_url(url)
             self._owns_client = True
             self.url = url
         elif hasattr(url, "get") and hasattr(url, "set"):
