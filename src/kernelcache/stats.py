@@ -1,4 +1,4 @@
-"""Counters every store keeps: hits, misses, stores, evictions, errors, bytes, compile savings.
+"""Counters every store keeps: hits, misses, stores, evictions, errors (by cause), bytes, compile savings.
 
 Two implementations share one list of counter names (``COUNTERS``):
 
@@ -14,8 +14,31 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from typing import Any, Literal, get_args
 
 from kernelcache import forksafe
+
+# Why an error was counted: the closed set every counting site picks from. Each cause is a
+# counter of its own (``errors_<cause>``); ``errors`` stays the total, added in the same update.
+ErrorCause = Literal[
+    "read", "write", "corrupt", "unverifiable", "unreachable", "refused", "remove", "too_large", "not_stored", "driver"
+]
+ERROR_CAUSES: dict[str, str] = {
+    "read": "an entry could not be read (an I/O error, permissions, not a regular file)",
+    "write": "an entry could not be written (disk full, a read-only file system, permissions)",
+    "corrupt": "an entry failed its check (checksum, HMAC, truncated, damaged); a miss",
+    "unverifiable": "a record signed with another secret, or not signed where one is required; left in place",
+    "unreachable": "a remote tier was not reached (refused connection, timeout); skipped for a while",
+    "refused": "a remote tier answered with an error (an error reply, an HTTP error, no such bucket)",
+    "remove": "an entry could not be removed (evicting for the cap, a damaged entry, a discard)",
+    "too_large": "an entry larger than the tier's cap; not stored there",
+    "not_stored": "a compile was returned but not stored (a header changed during it, its trace was lost)",
+    "driver": "the driver refused a cached artifact; it was evicted and compiled again",
+}
+# Errors counted without a cause (an earlier version, add_stats(errors=...) alone): a view only.
+OTHER_CAUSE = "other"
+assert tuple(ERROR_CAUSES) == get_args(ErrorCause)
+CAUSE_COUNTERS = tuple(f"errors_{cause}" for cause in ERROR_CAUSES)
 
 # The one list of counters. Slot order in the persistent file follows this tuple, so new
 # counters are appended, never inserted (old files keep their meaning; see FileStats).
@@ -32,6 +55,7 @@ COUNTERS: tuple[str, ...] = (
     "size_bytes",  # live bytes on disk (FileStats: the size-cap tracker)
     "reconciled_at",  # unix time of the last directory scan that reset size_bytes
     "internal_gets",  # look-ups made by kernelcache itself (header manifests): not user hits
+    *CAUSE_COUNTERS,  # errors by cause (their sum is ``errors``)
 )
 SLOT_OF = {name: i for i, name in enumerate(COUNTERS)}  # a counter's slot in a counters file
 # Not counters but the size tracker: zeroing the statistics keeps them (the entries are still there).
@@ -46,12 +70,36 @@ def check_names(deltas: Mapping[str, int]) -> None:
         raise KeyError(f"unknown stats counter(s) {sorted(unknown)}; known: {COUNTERS}")
 
 
-def public_view(raw: Mapping[str, int]) -> dict[str, float | int]:
-    """The counters a user reads: raw slots plus derived figures (hit rate, seconds saved)."""
-    out: dict[str, float | int] = {name: int(raw.get(name, 0)) for name in COUNTERS}
+def error_deltas(cause: ErrorCause) -> dict[str, int]:
+    """The counter deltas of one error of ``cause``: the total and the cause, counted together."""
+    if cause not in ERROR_CAUSES:
+        raise ValueError(f"unknown error cause {cause!r}; known: {', '.join(ERROR_CAUSES)}")
+    return {"errors": 1, f"errors_{cause}": 1}
+
+
+def errors_view(raw: Mapping[Any, Any]) -> tuple[int, dict[str, int]]:
+    """(errors, {cause: count} of the causes seen) from raw counters; the counts sum to errors.
+
+    Errors counted without a cause are ``other``. A total below the causes' sum (a version
+    that knew no causes zeroed the total, not them) is the sum: the figures stay consistent.
+    """
+    by_cause = {c: int(raw.get(f"errors_{c}", 0)) for c in ERROR_CAUSES}
+    by_cause = {c: n for c, n in by_cause.items() if n > 0}
+    seen = sum(by_cause.values())
+    total = max(int(raw.get("errors", 0)), seen)
+    if total > seen:
+        by_cause[OTHER_CAUSE] = total - seen
+    return total, by_cause
+
+
+def public_view(raw: Mapping[str, int]) -> dict[str, Any]:
+    """The counters a user reads: raw slots plus derived figures (hit rate, seconds saved,
+    ``errors_by_cause``)."""
+    out: dict[str, Any] = {name: int(raw.get(name, 0)) for name in COUNTERS if name not in CAUSE_COUNTERS}
     lookups = out["hits"] + out["misses"]
     out["hit_rate"] = (out["hits"] / lookups) if lookups else 0.0
     out["compile_seconds_saved"] = out.pop("compile_us_saved") / 1e6
+    out["errors"], out["errors_by_cause"] = errors_view(raw)
     return out
 
 

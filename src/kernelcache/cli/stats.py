@@ -117,10 +117,15 @@ def _object_store(url: str) -> tuple[dict[str, Any] | None, str]:
 def render(data: dict[str, dict[str, Any]], zero: bool, notes: list[str]) -> None:
     """One table, a column per store, then where each store is, then what could not be read."""
     rows = []
-    for row in _ROWS:
+    causes = sorted({c for store in data.values() for c in store.get("errors_by_cause") or {}})
+    at = _ROWS.index("errors") + 1
+    for row in (*_ROWS[:at], *(f"  {cause}" for cause in causes), *_ROWS[at:]):
         cells = []
         for store in data.values():
-            if row == "size":
+            if row.startswith("  "):  # an error cause, under the errors row
+                by_cause = store.get("errors_by_cause")
+                cells.append(str(by_cause.get(row.strip(), 0)) if by_cause is not None else "")
+            elif row == "size":
                 cells.append(config.format_size(store["size_bytes"]) if "size_bytes" in store else "")
             elif row == "max size":
                 cells.append(config.format_size(store["max_size_bytes"]) if "path" in store else "")

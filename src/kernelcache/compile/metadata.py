@@ -4,9 +4,9 @@ The artifact is stored verbatim; its metadata (a JSON-able dict) carries what a 
 give back the same ObjectCode as the compile did (kind, name, symbol mapping of name
 expressions, log) and what tools list (kernels, options, toolchain, headers).
 
-The store is reached only through stores.safe (read_record/write_record/count): a store
-that fails never fails a compile; it becomes a miss or a dropped write, one warning per
-cause, and an ``errors`` count.
+The store is reached only through stores.safe (read_record/write_record/count_error): a
+store that fails never fails a compile; it becomes a miss or a dropped write, one warning
+per cause, and an error counted under its cause.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kernelcache.keys.derive import code_bytes
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.log import KernelCacheWarning, WarnOnce
 from kernelcache.stores.base import Meta, ProgramCacheResource
-from kernelcache.stores.safe import count, read_record
+from kernelcache.stores.safe import count_error, read_record
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -145,12 +145,12 @@ def read_artifact(cache: ProgramCacheResource, key: bytes) -> tuple[bytes, Meta]
 
 
 def refuse_to_store(cache: ProgramCacheResource, why: str) -> None:
-    """One KernelCacheWarning and an error count for a compile returned but not stored.
+    """One KernelCacheWarning and an error (cause ``not_stored``) for a compile returned but not stored.
 
     A header race warns every time (each is its own event); a lost or missing trace
     warns once per process and cause, like any other store failure.
     """
-    count(cache, errors=1)
+    count_error(cache, "not_stored")
     message = f"this compile's result is returned but not stored: {why}"
     if why.startswith("a header changed"):
         warnings.warn(f"kernelcache: {message}", KernelCacheWarning, 5)  # each race its own event

@@ -346,13 +346,14 @@ class KernelCache:
 
         from kernelcache.log import logger
         from kernelcache.stores.default import default_cache
+        from kernelcache.stores.safe import count_error
 
         target = store if store is not None else default_cache()
         message = f"the driver refused a cached artifact's bytes ({exc}); evicted it and recompiling"
         logger.warning("%s", message)
         warnings.warn(f"kernelcache: {message}", KernelCacheWarning, stacklevel=4)
         target.discard(key)
-        target.add_stats(errors=1)
+        count_error(target, "driver")
 
     def evict_device(self, device: Any) -> None:
         """Drop this cache's references to every kernel of ``device`` (an int or a cuda.core Device).

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Union
 from kernelcache import forksafe
 from kernelcache.log import KernelCacheWarning as KernelCacheWarning  # re-exported: what stores warn with
 from kernelcache.log import WarnOnce
-from kernelcache.stats import MemoryStats, public_view
+from kernelcache.stats import ErrorCause, MemoryStats, error_deltas, public_view
 from kernelcache.stores import sniff
 
 if TYPE_CHECKING:
@@ -134,8 +134,8 @@ class ProgramCacheResource(abc.ABC):
         for key, value in pairs:
             self[key] = value
 
-    def stats(self) -> dict[str, float | int]:
-        """Counters of this store (hits, misses, stores, evictions, errors, bytes...)."""
+    def stats(self) -> dict[str, Any]:
+        """Counters of this store (hits, misses, stores, evictions, errors and errors_by_cause, bytes...)."""
         return {}
 
     # Records: payload + metadata. Stores that keep no metadata of their own (a user's
@@ -266,9 +266,10 @@ class CountingStore(ProgramCacheResource):
         file, I/O) raises OSError: "could not remove" must never read as "was not there".
         """
 
-    def warn_once(self, cause: str, message: str) -> None:
-        """Warn about ``cause`` the first time it happens in this store, and count an error."""
-        self._stats.add(errors=1)
+    def warn_once(self, cause: str, message: str, *, counted_as: ErrorCause) -> None:
+        """Warn about ``cause`` the first time it happens in this store; count an error of
+        ``counted_as`` (stats.ERROR_CAUSES) every time."""
+        self._stats.add(**error_deltas(counted_as))
         self._warned.warn(cause, message, stacklevel=3, origin=type(self).__name__)
 
     def get_record(self, key: bytes | str, *, internal: bool = False) -> tuple[bytes, Meta] | None:
@@ -307,7 +308,8 @@ class CountingStore(ProgramCacheResource):
         try:
             self._remove(as_key_bytes(key))
         except OSError as exc:
-            self.warn_once(f"remove-{exc.errno}", f"could not remove a cache entry: {exc}; it stays in the cache")
+            message = f"could not remove a cache entry: {exc}; it stays in the cache"
+            self.warn_once(f"remove-{exc.errno}", message, counted_as="remove")
 
     def add_stats(self, **deltas: int) -> None:
         self._stats.add_deferred(**deltas)
@@ -315,7 +317,7 @@ class CountingStore(ProgramCacheResource):
     def zero_stats(self) -> None:
         self._stats.zero()
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, Any]:
         return public_view(self._stats.snapshot())
 
 

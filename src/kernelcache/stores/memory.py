@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
+from typing import Any
 
 from kernelcache.stores.base import Meta, RecordStore, as_key_bytes, check_max_size
 
@@ -85,6 +86,7 @@ class InMemoryProgramCache(RecordStore):
             self.warn_once(
                 "too-large",
                 f"an entry of {len(payload)} bytes exceeds max_size_bytes={self._max_size}; not stored in memory",
+                counted_as="too_large",
             )
             return False
         evicted = 0
@@ -127,7 +129,7 @@ class InMemoryProgramCache(RecordStore):
             self._misses = 0
         super().zero_stats()
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, Any]:
         with self._lock:
             self._apply_pending_hits()
             misses, self._misses = self._misses, 0

@@ -2,25 +2,27 @@
 
 Every store call of compile_program, the header manifests and the integrations goes through
 here: an exception of any kind from a store (I/O, a server, corruption) becomes one warning
-per (store class, action, error class), an ``errors`` count, and a miss or a dropped write.
+per (store class, action, error class), an error counted under its cause (``read`` or
+``write``), and a miss or a dropped write.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from kernelcache.log import WarnOnce
+from kernelcache.stats import ErrorCause, error_deltas
 from kernelcache.stores.base import CountingStore, Meta, ProgramCacheResource
 
 _warned = WarnOnce()
 
 
-def warn_store(cache: ProgramCacheResource, what: str, exc: BaseException) -> None:
-    """Warn once per (store class, action, error class) and count an error."""
+def warn_store(cache: ProgramCacheResource, what: Literal["read", "write"], exc: BaseException) -> None:
+    """Warn once per (store class, action, error class) and count an error of cause ``what``."""
     name = type(cache).__name__
     message = f"the cache {name} failed to {what} ({exc!r}); compiling without it"
     _warned.warn(f"{name}:{what}:{type(exc).__name__}", message, stacklevel=4)
-    count(cache, errors=1)
+    count_error(cache, what)
 
 
 def read_record(cache: ProgramCacheResource, key: bytes, *, caller_counts: bool = False) -> tuple[bytes, Meta] | None:
@@ -47,6 +49,11 @@ def write_record(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Me
         cache.set_record(key, payload, meta, internal=internal)
     except Exception as exc:
         warn_store(cache, "write", exc)
+
+
+def count_error(cache: ProgramCacheResource, cause: ErrorCause) -> None:
+    """Count one error of ``cause`` (stats.ERROR_CAUSES) in the store's counters."""
+    count(cache, **error_deltas(cause))
 
 
 def count(cache: ProgramCacheResource, **deltas: int) -> None:

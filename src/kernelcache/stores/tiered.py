@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from kernelcache.stores.base import (
     CountingStore,
@@ -189,7 +190,7 @@ class TieredProgramCache(CountingStore):
     def file_root(self) -> str | None:
         return next((tier.file_root for tier in self.tiers if tier.file_root is not None), None)
 
-    def tier_stats(self) -> list[dict[str, float | int]]:
+    def tier_stats(self) -> list[dict[str, Any]]:
         return [t.stats() for t in self.tiers]
 
     def zero_stats(self) -> None:

@@ -122,9 +122,11 @@ class BundleProgramCache(RecordStore):
         """The verified (payload, meta) of the entry named ``name``; None (warned once) if it fails."""
         problem, found = self.check_named(name, slot)
         if problem is not None:
+            damaged = problem.startswith("entry")
             self.warn_once(
-                "damaged" if problem.startswith("entry") else "read",
+                "damaged" if damaged else "read",
                 f"{problem}; a miss (`kernelcache bundle verify {self.path}` lists every such entry)",
+                counted_as="corrupt" if damaged else "read",
             )
         return found
 
@@ -196,7 +198,7 @@ class BundleProgramCache(RecordStore):
     def signed(self) -> bool:
         return self._header.signed
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["entries"] = self._header.count
         out["read_only"] = 1

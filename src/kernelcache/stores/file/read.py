@@ -15,6 +15,7 @@ import zlib
 from typing import TYPE_CHECKING, Literal
 
 from kernelcache.memo import remember
+from kernelcache.stats import ErrorCause
 from kernelcache.stores.base import Meta
 from kernelcache.stores.file.ops import (
     NotRegularFileError,
@@ -45,7 +46,7 @@ class EntryReading:
 
         def _entry_path(self, key: bytes) -> str: ...
 
-        def warn_once(self, cause: str, message: str) -> None: ...
+        def warn_once(self, cause: str, message: str, *, counted_as: ErrorCause) -> None: ...
 
     def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         path = self._entry_path(key)
@@ -128,9 +129,10 @@ class EntryReading:
                 "not-regular",
                 f"{path} {exc.strerror}; not read (treated as a miss) and left in place: "
                 "something other than kernelcache put it in the cache directory",
+                counted_as="read",
             )
         else:
-            self.warn_once(f"read-{exc.errno}", f"cannot read {path}: {exc}; treated as a miss")
+            self.warn_once(f"read-{exc.errno}", f"cannot read {path}: {exc}; treated as a miss", counted_as="read")
 
     def _remove_corrupt(self, path: str, entry_key: StatKey, sidecar_key: StatKey | None) -> bool:
         """Remove a pair that failed its check twice; False if a writer replaced it meanwhile.
@@ -153,7 +155,8 @@ class EntryReading:
                     return False  # replaced or removed meanwhile: not ours to judge now
                 removed = entry_freed + (unlink_if_same(path + META_SUFFIX, sidecar_key) or 0)
         except OSError as exc:
-            self.warn_once(f"remove-{exc.errno}", f"could not remove the damaged cache entry {path}: {exc}")
+            message = f"could not remove the damaged cache entry {path}: {exc}"
+            self.warn_once(f"remove-{exc.errno}", message, counted_as="remove")
             return True
         finally:
             self._sizecap.freed(removed)
@@ -162,5 +165,6 @@ class EntryReading:
             "corrupt",
             f"cache entry {os.path.basename(path)} failed its integrity check (truncated, "
             "modified or missing its sidecar); removed it, it will be recompiled",
+            counted_as="corrupt",
         )
         return True

@@ -229,6 +229,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
             self.warn_once(
                 "too-large",
                 f"an entry of {len(payload)} bytes exceeds max_size_bytes={self._max_size}; not stored on disk",
+                counted_as="too_large",
             )
             return False
         nbytes = len(payload) + len(sidecar)
@@ -265,6 +266,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
                 f"write-{exc.errno}",
                 f"could not write to the cache at {self._root}: {exc}; the entry was not stored "
                 "(compiles still work, they are just not cached)",
+                counted_as="write",
             )
         finally:
             for name, fd in staged:
@@ -283,6 +285,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
             f"evict-{exc.errno}",
             f"could not evict from the cache at {self._root}: {exc}; it stays over its cap "
             f"({self._max_size} bytes) until that entry can be removed",
+            counted_as="remove",
         )
 
     # -- scanning and maintenance -------------------------------------------------------
@@ -355,7 +358,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         except OSError:
             return None
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["max_size_bytes"] = self._max_size or 0
         out["persistent_stats"] = int(self._stats.persistent)

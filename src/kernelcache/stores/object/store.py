@@ -146,6 +146,7 @@ class ObjectStoreProgramCache(RecordStore):
                     f"refused-{what}-{kind}",
                     f"the object store {self.url} refused to {what} ({kind}); "
                     + ("the write is dropped" if what == "write" else "treated as a miss"),
+                    counted_as="refused",
                 )
                 return None
             pause = self._health.failed()
@@ -153,6 +154,7 @@ class ObjectStoreProgramCache(RecordStore):
                 f"{what}-{kind}",
                 f"the object store {self.url} failed to {what} ({self.last_error[:160]}); treated as a miss / "
                 f"dropped write (compiles still work); it is skipped for {pause:g} s, then tried again",
+                counted_as="unreachable",
             )
             return None
         finally:
@@ -177,6 +179,7 @@ class ObjectStoreProgramCache(RecordStore):
                 "corrupt",
                 f"object {path} in {self.url} is {verdict.value}; a miss, left in place"
                 + ("" if self._read_only else " (the next write of this key replaces it)"),
+                counted_as="corrupt",
             )
         else:
             self._warn_unverifiable(path, verdict)
@@ -191,7 +194,8 @@ class ObjectStoreProgramCache(RecordStore):
 
     def _warn_unverifiable(self, path: str, verdict: rec.Verdict) -> None:
         where = f"object {path} in {self.url}"
-        self.warn_once(*rec.unverifiable_warning(verdict, where, "KERNELCACHE_OBJECT_STORE_SECRET"))
+        cause, message = rec.unverifiable_warning(verdict, where, "KERNELCACHE_OBJECT_STORE_SECRET")
+        self.warn_once(cause, message, counted_as="unverifiable")
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         return self._write_at(self._path(key), payload, meta)
@@ -206,7 +210,8 @@ class ObjectStoreProgramCache(RecordStore):
         record = rec.encode(path, payload, meta, self._secret)
         outcome = self._call("write", _put(path, record, "create"))
         if outcome == "no-bucket":
-            self.warn_once("no-bucket", f"the bucket or container of {self.url} does not exist; writes are dropped")
+            message = f"the bucket or container of {self.url} does not exist; writes are dropped"
+            self.warn_once("no-bucket", message, counted_as="refused")
         elif outcome == "exists":
             return self._replace_if_damaged(path, record)
         return outcome == "written"
@@ -321,7 +326,7 @@ class ObjectStoreProgramCache(RecordStore):
         with objlock.hold(self._call, path, self._lock_ttl_s, deadline, ready) as outcome:
             yield outcome
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["read_only"] = int(self._read_only)
         out["backing_off"] = int(self._health.down_now())

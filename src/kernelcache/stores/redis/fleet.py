@@ -19,9 +19,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from kernelcache.stats import MemoryStats
+from kernelcache.stats import CAUSE_COUNTERS, MemoryStats, errors_view
 
-FLEET_COUNTERS = ("hits", "misses", "stores", "compiles", "compile_us_saved")
+# Errors are kept by cause only: the fleet's total is their sum, so that a reader between two
+# fields of one pipelined send never sees a total its causes do not add up to.
+FLEET_COUNTERS = ("hits", "misses", "stores", "compiles", "compile_us_saved", *CAUSE_COUNTERS)
 FLUSH_EVERY_S = 1.0
 # Interpreter exit waits at most this long for the last flush: a stopped server (SIGSTOP,
 # a dead host) must not hold up exit for a socket timeout the user set to minutes.
@@ -140,10 +142,10 @@ def send(client: Any, namespace: str, tally: dict[str, int]) -> bool:
     return True
 
 
-def read_hosts(client: Any, namespace: str) -> dict[str, dict[str, float | int]]:
+def read_hosts(client: Any, namespace: str) -> dict[str, dict[str, Any]]:
     """{host: its counters, processes, last_seen} for the hosts seen within HOST_WINDOW_S."""
     seen = client.zrangebyscore(_hosts_key(namespace), time.time() - HOST_WINDOW_S, "+inf", withscores=True)
-    out: dict[str, dict[str, float | int]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for raw_host, last_seen in seen:
         host = raw_host.decode(errors="replace") if isinstance(raw_host, bytes) else str(raw_host)
         raw = client.hgetall(_host_key(namespace, host))
@@ -164,13 +166,14 @@ def zero(client: Any, namespace: str) -> None:
     client.delete(stats_key(namespace))
 
 
-def view(raw: dict[Any, Any]) -> dict[str, float | int]:
-    """The fleet counters as ``kernelcache stats`` shows them."""
+def view(raw: dict[Any, Any]) -> dict[str, Any]:
+    """The fleet counters as ``kernelcache stats`` shows them (errors: their sum and by cause)."""
     values = {(k.decode() if isinstance(k, bytes) else str(k)): int(v) for k, v in raw.items()}
-    out: dict[str, float | int] = {name: values.get(name, 0) for name in FLEET_COUNTERS}
+    out: dict[str, Any] = {name: values.get(name, 0) for name in FLEET_COUNTERS if name not in CAUSE_COUNTERS}
     lookups = out["hits"] + out["misses"]
     out["hit_rate"] = out["hits"] / lookups if lookups else 0.0
     out["compile_seconds_saved"] = out.pop("compile_us_saved") / 1e6
+    out["errors"], out["errors_by_cause"] = errors_view({k: v for k, v in values.items() if k in CAUSE_COUNTERS})
     return out
 
 

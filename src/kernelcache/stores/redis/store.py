@@ -32,6 +32,7 @@ from typing import Any
 
 from kernelcache.config.urls import check_binary, check_redis_url
 from kernelcache.log import logger
+from kernelcache.stats import ErrorCause, error_deltas
 from kernelcache.stores import record as rec
 from kernelcache.stores.backoff import Backoff
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
@@ -195,6 +196,7 @@ class RedisProgramCache(RecordStore):
                 f"answered-{what}-{kind}",
                 f"Redis at {self.url} refused to {what} ({kind}: {str(exc)[:120]}); "
                 + ("the write is dropped, reads go on" if what == "write" else "treated as a miss"),
+                counted_as="refused",
             )
             return None
         finally:
@@ -204,14 +206,14 @@ class RedisProgramCache(RecordStore):
         self._healthy()
         return result
 
-    def warn_once(self, cause: str, message: str) -> None:
+    def warn_once(self, cause: str, message: str, *, counted_as: ErrorCause) -> None:
         if not redisfleet.on_sender_thread():
-            super().warn_once(cause, message)
+            super().warn_once(cause, message, counted_as=counted_as)
             return
         # Warnings filters and catch_warnings are process-wide: a warning raised on the
         # counter thread would land in whatever the program runs meanwhile. Count and log it
         # only; the program's own next call to this store warns if Redis is still down.
-        self._stats.add(errors=1)
+        self._stats.add(**error_deltas(counted_as))
         if self._warned.first("sender-" + cause):
             logger.warning("%s: %s", type(self).__name__, message)
 
@@ -231,6 +233,7 @@ class RedisProgramCache(RecordStore):
             f"{what}-{kind}",
             f"Redis at {self.url} failed to {what} ({kind}: {str(exc)[:120]}); treated as a miss / dropped "
             f"write (compiles still work); Redis is skipped for {pause:g} s, then tried again",
+            counted_as="unreachable",
         )
 
     # -- the store -------------------------------------------------------------------------
@@ -254,9 +257,10 @@ class RedisProgramCache(RecordStore):
             return record
         if verdict is rec.Verdict.DAMAGED:
             if self._read_only:
-                self.warn_once("corrupt", f"Redis entry {rk} is {verdict.value}; a miss (read_only: left in place)")
+                message = f"Redis entry {rk} is {verdict.value}; a miss (read_only: left in place)"
+                self.warn_once("corrupt", message, counted_as="corrupt")
             else:
-                self.warn_once("corrupt", f"Redis entry {rk} is {verdict.value}; a miss, removed")
+                self.warn_once("corrupt", f"Redis entry {rk} is {verdict.value}; a miss, removed", counted_as="corrupt")
                 digest = hashlib.sha1(raw).hexdigest()
                 self._call("delete", lambda c: c.eval(_DELETE_IF_UNCHANGED_LUA, 1, rk, digest))
         elif verdict is not rec.Verdict.OLD:  # the previous format is a plain miss
@@ -264,7 +268,8 @@ class RedisProgramCache(RecordStore):
         return None
 
     def _warn_unverifiable(self, rk: str, verdict: rec.Verdict) -> None:
-        self.warn_once(*rec.unverifiable_warning(verdict, f"Redis entry {rk}", "KERNELCACHE_REDIS_SECRET"))
+        cause, message = rec.unverifiable_warning(verdict, f"Redis entry {rk}", "KERNELCACHE_REDIS_SECRET")
+        self.warn_once(cause, message, counted_as="unverifiable")
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         return self._write_at(self._entry_key(key), payload, meta)
@@ -286,7 +291,9 @@ class RedisProgramCache(RecordStore):
             return False  # a consumer: never writes (by choice, not an error)
         if self._max_entry is not None and len(payload) > self._max_entry:
             self.warn_once(
-                "too-large", f"an entry of {len(payload)} bytes exceeds max_entry_bytes={self._max_entry}; not stored"
+                "too-large",
+                f"an entry of {len(payload)} bytes exceeds max_entry_bytes={self._max_entry}; not stored",
+                counted_as="too_large",
             )
             return False
         record = rec.encode(rk, payload, meta, self._secret)
@@ -358,14 +365,15 @@ class RedisProgramCache(RecordStore):
             return False  # backing off: the tally waits, and is no call the program skipped
         return bool(self._call("count", lambda c: redisfleet.send(c, self._ns, tally)))
 
-    def fleet_stats(self) -> dict[str, float | int] | None:
+    def fleet_stats(self) -> dict[str, Any] | None:
         """Counters of every host sharing this namespace (hits, misses, stores, compiles,
-        seconds saved), this process's included; None when Redis cannot be reached."""
+        seconds saved, errors and errors_by_cause), this process's included; None when Redis
+        cannot be reached."""
         self._stats.flush()
         raw = self._call("read counters", lambda c: c.hgetall(redisfleet.stats_key(self._ns)))
         return None if raw is None else redisfleet.view(raw)
 
-    def fleet_hosts(self) -> dict[str, dict[str, float | int]] | None:
+    def fleet_hosts(self) -> dict[str, dict[str, Any]] | None:
         """The fleet counters per host seen within a day (plus ``processes`` and ``last_seen``,
         a Unix time); None when Redis cannot be reached. Totals (fleet_stats) keep every host."""
         self._stats.flush()
@@ -390,7 +398,7 @@ class RedisProgramCache(RecordStore):
         self._client_lock = threading.Lock()
         self._health_lock = threading.Lock()
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, Any]:
         out = super().stats()
         out["read_only"] = int(self._read_only)
         out["backing_off"] = int(self._health.down_now())
