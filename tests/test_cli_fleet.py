@@ -141,3 +141,50 @@ def test_stats_fails_only_when_nothing_could_be_read(tmp_path) -> None:
     proc = _kc("stats", env=env)
     assert proc.returncode == 2
     assert "was not reached" in proc.stderr and "no cache directory" in proc.stderr
+
+
+def test_the_fleet_counts_errors_by_cause_per_host(tmp_path, fleet_env) -> None:
+    """A record damaged in Redis (corrupt) and a SIGSTOPped redis-server (unreachable): each
+    lands under its cause in the fleet's totals and in this host's breakdown."""
+    import socket
+    import warnings
+
+    import redis
+    from prometheus_client.parser import text_string_to_metric_families
+    from redis_servers import RedisServer
+
+    from kernelcache import RedisProgramCache
+
+    s, ns = RedisServer(str(tmp_path / "redis")), fleet_env["NS"]
+    try:
+        rc = RedisProgramCache(s.url, namespace=ns, socket_timeout=0.3, retry_after_s=0.2)
+        rc["k"] = b"A" * 100
+        raw = redis.Redis.from_url(s.url)
+        (rk,) = list(raw.scan_iter(match=f"{ns}:e:*"))
+        raw.setrange(rk, raw.get(rk).index(b"A" * 100) + 50, b"B")  # a byte of the payload
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert rc.get("k") is None  # corrupt
+            s.pause()
+            try:
+                assert rc.get("other") is None  # unreachable: one socket timeout
+            finally:
+                s.resume()
+            time.sleep(0.5)  # past the back-off: the tally may be sent
+            rc.close()
+        args = ("stats", "--redis", s.url, "--redis-namespace", ns, "--by-host")
+        text = _kc(*args, "--format", "prometheus", env=fleet_env)
+        assert text.returncode == 0, text.stderr
+        families = {f.name: f for f in text_string_to_metric_families(text.stdout)}
+        fleet = json.loads(_kc(*args, "--json", env=fleet_env).stdout)["redis"]
+    finally:
+        s.stop()
+    by_cause = fleet["errors_by_cause"]
+    assert sorted(by_cause) == ["corrupt", "unreachable"] and by_cause["corrupt"] == 1
+    assert fleet["errors"] == sum(by_cause.values()) >= 2  # the sender may have met the stopped server too
+    tiers = {(x.labels["tier"], x.labels["cause"]): x.value for x in families["kernelcache_errors"].samples}
+    assert {cause: n for (tier, cause), n in tiers.items() if tier == "redis"} == by_cause
+    hosts = families["kernelcache_fleet_host_errors"]
+    assert {(x.labels["host"], x.labels["cause"]): x.value for x in hosts.samples} == {
+        (socket.gethostname(), cause): n for cause, n in by_cause.items()
+    }
