@@ -132,6 +132,7 @@ def test_a_tampered_record_is_a_miss_left_in_place_then_replaced(s3: S3Server, b
         assert reader.get_record(b"k") is None
         assert reader.get_record(b"k") is None
     assert len([w for w in caught if issubclass(w.category, KernelCacheWarning)]) == 1
+    assert reader.stats()["errors_by_cause"] == {"corrupt": 2}  # warned once, counted each time
     reader.set_record(b"k", b"good cubin", {"symbol_mapping": {"f": "_Z1fv"}})
     assert bytes(raw) == s3.client().get_object(Bucket=bucket, Key=name)["Body"].read()  # read_only: untouched
     writer = _store(bucket)
@@ -150,6 +151,8 @@ def test_a_record_signed_with_another_secret_is_never_replaced(s3: S3Server, buc
     other[b"k"] = b"mine"
     unsigned = _store(bucket)
     assert unsigned.get(b"k") is None
+    assert other.stats()["errors_by_cause"] == {"unverifiable": 2}  # the look-up, then the write's check
+    assert unsigned.stats()["errors_by_cause"] == {"unverifiable": 1}
     assert s3.client().get_object(Bucket=bucket, Key=_only_object(s3, bucket))["Body"].read() == before
     assert _store(bucket, secret="fleet")[b"k"] == b"signed"
 
@@ -184,6 +187,7 @@ def test_500_on_every_request_is_a_miss_one_warning_then_a_back_off(
         assert len(messages) == 1 and "skipped for 60 s" in messages[0]
         assert proxy.count() - sent == 2  # one call (and obstore's one retry); the rest skipped
         assert store.stats()["backing_off"] == 1 and store.stats()["skipped_while_down"] == 5
+        assert store.stats()["errors_by_cause"] == {"unreachable": 1}
     finally:
         proxy.stop()
 
@@ -234,6 +238,7 @@ def test_a_missing_bucket_drops_writes_with_one_warning(bucket: str) -> None:
 
     messages = _warnings_of(calls)
     assert len(messages) == 1 and "does not exist" in messages[0]
+    assert store.stats()["errors_by_cause"] == {"refused": 2}  # the two writes
 
 
 def test_a_refused_connection_is_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,6 +246,7 @@ def test_a_refused_connection_is_one_warning(monkeypatch: pytest.MonkeyPatch) ->
     store = ObjectStoreProgramCache("s3://nowhere/x")
     messages = _warnings_of(lambda: [store.get(b"k") for _ in range(3)])
     assert len(messages) == 1 and store.stats()["errors"] == 1
+    assert store.stats()["errors_by_cause"] == {"unreachable": 1}
 
 
 @pytest.mark.parametrize("bad", ["bucket/x", "s3://", "ftp://h/x", "http://h/x"])
