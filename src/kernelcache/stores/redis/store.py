@@ -256,11 +256,9 @@ class RedisProgramCache(RecordStore):
         if verdict is rec.Verdict.OK:
             return record
         if verdict is rec.Verdict.DAMAGED:
-            if self._read_only:
-                message = f"Redis entry {rk} is {verdict.value}; a miss (read_only: left in place)"
-                self.warn_once("corrupt", message, counted_as="corrupt")
-            else:
-                self.warn_once("corrupt", f"Redis entry {rk} is {verdict.value}; a miss, removed", counted_as="corrupt")
+            fate = "a miss (read_only: left in place)" if self._read_only else "a miss, removed"
+            self.warn_once("corrupt", f"Redis entry {rk} is {verdict.value}; {fate}", counted_as="corrupt")
+            if not self._read_only:
                 digest = hashlib.sha1(raw).hexdigest()
                 self._call("delete", lambda c: c.eval(_DELETE_IF_UNCHANGED_LUA, 1, rk, digest))
         elif verdict is not rec.Verdict.OLD:  # the previous format is a plain miss
@@ -366,9 +364,8 @@ class RedisProgramCache(RecordStore):
         return bool(self._call("count", lambda c: redisfleet.send(c, self._ns, tally)))
 
     def fleet_stats(self) -> dict[str, Any] | None:
-        """Counters of every host sharing this namespace (hits, misses, stores, compiles,
-        seconds saved, errors and errors_by_cause), this process's included; None when Redis
-        cannot be reached."""
+        """Counters of every host sharing this namespace (hits, misses, stores, compiles, seconds
+        saved, errors by cause), this process's included; None when Redis cannot be reached."""
         self._stats.flush()
         raw = self._call("read counters", lambda c: c.hgetall(redisfleet.stats_key(self._ns)))
         return None if raw is None else redisfleet.view(raw)
