@@ -18,8 +18,8 @@ from test_compile import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
 
 from kernelcache import CompileManyError, FileStreamProgramCache, KernelCacheWarning, compile_many
 from kernelcache.compile.flow import probe
-from kernelcache.compile.runners import MIN_MISSES
-from kernelcache.compile.workers import WorkerCrashed, pool
+from kernelcache.compile.runners import MIN_MISSES, MISSES_PER_WORKER, batch_threads
+from kernelcache.compile.workers import WorkerCrashed, boot_flags, pool
 
 CHILD = os.path.join(os.path.dirname(__file__), "_pool_children.py")
 BROKEN = 'extern "C" __global__ void broken(float* a) { a[threadIdx.x] = undefined_name; }\n'
@@ -431,3 +431,46 @@ def _driver_files(pid: int) -> list[str]:
         except OSError:
             pass
     return [path for path in held if path.startswith("/dev/nvidia")]
+
+
+def test_the_default_gives_each_worker_enough_misses_and_max_workers_is_used_as_given() -> None:
+    # 16 cores, 64 misses: the caller's thread + one worker per MISSES_PER_WORKER misses.
+    assert batch_threads(16, 64, default_choice=True) == 1 + 64 // MISSES_PER_WORKER
+    assert batch_threads(16, 4, default_choice=True) == 2  # one worker at least, as many threads as misses at most
+    assert batch_threads(16, 64, default_choice=False) == 16  # processes=True/False, or max_workers given
+    assert batch_threads(16, 3, default_choice=False) == 3
+
+
+def test_workers_skip_site_when_the_path_alone_finds_their_packages(tmp_path) -> None:
+    """Here kernelcache and cuda come from sys.path entries: the workers run ``python -S``; a
+    kernelcache imported from where sys.path does not lead keeps ``site`` in the worker."""
+    compile_many(
+        [{"code": BROKEN.replace("undefined_name", "1.0f"), "options": ProgramOptions(arch=ARCH)}],
+        processes=True,
+        cache=FileStreamProgramCache(tmp_path / "c"),
+    )
+    assert boot_flags() == ("-S",)
+    for pid in pool().pids():
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[1] == b"-S"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__import__("kernelcache").__file__)))
+    os.symlink(os.path.join(src, "kernelcache"), elsewhere / "kc")
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('kernelcache', {str(elsewhere / 'kc' / '__init__.py')!r},"
+        f" submodule_search_locations=[{str(elsewhere / 'kc')!r}])\n"
+        "mod = importlib.util.module_from_spec(spec); sys.modules['kernelcache'] = mod; spec.loader.exec_module(mod)\n"
+        "from kernelcache.compile.workers import boot_flags; print(boot_flags())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ""},
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "()"

@@ -36,7 +36,7 @@ from kernelcache.compile.flight import SingleFlight
 from kernelcache.compile.flow import Call, CompileInfo, compile_uncached, fly, replay_hit, resolve_cache
 from kernelcache.compile.lookup import Lookup
 from kernelcache.compile.request import CompileRequest
-from kernelcache.compile.runners import batch_uses_processes
+from kernelcache.compile.runners import batch_threads, batch_uses_processes
 from kernelcache.compile.workers import pool as workers_pool
 
 if TYPE_CHECKING:
@@ -228,10 +228,10 @@ def run_batch(
     batch.processes = batch_uses_processes(processes, len(jobs))
     if batch.processes and processes is None:
         batch.here = threading.current_thread()
+    workers = batch_threads(workers, len(jobs), default_choice=batch.here is not None and max_workers is None)
     if batch.processes:  # every thread may hold a worker at once
-        workers_pool().limit = max(workers_pool().limit, min(workers, len(jobs)) - (batch.here is not None))
+        workers_pool().limit = max(workers_pool().limit, workers - (batch.here is not None))
     threads = [threading.Thread(target=batch.work, name=f"kernelcache-compile-{n}") for n in range(1, workers)]
-    del threads[max(len(jobs) - 1, 0) :]  # never more threads than misses (this thread is one)
     for thread in threads:
         thread.start()
     try:

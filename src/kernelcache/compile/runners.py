@@ -25,7 +25,16 @@ if TYPE_CHECKING:
 
     from kernelcache.compile.request import CompileRequest
 
-__all__ = ["IN_PROCESS", "IN_WORKERS", "MIN_MISSES", "Runner", "batch_uses_processes", "runner_for"]
+__all__ = [
+    "IN_PROCESS",
+    "IN_WORKERS",
+    "MIN_MISSES",
+    "MISSES_PER_WORKER",
+    "Runner",
+    "batch_threads",
+    "batch_uses_processes",
+    "runner_for",
+]
 
 # compile_many(processes=None) compiles in workers from this many misses on, on a host with
 # more than one usable core. Measured with benchmarks/bench_cold.py --only b on 2 cores (a
@@ -33,6 +42,15 @@ __all__ = ["IN_PROCESS", "IN_WORKERS", "MIN_MISSES", "Runner", "batch_uses_proce
 # 0.72, default 0.80; K=12 threads 0.58, default 0.67; K=16 0.61 vs 0.56; K=32 0.53 vs 0.50.
 # Below it a worker's start (an interpreter and NVRTC's load, ~0.1 CPU-s) is not paid back.
 MIN_MISSES = 16
+
+# The default choice also starts at most one worker per this many misses. A worker's start is an
+# interpreter plus NVRTC's first compile, which initialises the compiler once per process
+# (H200 host: 205 ms for a one-line kernel, then 16-19 ms per compile of the benchmark's), and
+# starts slow each other down when many run at once (the first compile in a worker: ~260 ms
+# with 5 starting together, ~440 ms with 15). So a worker must be given enough misses to pay
+# its start back. Measured there (16 cores, K=64 misses in a fresh process, compile_many with max_workers 6 to 16):
+# 5 workers 0.43-0.45 s, 7: 0.45-0.46, 9: 0.43-0.47, 11: 0.49-0.52, 15 (one per core): 0.52-0.55.
+MISSES_PER_WORKER = 8
 
 
 class Runner(Protocol):
@@ -113,6 +131,17 @@ def batch_uses_processes(processes: bool | None, misses: int) -> bool:
     if type(processes) is not bool:
         raise TypeError(f"processes must be True, False or None (decide by the misses), not {processes!r}")
     return processes
+
+
+def batch_threads(threads: int, misses: int, default_choice: bool) -> int:
+    """The threads compile_many runs for ``misses`` (``threads``: max_workers or the CPU count).
+
+    Never more than the misses; for the default choice of workers (the caller's thread
+    compiling here, each other thread holding a worker), one worker per MISSES_PER_WORKER
+    misses at most: max_workers given by the caller is theirs to choose and is used as given."""
+    if default_choice:
+        threads = min(threads, 1 + max(1, misses // MISSES_PER_WORKER))
+    return max(1, min(threads, misses))
 
 
 def _replay(shown: list[tuple[str, str, str]]) -> None:
