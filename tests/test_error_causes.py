@@ -20,7 +20,7 @@ import pytest
 from conftest import ARCH, run_python
 
 from kernelcache import FileStreamProgramCache, InMemoryProgramCache
-from kernelcache.stats import ERROR_CAUSES, OTHER_CAUSE
+from kernelcache.stats import ERROR_CAUSES, OTHER_CAUSE, public_view
 
 SRC = pathlib.Path(__file__).resolve().parent.parent / "src" / "kernelcache"
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
@@ -142,6 +142,34 @@ def test_a_counters_file_without_the_breakdown_is_read_and_stays_readable_the_ol
     assert raw[:8] == b"KCSTATS1"
     old_view = dict(zip(_OLD_SLOTS, struct.unpack(f"<{len(_OLD_SLOTS)}q", raw[8 : 8 + 8 * len(_OLD_SLOTS)])))
     assert (old_view["hits"], old_view["errors"], old_view["stores"]) == (7, 4, 1)
+
+
+_COUNT_ERRORS = (
+    "import sys\n"
+    "from kernelcache.stats import error_deltas\n"
+    "from kernelcache.stores.file.counters import FileStats\n"
+    "stats = FileStats(sys.argv[1])\n"
+    "for _ in range(int(sys.argv[2])):\n"
+    "    stats.add(**error_deltas('read'))\n"
+)
+
+
+def test_a_reader_never_sees_an_error_without_its_cause(tmp_path) -> None:
+    """Race: two processes count errors while this one reads the counters file over and over."""
+    from kernelcache.stores.file.counters import FileStats
+
+    path, n = str(tmp_path / "stats"), 2000
+    FileStats(path).close()
+    env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
+    writers = [subprocess.Popen([sys.executable, "-c", _COUNT_ERRORS, path, str(n)], env=env) for _ in range(2)]
+    reader, torn, reads = FileStats(path), 0, 0
+    while any(w.poll() is None for w in writers) or reads == 0:
+        snap = public_view(reader.snapshot())
+        torn += OTHER_CAUSE in snap["errors_by_cause"]
+        reads += 1
+    assert [w.wait() for w in writers] == [0, 0]
+    final = public_view(reader.snapshot())
+    assert torn == 0 and (final["errors"], final["errors_by_cause"]) == (2 * n, {"read": 2 * n})
 
 
 def test_every_counted_error_names_its_cause() -> None:

@@ -72,6 +72,9 @@ def check_names(deltas: Mapping[str, int]) -> None:
 
 def error_deltas(cause: ErrorCause) -> dict[str, int]:
     """The counter deltas of one error of ``cause``: the total and the cause, counted together."""
+    # Race: a reader between a count of the total and one of its cause would see an error
+    # without a cause (``other``), and then lose it. One dict is one update: under the
+    # counters file's lock (FileStats), under MemoryStats's lock, in one tally for Redis.
     if cause not in ERROR_CAUSES:
         raise ValueError(f"unknown error cause {cause!r}; known: {', '.join(ERROR_CAUSES)}")
     return {"errors": 1, f"errors_{cause}": 1}

@@ -154,7 +154,7 @@ def render(data: dict[str, dict[str, Any]], zero: bool, notes: list[str]) -> Non
 
 
 def _render_hosts(hosts: dict[str, dict[str, Any]]) -> None:
-    fields = ("processes", "hits", "misses", "hit_rate", "compiles", "compile_seconds_saved", "stores")
+    fields = ("processes", "hits", "misses", "hit_rate", "compiles", "compile_seconds_saved", "stores", "errors")
     rows = []
     for field in fields:
         cells = []
@@ -203,7 +203,7 @@ def stats(
     fmt: str | None,
     as_json: bool,
 ) -> None:
-    """Hits, misses, hit rate, compiles, seconds saved, stores, evictions, errors, size.
+    """Hits, misses, hit rate, compiles, seconds saved, stores, evictions, errors (by cause), size.
 
     With --redis: also the counters of every host sharing that Redis namespace (the fleet;
     --by-host: per host). A tier that cannot be read is one line saying so; the command fails
