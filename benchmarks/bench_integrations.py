@@ -116,5 +116,6 @@ def main() -> None:
             ratio_bytes, ratio_inodes = ours["bytes"] / theirs["bytes"], ours["inodes"] / theirs["inodes"]
             print(f"  disk kernelcache/own       {ratio_bytes:>9.2f}x bytes {ratio_inodes:>5.2f}x inodes")
 
+
 if __name__ == "__main__":
     main()

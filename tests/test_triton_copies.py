@@ -32,19 +32,32 @@ USERS = ("kcinteg_a", "kcinteg_b", "kcinteg_x")  # two team members, one outside
 KEY = "ab" * 32
 NAMES = ("kern.cubin", "kern.json")
 
-# One Triton cache call in a fresh process: put (then group) or get; prints the paths handed out.
+# One Triton cache call in a fresh process: put (then group) or get a group, put-file or
+# get-file single files; prints the paths handed out and what they hold (read while it runs:
+# a group's copies are this process's scratch copies, removed at its exit).
 WORKER = r"""
-import json, sys
+import json, os, sys
 from triton.runtime.cache import get_cache_manager
 cmd, key, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 manager = get_cache_manager(key)
 if cmd == "put":
     paths = {n: manager.put(f"v1:{n}".encode(), n) for n in names}
     manager.put_group("kern.json", paths)
-else:
+elif cmd == "get":
     paths = manager.get_group("kern.json")
+elif cmd == "put-file":
+    paths = {n: manager.put(f"v1:{n}".encode(), n) for n in names}
+else:
+    paths = {n: manager.get_file(n) for n in names}
 contents = {n: open(p, "rb").read().decode() for n, p in (paths or {}).items()}
-print(json.dumps({"paths": paths, "contents": contents}))
+folders = sorted({os.path.dirname(p) for p in (paths or {}).values()})
+modes = {}
+for folder in folders:
+    while folder != os.path.dirname(folder):
+        st = os.lstat(folder)
+        modes[folder] = [st.st_uid, st.st_mode]
+        folder = os.path.dirname(folder)
+print(json.dumps({"paths": paths, "contents": contents, "folders": modes}))
 """
 
 
@@ -159,11 +172,9 @@ def test_copies_never_go_under_a_directory_the_store_refused(users, base, refuse
     assert got["contents"] == {n: f"v1:{n}" for n in NAMES}  # the group came back over Redis
     for path in [*put["paths"].values(), *got["paths"].values()]:
         assert not _inside(path, shared), path
-        folder = os.path.dirname(path)
-        while _inside(folder, victim_tmp):  # every directory up to the private root is ours alone
-            st = os.lstat(folder)
-            assert st.st_uid == os.geteuid() and not st.st_mode & 0o022, (folder, oct(st.st_mode))
-            folder = os.path.dirname(folder)
+    for folder, (uid, mode) in {**put["folders"], **got["folders"]}.items():
+        if _inside(folder, victim_tmp):  # every directory up to the private root is ours alone
+            assert uid == os.geteuid() and not mode & 0o022, (folder, oct(mode))
     # Nothing of ours appeared in the refused directory, so there is nothing to swap.
     mine = [os.path.join(d, f) for d, _, fs in os.walk(shared) for f in fs]
     assert [p for p in mine if os.lstat(p).st_uid == os.geteuid()] == []
@@ -193,15 +204,18 @@ def test_team_members_read_each_others_copies(users, base):
     os.chown(team, a.pw_uid, grp.getgrnam(TEAM).gr_gid)
     os.chmod(team, 0o2770)
     env = {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
-    first = _triton(env, "put", KEY, *NAMES, user=a)
-    second = _triton(env, "get", KEY, *NAMES, user=b)
-    # b read a's copies instead of replacing them with files of its own
-    assert all(os.stat(p).st_uid == a.pw_uid for p in second["paths"].values())
-    again = _triton(env, "get", KEY, *NAMES, user=a)
     expected = {n: f"v1:{n}" for n in NAMES}
-    assert first["contents"] == second["contents"] == again["contents"] == expected
-    # One copy per content, shared by the members.
-    assert second["paths"] == again["paths"] == first["paths"]
+    # A group a stored: b reads it (its copies are b's own scratch copies, gone at its exit).
+    assert _triton(env, "put", KEY, *NAMES, user=a)["contents"] == expected
+    assert _triton(env, "get", KEY, *NAMES, user=b)["contents"] == expected
+    # Single files (launchers): one shared copy per content, which b reads instead of
+    # replacing it with a file of its own.
+    files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
+    _triton(env, "put-file", KEY, *files, user=a)
+    first = _triton(env, "get-file", KEY, *files, user=a)
+    second = _triton(env, "get-file", KEY, *files, user=b)
+    assert first["contents"] == second["contents"] == {n: f"v1:{n}" for n in files}
+    assert second["paths"] == first["paths"]
     for path in first["paths"].values():
         st = os.stat(path)
         assert st.st_uid == a.pw_uid and st.st_mode & stat.S_IRGRP, oct(st.st_mode)

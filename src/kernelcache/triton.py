@@ -10,16 +10,23 @@ or, to keep Triton's own manager and use kernelcache as its remote tier::
     TRITON_REMOTE_CACHE_BACKEND=kernelcache.triton:KernelCacheRemoteBackend
 
 Files go to ``kernelcache.default_cache()`` (configured by ``KERNELCACHE_DIR`` and the other
-``KERNELCACHE_*`` variables), one entry per (Triton key, file name), checked on every read
-like any entry. Triton wants paths back; those are copies under the cache root
-(kernelcache.integrations.materialized), never the entries themselves: hard links to the
-entry files where possible (no second copy of the bytes), bounded by the store's size cap.
+``KERNELCACHE_*`` variables), checked on every read like any entry: a group (a compiled
+kernel) is one entry holding all its members, a single file (a launcher ``.so``) one entry
+of its own (integrations/triton_files.py). Of a group, only what Triton needs to load the
+kernel is stored (the binary and the metadata JSON); its IRs (source, TTIR, TTGIR, LLIR, PTX)
+only with ``TRITON_STORE_BINARY_ONLY=0``.
 
-Groups (a compiled kernel) are all or nothing (integrations/triton_files.py). Of a group,
-only what Triton needs to load the kernel is stored (the binary and the metadata JSON), as
-with Triton's ``TRITON_STORE_BINARY_ONLY=1``; its IRs (source, TTIR, TTGIR, LLIR, PTX) are
-stored only with ``TRITON_STORE_BINARY_ONLY=0``. Triton still reads those IRs right after
-the compile: they get scratch copies, removed when the process exits (or swept when idle).
+Triton wants paths back; those are copies under the cache root
+(kernelcache.integrations.materialized), never the entries themselves:
+
+- a single file read with ``get_file`` gets a copy shared by every process, a hard link to
+  its entry file where possible (no second copy of the bytes, no new inode);
+- everything else (a group's members, which are parts of one entry and cannot be linked to;
+  what Triton just ``put``, whose single entry goes once its group is stored) gets a scratch
+  copy of this process, removed when it exits (or swept when idle). Triton reads those right
+  away (CompiledKernel reads the whole group as it loads it; a module is imported at once),
+  so at rest a kernel costs its entry only: fewer bytes and inodes than Triton's own
+  directory for the same kernel (benchmarks/bench_triton_disk.py measures both).
 """
 
 from __future__ import annotations
@@ -50,12 +57,26 @@ _GROUP_PREFIX = "__grp__"  # Triton's name for a group's own file
 # A kernel's IRs, which Triton itself drops with TRITON_STORE_BINARY_ONLY=1 (it keeps the
 # binary and the JSON); every other file (launcher .so, autotuning results) is stored.
 _IR_EXTS = ("source", "ttir", "ttgir", "llir", "ptx", "amdgcn", "mlir")
+# What Triton names a group's members: "<kernel name>.<stage>" (compiler.py; a kernel name
+# is an identifier, so no dot before the stage). Such a file is stored only as part of its
+# group: a single entry of its own would double the kernel's bytes and inodes. Every other
+# file (a launcher "<module>.cpython-311-x86_64-linux-gnu.so", "<fn>.autotune.json") is one.
+_MEMBER_EXTS = (*_IR_EXTS, "cubin", "hsaco", "json")
 _scratch_roots: set[str] = set()
+# This process's scratch folder: its pid and a random part, so two processes of one pid on
+# two hosts sharing a cache (a team cache on NFS) never remove each other's copies at exit.
+_scratch = {"owner": f"{os.getpid()}-{os.urandom(4).hex()}"}
 
 
 def _stores_irs() -> bool:
     """IRs are stored only when TRITON_STORE_BINARY_ONLY says 0 (or false/no/off)."""
     return os.environ.get("TRITON_STORE_BINARY_ONLY", "").strip().lower() in ("0", "false", "no", "off")
+
+
+def _member_like(name: str) -> bool:
+    """Whether Triton names group members so (they reach the store with their group only)."""
+    stem, _, ext = name.rpartition(".")
+    return bool(stem) and "." not in stem and ext in _MEMBER_EXTS
 
 
 def _needed(name: str) -> bool:
@@ -65,12 +86,17 @@ def _needed(name: str) -> bool:
 
 @atexit.register
 def _remove_scratch() -> None:
-    # Only this process's own scratch directory (named by its pid), under roots it used.
+    # Only this process's own scratch directory, under roots it used.
     for root in _scratch_roots:
-        shutil.rmtree(os.path.join(root, MATERIALIZED_DIR, "scratch", str(os.getpid())), ignore_errors=True)
+        shutil.rmtree(os.path.join(root, MATERIALIZED_DIR, "scratch", _scratch["owner"]), ignore_errors=True)
 
 
-os.register_at_fork(after_in_child=_scratch_roots.clear)
+def _after_fork_in_child() -> None:
+    _scratch_roots.clear()
+    _scratch["owner"] = f"{os.getpid()}-{os.urandom(4).hex()}"
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _as_bytes(data: Any) -> bytes:
@@ -131,14 +157,15 @@ class KernelCacheManager(CacheManager):
         # default cap of copies where the store has none.
         self._cap = self._files.size_cap()
         self._first_put: float | None = None
+        self._put: dict[str, bytes] = {}  # what this manager put: get_file answers from it
 
-    def _path(self, name: str, data: bytes, *, scratch: bool = False) -> str | None:
+    def _path(self, name: str, data: bytes, *, link: str | None = None) -> str | None:
+        """A shared copy linked to the entry file ``link``; without one a scratch copy."""
         if not self._root:
             return None  # no directory a copy may go to: a miss, and Triton's own files on put
-        namespace, owner = ("scratch", str(os.getpid())) if scratch else ("triton", self.key)
-        if scratch:
+        if link is None:
             _scratch_roots.add(self._root)
-        link = None if scratch else self._files.entry_file(name)
+        namespace, owner = ("triton", None) if link is not None else ("scratch", _scratch["owner"])
         try:
             return materialize(self._root, namespace, owner, name, data, link_from=link, cap=self._cap)
         except OSError as exc:
@@ -149,7 +176,12 @@ class KernelCacheManager(CacheManager):
         if self._delegate is not None:
             return self._delegate.get_file(filename)
         check_file_name(filename)
+        if filename in self._put:  # what this manager put (a member reaches the store with its group only)
+            return self._path(filename, self._put[filename])
         data = self._files.get(filename)
+        if data is not None:
+            return self._path(filename, data, link=self._files.entry_file(filename))
+        data = self._files.get_member(filename)
         return None if data is None else self._path(filename, data)
 
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
@@ -160,9 +192,12 @@ class KernelCacheManager(CacheManager):
         keep = _needed(filename)
         if self._first_put is None:
             self._first_put = time.monotonic()  # Triton's first put comes as its compile starts
-        if keep:
+        if keep and not _member_like(filename):
             self._files.put(filename, payload)  # a dropped write has warned; the path still works
-        path = self._path(filename, payload, scratch=not keep)
+        # A member waits for put_group (a member put without one, as a compile that failed
+        # midway leaves it, is never stored); until then get_file answers from here.
+        self._put[filename] = payload
+        path = self._path(filename, payload)
         if path is None:
             # The cache root cannot be written: Triton's own directory still can be, and a
             # cache must not fail a compile that works without it.
@@ -213,7 +248,7 @@ class KernelCacheManager(CacheManager):
         self._files.put_group(filename, members, seconds)
         # Triton ignores the result; like its FileCacheManager, return the group file's path.
         # Nothing reads it back (get_group reads the store): a scratch copy, gone at exit.
-        return self._path(_GROUP_PREFIX + filename, json.dumps({"child_paths": group}).encode(), scratch=True)
+        return self._path(_GROUP_PREFIX + filename, json.dumps({"child_paths": group}).encode())
 
     def close(self) -> None:
         """Nothing to release: the store is the process-wide default cache."""
@@ -258,6 +293,8 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
                 found[name] = self._from_group[name]
             else:
                 data = self._files.get(name)
+                if data is None:
+                    data = self._files.get_member(name)
                 if data is not None:
                     found[name] = data
         return found
@@ -268,7 +305,8 @@ class KernelCacheRemoteBackend(RemoteCacheBackend):
             return
         payload = _as_bytes(data)
         if not filename.startswith(_GROUP_PREFIX):
-            self._files.put(filename, payload)
+            if not _member_like(filename):  # a member is stored with its group (as by KernelCacheManager)
+                self._files.put(filename, payload)
             self._written[filename] = payload
             return
         try:

@@ -4,9 +4,10 @@ Triton's cache interface returns file paths (it reads the cubin and imports the 
 ``.so`` from them), so an entry read from kernelcache's store is copied to a file under
 the cache's own root::
 
-    <root>/materialized/<namespace>/<owner>/<sha256 prefix>-<file name>
+    <root>/materialized/<namespace>/<sha256 prefix>-<file name>           shared copies
+    <root>/materialized/<namespace>/<owner>/<sha256 prefix>-<file name>   one owner's copies
     <root>/materialized/tmp/                       staging for atomic writes
-    <root>/materialized/scratch/<pid>/...          copies nobody reads again (removed at exit)
+    <root>/materialized/scratch/<process>/...      one process's copies (removed at its exit)
 
 A copy of an entry of the store's file tier is a hard link to the entry file where the
 filesystem allows (no second copy of the bytes, no new inode); the copies' own bytes are
@@ -86,7 +87,7 @@ def private_root() -> str:
 def materialize(
     root: str,
     namespace: str,
-    owner: str,
+    owner: str | None,
     name: str,
     data: bytes,
     *,
@@ -99,16 +100,18 @@ def materialize(
     existing copy has its mtime bumped, which tells prune it was just handed out. The copy
     is read back after it is placed: a path is handed out only for the right bytes.
     ``link_from``: a file (a store entry) expected to hold ``data``: the copy is a hard link
-    to it where that works (no second copy of the bytes, no new inode). ``cap``: the bytes
-    copies may take (``sweep``). OSError when the directory cannot be written or the copy
-    does not read back.
+    to it where that works (no second copy of the bytes, no new inode). ``owner``: the
+    folder of one owner's copies under ``namespace`` (a process's scratch copies, removed
+    with it); None: the copy goes in ``namespace`` itself, shared by every owner (one
+    directory for them all: none per owner). ``cap``: the bytes copies may take (``sweep``).
+    OSError when the directory cannot be written or the copy does not read back.
     """
     check_file_name(name)
     base = os.path.join(root, MATERIALIZED_DIR)
     digest = hashlib.sha256(data).hexdigest()[:32]
-    folder = os.path.join(base, namespace, check_file_name(owner))
+    folder = os.path.join(base, check_file_name(namespace), *([] if owner is None else [check_file_name(owner)]))
     # The content's digest leads the name (the extension, which Triton reads, stays last):
-    # one directory per owner, none per copy.
+    # copies of one name with other bytes never share a path, and no copy needs a directory.
     path = os.path.join(folder, f"{digest}-{name}")
     if _reuse(path, data):
         return path
@@ -253,8 +256,8 @@ def _is_ours(base: str, path: str) -> bool:
         return True
     if len(parts) == 2 and parts[0] == "tmp":
         return bool(_STAGED.fullmatch(parts[1]))
-    if len(parts) == 3 and _NAMED.fullmatch(parts[2]):
-        expected = parts[2][:32]  # <ns>/<owner>/<digest>-<name>
+    if len(parts) in (2, 3) and parts[0] != "tmp" and _NAMED.fullmatch(parts[-1]):
+        expected = parts[-1][:32]  # <ns>/<digest>-<name> or <ns>/<owner>/<digest>-<name>
     elif len(parts) == 4 and _DIGEST.fullmatch(parts[2]):
         expected = parts[2]  # the earlier layout: <ns>/<owner>/<digest>/<name>
     else:
