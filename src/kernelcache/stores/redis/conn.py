@@ -1,9 +1,26 @@
-"""Reaching a Redis server: how a client is made (config.urls says which URLs are accepted), which errors mean
-"the server cannot be reached" (a back-off) rather than "it answered with an error"."""
+"""Reaching a Redis server: how a client is made (config.urls says which URLs are accepted),
+which errors mean "the server cannot be reached" (a back-off) rather than "it answered with
+an error"."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from kernelcache.config.urls import check_binary, check_redis_url
+
+
+def given_client(url: Any) -> tuple[Any, str]:
+    """(the ready client, or None to make one from the URL; how messages name the server) for
+    ``url``: a Redis URL str (checked now) or a redis-py client (Redis or RedisCluster)."""
+    if isinstance(url, str):
+        check_redis_url(url)
+        return None, url
+    if hasattr(url, "get") and hasattr(url, "set"):
+        connection_kwargs = getattr(url, "get_connection_kwargs", None)
+        if connection_kwargs is not None:
+            check_binary(connection_kwargs(), "this redis client")
+        return url, repr(url)
+    raise TypeError(f"url must be a redis URL str or a redis-py client, not {type(url).__name__}")
 
 
 def make_client(url: str, socket_timeout: float) -> Any:

@@ -30,7 +30,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kernelcache.config.urls import check_binary, check_redis_url
 from kernelcache.log import logger
 from kernelcache.stats import ErrorCause, error_deltas
 from kernelcache.stores import record as rec
@@ -39,7 +38,7 @@ from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.naming import entry_name
 from kernelcache.stores.redis import fleet as redisfleet
 from kernelcache.stores.redis import lock as redislock
-from kernelcache.stores.redis.conn import make_client, unreachable_errors
+from kernelcache.stores.redis.conn import given_client, make_client, unreachable_errors
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
@@ -139,20 +138,8 @@ class RedisProgramCache(RecordStore):
         self._read_only = bool(read_only)
         self._socket_timeout = float(socket_timeout)
         self._client_lock = threading.Lock()
-        self._client: Any = None
-        if isinstance(url, str):
-            check_redis_url(url)
-            self._owns_client = True
-            self.url = url
-        elif hasattr(url, "get") and hasattr(url, "set"):
-            connection_kwargs = getattr(url, "get_connection_kwargs", None)
-            if connection_kwargs is not None:
-                check_binary(connection_kwargs(), "this redis client")
-            self._client = url
-            self._owns_client = False
-            self.url = repr(url)
-        else:
-            raise TypeError(f"url must be a redis URL str or a redis-py client, not {type(url).__name__}")
+        self._client, self.url = given_client(url)
+        self._owns_client = self._client is None  # made from the URL on first use: ours to close
         self._health = Backoff(self._retry_after)
         self.last_error = ""
         self._stats = redisfleet.FleetStats(None if self._read_only else self._send_tally)
