@@ -7,6 +7,8 @@ line with what it saw.
     put KEY VERSION NAMES...           put each member "VERSION:NAME", then the group
     put-partial KEY VERSION N NAMES... put the first N members, print "ready", then hang
     get KEY NAMES...                    get_group: {"group": {name: content} | null}
+    get-hold KEY NAMES...               get_group, print its paths and pid, wait for a line on stdin, then
+                                        read them again: {"intact": whether each still holds its bytes}
     read-loop KEY SECONDS NAMES...      get_group repeatedly: counts of complete/absent/mixed
     write-loop KEY SECONDS NAMES...     put groups of alternating versions until SECONDS pass
     compile KEY                         triton.compile a real @triton.jit kernel for sm_90 (no GPU
@@ -16,6 +18,7 @@ line with what it saw.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import warnings
@@ -97,6 +100,22 @@ def main(argv: list[str]) -> None:
         time.sleep(600)  # killed here, before the rest and the group
     elif cmd == "get":
         print(json.dumps({"group": _get(key, argv[2:])}))
+    elif cmd == "get-hold":
+        group = get_cache_manager(key).get_group(GROUP) or {}
+        held = {}
+        for path in group.values():
+            with open(path, "rb") as f:
+                held[path] = f.read()
+        print(json.dumps({"paths": sorted(held), "pid": os.getpid()}), flush=True)
+        sys.stdin.readline()
+        intact = bool(held)
+        for path, data in held.items():
+            try:
+                with open(path, "rb") as f:
+                    intact = intact and f.read() == data
+            except OSError:
+                intact = False
+        print(json.dumps({"intact": intact}))
     elif cmd == "read-loop":
         counts = {"complete": 0, "absent": 0, "mixed": 0}
         deadline = time.time() + float(argv[2])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -530,3 +531,32 @@ def test_ls_shows_one_row_per_triton_kernel_show_its_members_stats_its_hits(tmp_
     )
     flat = stats.get("disk", stats) if isinstance(stats.get("disk"), dict) else stats
     assert flat["hits"] == 1 and flat["compile_seconds_saved"] > 0
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare(1)")
+def test_a_process_of_the_same_pid_on_another_host_leaves_our_scratch_copies_alone(tmp_path):
+    # Two hosts sharing one cache directory (a team cache on NFS) run processes of the same
+    # pid: here two PID namespaces, where both workers get one pid. One exits (its atexit
+    # removes its own scratch copies) while the other still holds the paths it was handed.
+    # (A fresh PID namespace numbers its first process 1, every time.)
+    root = tmp_path / "kc"
+    key = _key("same-pid")
+    _run(_env(root), "put", key, "v1", *NAMES)
+    argv = ["unshare", "--pid", "--fork", sys.executable, WORKER]
+    holder = subprocess.Popen(
+        [*argv, "get-hold", key, *NAMES], env=_env(root), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        first = json.loads(holder.stdout.readline())
+        pid_of = [*argv[:3], sys.executable, "-c", "import os; print(os.getpid())"]
+        assert subprocess.run(pid_of, capture_output=True, text=True, check=True).stdout.strip() == str(first["pid"])
+        other = subprocess.run([*argv, "get", key, *NAMES], env=_env(root), capture_output=True, text=True, timeout=120)
+        assert other.returncode == 0, other.stderr
+        assert json.loads(other.stdout.strip().splitlines()[-1])["group"] == {n: f"v1:{n}" for n in NAMES}
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert json.loads(holder.stdout.readline()) == {"intact": True}, first
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)

@@ -57,3 +57,77 @@ def test_disk_per_kernel_is_at_most_tritons_own(tmp_path, binary_only):
     theirs = _added_by_more_kernels(tmp_path / "theirs", False, binary_only)
     assert ours["inodes"] <= theirs["inodes"], (ours, theirs)
     assert ours["bytes"] <= theirs["bytes"], (ours, theirs)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _previous_layout(store, key: str, members: dict[str, bytes], single: tuple[str, bytes]) -> dict[str, bytes]:
+    """Write a group and a single file exactly as the previous layout did (a manifest entry of
+    member digests, each member an entry of its own); return their keys by role."""
+    import hashlib
+
+    import triton
+
+    prefix = key.encode() + b"\x00"
+
+    def file_key(name: str) -> bytes:
+        return b"kernelcache.triton.file/1\x00" + prefix + name.encode()
+
+    def meta(name: str) -> dict:
+        ext = name.rsplit(".", 1)[-1]
+        return {"kind": "triton", "code_type": "triton", "target_type": ext, "kernels": [name], "triton_key": key}
+
+    for name, data in [*members.items(), single]:
+        store.set_record(file_key(name), data, {**meta(name), "triton_version": triton.__version__})
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}
+    manifest = json.dumps({"format": 1, "members": digests}, sort_keys=True).encode()
+    group_key = b"kernelcache.triton.group/1\x00" + prefix + b"kern.json"
+    group_meta = {
+        "kind": "triton-group",
+        "code_type": "triton",
+        "target_type": "group",
+        "kernels": ["kern"],
+        "members": {name: len(data) for name, data in sorted(members.items())},
+        "group_bytes": sum(len(data) for data in members.values()),
+        "options": {"arch": "sm_90"},
+        "triton_key": key,
+        "triton_version": triton.__version__,
+    }
+    store.set_record(group_key, manifest, group_meta)
+    return {"group": group_key, "single": file_key(single[0])}
+
+
+def test_a_cache_of_the_previous_layout_misses_its_groups_cleanly_and_serves_its_files(tmp_path, monkeypatch):
+    import hashlib
+    import warnings
+
+    from triton.runtime.cache import get_cache_manager
+
+    from kernelcache.log import KernelCacheWarning
+    from kernelcache.stores.file.store import FileStreamProgramCache
+
+    root = tmp_path / "kc"
+    key = hashlib.sha256(b"previous layout").hexdigest()
+    members = {"kern.cubin": b"old cubin", "kern.json": b'{"name": "kern"}'}
+    launcher = ("__triton_launcher.cpython-311-x86_64-linux-gnu.so", b"\x7fELF old launcher")
+    monkeypatch.setenv("KERNELCACHE_DIR", str(root))
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "kernelcache.triton:KernelCacheManager")
+    with FileStreamProgramCache(str(root)) as store:
+        old = _previous_layout(store, get_cache_manager(key).key, members, launcher)  # the key Triton hands it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelCacheWarning)  # a clean miss: no warning, no error
+        manager = get_cache_manager(key)
+        assert manager.get_group("kern.json") is None  # Triton compiles and stores it again
+        with open(manager.get_file(launcher[0]), "rb") as f:
+            assert f.read() == launcher[1]  # the previous layout's launcher needs no rebuild
+        new = {"kern.cubin": b"new cubin", "kern.json": b'{"name": "kern"}'}
+        paths = {name: manager.put(data, name) for name, data in new.items()}
+        manager.put_group("kern.json", paths)
+        got = get_cache_manager(key).get_group("kern.json")
+        assert got is not None and {n: _read(p) for n, p in got.items()} == new
+    # The previous layout's entries stay, for a process of that version sharing the cache.
+    with FileStreamProgramCache(str(root)) as store:
+        assert store.get_record(old["group"]) is not None and store.get_record(old["single"]) is not None
