@@ -102,3 +102,4 @@ def test_corrupt_cached_artifact_is_healed_at_load(tmp_path) -> None:
     assert any(issubclass(w.category, KernelCacheWarning) for w in caught)
     np.testing.assert_allclose(_scale_on(0, kernel), 3.0 * np.arange(512))
     assert store.stats()["compiles"] == 2
+    assert store.stats()["errors_by_cause"] == {"driver": 1}  # counted under its cause
