@@ -441,6 +441,7 @@ def test_a_store_that_raises_degrades_to_compiling(tmp_path) -> None:
         obj, info = call(cache)
     assert not info.hit and bytes(obj.code)[:4] == b"\x7fELF"
     assert cache.stats()["errors"] >= 1
+    assert set(cache.stats()["errors_by_cause"]) <= {"read", "write"}  # what a store raised, by the call
 
 
 def test_failed_traced_compile_leaves_no_stray_trace_in_cwd(tmp_path, monkeypatch) -> None:

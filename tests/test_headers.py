@@ -132,6 +132,7 @@ def test_header_edited_during_the_compile_is_not_stored(tmp_path, monkeypatch) -
     # The caller got its result with exactly one warning saying why it was not stored.
     said = [str(w.message) for w in caught if issubclass(w.category, KernelCacheWarning)]
     assert len(said) == 1 and "changed during the compile" in said[0]
+    assert cache.stats()["errors_by_cause"] == {"not_stored": 1}
 
 
 def test_header_touched_after_the_compile_started_is_not_stored(tmp_path, monkeypatch) -> None:
