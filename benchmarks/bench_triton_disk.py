@@ -7,7 +7,8 @@ both managers get the same calls, in fresh processes: a cold process compiles ke
 group of stage files, its metadata JSON, put_group, then its launcher .so and cuda_utils.so as
 runtime/build.py caches them) and a warm process loads them again. The disk is counted as
 ``du`` counts it, each inode once (tests/_triton_disk_child.usage): files + directories
-(inodes), apparent bytes (``du -sb``) and allocated bytes (``du -sB1``). "one kernel": the
+(inodes), apparent bytes (``du -sb``; file_bytes: the files' alone) and allocated bytes
+(``du -sB1``). "one kernel": the
 whole tree after the first kernel (its own files and the tree's); "per kernel": what each of
 the next kernels added (the tree's fixed files excluded). Ratios are kernelcache / Triton.
 
@@ -34,7 +35,7 @@ from _triton_disk_child import usage  # noqa: E402
 CHILD = os.path.join(TESTS, "_triton_disk_child.py")
 GPU_CHILD = os.path.join(TESTS, "_integration_gpu_child.py")
 MANAGER = "kernelcache.triton:KernelCacheManager"
-FIELDS = ("inodes", "files", "dirs", "bytes", "blocks_bytes")
+FIELDS = ("inodes", "files", "dirs", "bytes", "file_bytes", "blocks_bytes")
 
 
 def env_for(root: str, ours: bool, binary_only: str | None) -> dict[str, str]:

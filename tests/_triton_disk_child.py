@@ -39,8 +39,9 @@ SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 def usage(root: str) -> dict[str, int]:
     """What ``du`` counts under root, root included, each inode once: files, directories,
-    inodes (the two together), apparent bytes (``du -sb``: st_size, directories' too) and
-    allocated bytes (``du -sB1``: st_blocks * 512). Hard links to one file count once."""
+    inodes (the two together), apparent bytes (``du -sb``: st_size, directories' too), the
+    files' own apparent bytes, and allocated bytes (``du -sB1``: st_blocks * 512). Hard links
+    to one file count once."""
     seen: dict[int, os.stat_result] = {}
     for d, dirs, names in os.walk(root):
         for name in [".", *dirs, *names]:
@@ -52,6 +53,7 @@ def usage(root: str) -> dict[str, int]:
         "dirs": dirs_n,
         "inodes": len(seen),
         "bytes": sum(st.st_size for st in seen.values()),
+        "file_bytes": sum(st.st_size for st in seen.values() if not stat.S_ISDIR(st.st_mode)),
         "blocks_bytes": sum(st.st_blocks * 512 for st in seen.values()),
     }
 

@@ -65,7 +65,8 @@ def entry_row(entry: EntryInfo) -> dict[str, Any]:
         "target_type": _text(meta.get("target_type")),
         # Older sidecars hold repr strings; a mapping write (stores/sniff.py) its arch at the top.
         "arch": _text(options.get("arch") or meta.get("arch"), "").strip("'") or "?",
-        # A Triton kernel's row: the bytes of its whole group, not of its manifest alone.
+        # A Triton kernel's row: its group's bytes: the entry's own size where it holds the members,
+        # the group_bytes a manifest-style group names (its members are entries of their own).
         "size": int(meta["group_bytes"]) if isinstance(meta.get("group_bytes"), int) else entry.size,
         "created": _number(record.get("created")),
         "last_used": entry.atime,
