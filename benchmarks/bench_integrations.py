@@ -10,7 +10,9 @@ Cold: empty caches. Warm: a second process on the caches the cold one filled. Th
 compare kernelcache with the tool's own cache (below 1: kernelcache is faster). For Triton,
 the disk each cache holds after a cold and a warm process of one kernel, counted as ``du``
 counts it, each inode once (tests/_triton_disk_child.usage, the measure of
-bench_triton_disk.py): inodes (files + directories), apparent bytes (``du -sb``).
+bench_triton_disk.py): inodes (files + directories), apparent bytes (``du -sb``), and of
+those the files alone. One kernel's figures include each cache's own tree; bench_triton_disk.py
+also prints what each further kernel adds.
 """
 
 from __future__ import annotations
@@ -110,11 +112,14 @@ def main() -> None:
             ours, theirs = disk(tool), disk(f"{tool}-own")
             for label, u in (("kernelcache", ours), ("own", theirs)):
                 print(
-                    f"  disk {label:<22}{u['bytes']:>10} B {u['files']:>4} files {u['dirs']:>4} dirs"
-                    f" {u['inodes']:>4} inodes"
+                    f"  disk {label:<22}{u['inodes']:>4} inodes ({u['files']} files, {u['dirs']} dirs)"
+                    f" {u['bytes']:>8} B ({u['file_bytes']} B in files)"
                 )
-            ratio_bytes, ratio_inodes = ours["bytes"] / theirs["bytes"], ours["inodes"] / theirs["inodes"]
-            print(f"  disk kernelcache/own       {ratio_bytes:>9.2f}x bytes {ratio_inodes:>5.2f}x inodes")
+            ratios = {k: ours[k] / theirs[k] for k in ("inodes", "files", "bytes", "file_bytes")}
+            print(
+                f"  disk kernelcache/own       {ratios['inodes']:.2f}x inodes ({ratios['files']:.2f}x files)"
+                f" {ratios['bytes']:.2f}x bytes ({ratios['file_bytes']:.2f}x in files)"
+            )
 
 
 if __name__ == "__main__":
