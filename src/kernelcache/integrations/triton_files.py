@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import triton
-
 from kernelcache.integrations.materialized import check_file_name
 from kernelcache.integrations.triton_pack import pack, unpack
 from kernelcache.log import WarnOnce
@@ -107,16 +105,15 @@ class TritonFiles:
         group = None if record is None else unpack(record[0], record[1], is_plain)
         return None if group is None else group.get(name)
 
-    def _member_meta(self, name: str) -> dict[str, Any]:
+    # The metadata holds what the tools print or read, nothing more: every entry pays its
+    # bytes. The Triton version is not repeated (Triton's key covers it), nor a single file's
+    # Triton key (`ls` lists no single file, `show` prints no Triton key); a group keeps its
+    # key, the kernel's identity for whoever reads the metadata.
+
+    @staticmethod
+    def _member_meta(name: str) -> dict[str, Any]:
         ext = name.rsplit(".", 1)[-1] if "." in name else ""
-        return {
-            "kind": "triton",
-            "code_type": "triton",
-            "target_type": ext or "file",
-            "kernels": [name],
-            "triton_key": self.key,
-            "triton_version": triton.__version__,
-        }
+        return {"kind": "triton", "code_type": "triton", "target_type": ext or "file", "kernels": [name]}
 
     def _group_meta(
         self, members: dict[str, bytes], sizes: dict[str, int], compile_seconds: float | None
@@ -134,7 +131,6 @@ class TritonFiles:
             "members": sizes,
             "options": {"arch": info.get("arch") or "?"},
             "triton_key": self.key,
-            "triton_version": triton.__version__,
         }
         if compile_seconds is not None:
             meta["compile_seconds"] = round(compile_seconds, 3)
