@@ -35,6 +35,7 @@ import atexit
 import json
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -51,7 +52,7 @@ from kernelcache.integrations.materialized import MATERIALIZED_DIR, check_file_n
 from kernelcache.integrations.triton_files import TritonFiles, is_plain, warn_once
 from kernelcache.stores.base import ProgramCacheResource
 
-__all__ = ["KernelCacheManager", "KernelCacheRemoteBackend"]
+__all__ = ["KernelCacheManager", "KernelCacheRemoteBackend", "inductor_loaded", "mirror_group"]
 
 _GROUP_PREFIX = "__grp__"  # Triton's name for a group's own file
 # A kernel's IRs, which Triton itself drops with TRITON_STORE_BINARY_ONLY=1 (it keeps the
@@ -128,6 +129,41 @@ def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
     except OSError as exc:
         warn_once("private-root", f"no directory for copies ({exc}); Triton keeps its own files")
         return store, ""
+
+
+def inductor_loaded() -> bool:
+    """Whether torch.compile's Inductor runs in this process (its compile workers too).
+
+    Inductor reads compiled kernels from Triton's own cache directory by path, whatever
+    Triton's cache manager: its static CUDA launcher loads ``<TRITON_CACHE_DIR>/<key>/<kernel>.cubin``
+    (without it, Triton builds a C launcher per kernel signature, a C compiler run each), and
+    its FX-graph cache bundles that folder's files into its entries for other processes and
+    hosts (its emitted bundles land there). Measured on the H200 host with a two-block model
+    (benchmarks/bench_torch_fleet.py): without those files, first calls 1.1-1.3x slower than
+    with Triton's own manager, warm and on a new node.
+    """
+    return "torch._inductor" in sys.modules
+
+
+def mirror_group(key: str, filename: str, members: dict[str, bytes]) -> dict[str, str] | None:
+    """The group written into Triton's own directory for ``key`` as Triton's FileCacheManager
+    writes it (its code: atomic renames, its layout, its group file); name -> path.
+
+    A group already complete there is used as it is. None (warned once) when that directory
+    cannot be written: Triton then gets kernelcache's own copies. Only what kernelcache
+    stores of a group goes there (its binary and metadata; IRs with TRITON_STORE_BINARY_ONLY=0).
+    """
+    try:
+        mirror = FileCacheManager(key)
+        there = mirror.get_group(filename)
+        if there is not None and set(members) <= set(there):
+            return {name: there[name] for name in members}
+        paths = {name: mirror.put(data, name, binary=True) for name, data in members.items()}
+        mirror.put_group(filename, paths)
+        return paths
+    except OSError as exc:
+        warn_once(f"mirror-{exc.errno}", f"cannot write Triton's own directory for Inductor ({exc}); copies stay ours")
+        return None
 
 
 class KernelCacheManager(CacheManager):
@@ -220,7 +256,13 @@ class KernelCacheManager(CacheManager):
             from kernelcache.compile import strict
 
             strict.on_triton_miss(self.key, filename)  # KERNELCACHE_REQUIRE_HIT=1 raises: Triton compiles nothing
-            return None
+            # Inductor emits the kernels its FX-graph entries carry into Triton's own
+            # directory; Triton's own manager would load them from there, and so do we.
+            return FileCacheManager(self.key).get_group(filename) if inductor_loaded() else None
+        if inductor_loaded():  # Inductor loads the kernel from Triton's directory by path
+            mirrored = mirror_group(self.key, filename, members)
+            if mirrored is not None:
+                return mirrored
         paths = {}
         for name, data in members.items():
             path = self._path(name, data)
@@ -246,6 +288,8 @@ class KernelCacheManager(CacheManager):
                 return None
         seconds = None if self._first_put is None else time.monotonic() - self._first_put
         self._files.put_group(filename, members, seconds)
+        if inductor_loaded():
+            mirror_group(self.key, filename, members)
         # Triton ignores the result; like its FileCacheManager, return the group file's path.
         # Nothing reads it back (get_group reads the store): a scratch copy, gone at exit.
         return self._path(_GROUP_PREFIX + filename, json.dumps({"child_paths": group}).encode())

@@ -1,0 +1,84 @@
+"""Inductor (torch.compile) reads kernels from Triton's own directory by path: kernelcache's
+manager leaves a group there for it, as Triton's own manager would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+from triton.runtime.cache import FileCacheManager  # noqa: E402
+
+from kernelcache.triton import mirror_group  # noqa: E402
+
+KEY = "A" * 52  # Triton's keys: base32 of a sha256
+
+
+def test_a_group_mirrored_is_read_back_by_tritons_own_manager(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    members = {"k.cubin": b"\x7fELF-the-binary", "k.json": b'{"name": "k"}'}
+    paths = mirror_group(KEY, "k.json", members)
+    assert paths is not None and sorted(paths) == ["k.cubin", "k.json"]
+    assert all(os.path.dirname(p) == str(tmp_path / "triton" / KEY) for p in paths.values())
+    found = FileCacheManager(KEY).get_group("k.json")  # what Inductor's and Triton's readers see
+    assert found is not None and {n: Path(p).read_bytes() for n, p in found.items()} == members
+    # Already complete there (Inductor emitted it, or another process mirrored it): used as is.
+    before = {p: os.stat(p).st_mtime_ns for p in paths.values()}
+    assert mirror_group(KEY, "k.json", members) == paths
+    assert {p: os.stat(p).st_mtime_ns for p in paths.values()} == before
+
+
+def test_a_directory_that_cannot_be_written_leaves_our_copies(tmp_path, monkeypatch):
+    (tmp_path / "triton").write_text("a file where Triton's directory must be")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    with pytest.warns(Warning, match="Triton's own directory"):
+        assert mirror_group(KEY, "k.json", {"k.cubin": b"x", "k.json": b"{}"}) is None
+
+
+CHILD = r"""
+import json, torch
+from torch._dynamo.utils import counters
+
+@torch.compile
+def f(x, y):
+    return torch.nn.functional.gelu(x @ y).softmax(-1) * 2.0
+
+x = torch.randn(64, 64, device="cuda")
+out = f(x, x)
+torch.cuda.synchronize()
+ok = torch.allclose(out, torch.nn.functional.gelu(x @ x).softmax(-1) * 2.0, atol=1e-4)
+print(json.dumps({"ok": bool(ok), **{k: v for k, v in counters["inductor"].items() if "triton_bundler" in k}}))
+"""
+
+
+@pytest.mark.gpu
+def test_inductor_bundles_and_reloads_kernels_through_our_manager(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+    def run(node: str) -> dict:
+        env = {
+            **os.environ,
+            "TRITON_CACHE_MANAGER": "kernelcache.triton:KernelCacheManager",
+            "KERNELCACHE_DIR": str(tmp_path / node / "kc"),
+            "TRITON_CACHE_DIR": str(tmp_path / node / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),  # the FX-graph cache: shared
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+            "TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE": "1",
+        }
+        out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run("a")
+    assert first["ok"] and first.get("triton_bundler_save_kernel", 0) > 0  # Inductor found our kernels there
+    second = run("b")  # another node: empty Triton and kernelcache directories, the FX-graph entry shared
+    assert second["ok"] and second.get("triton_bundler_read_and_emit_kernel", 0) > 0
