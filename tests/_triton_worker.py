@@ -6,6 +6,9 @@ line with what it saw.
 
     put KEY VERSION NAMES...           put each member "VERSION:NAME", then the group
     put-partial KEY VERSION N NAMES... put the first N members, print "ready", then hang
+    put-slow KEY VERSION NAMES...      put each member, print "ready", wait for a line on stdin (a long
+                                        compile), put the group, then read every path Triton got back as
+                                        CompiledKernel does: {"readable": whether each held its bytes}
     get KEY NAMES...                    get_group: {"group": {name: content} | null}
     get-hold KEY NAMES...               get_group, print its paths and pid, wait for a line on stdin, then
                                         read them again: {"intact": whether each still holds its bytes}
@@ -98,6 +101,20 @@ def main(argv: list[str]) -> None:
             manager.put(f"{argv[2]}:{name}".encode(), name)
         print("ready", flush=True)
         time.sleep(600)  # killed here, before the rest and the group
+    elif cmd == "put-slow":
+        manager = get_cache_manager(key)
+        paths = {name: manager.put(f"{argv[2]}:{name}".encode(), name) for name in argv[3:]}
+        print("ready", flush=True)
+        sys.stdin.readline()
+        manager.put_group(GROUP, paths)
+        readable = True
+        for name, path in paths.items():
+            try:
+                with open(path, "rb") as f:
+                    readable = readable and f.read() == f"{argv[2]}:{name}".encode()
+            except OSError:
+                readable = False
+        print(json.dumps({"readable": readable}))
     elif cmd == "get":
         print(json.dumps({"group": _get(key, argv[2:])}))
     elif cmd == "get-hold":

@@ -508,6 +508,42 @@ def test_copies_stay_within_the_cap_and_idle_ones_go_without_a_prune(tmp_path):
     assert files <= 3  # the last group's two copies (and the sweep's own stamp)
 
 
+def test_copies_swept_during_a_long_compile_are_back_before_triton_reads_them(tmp_path):
+    # Triton puts a kernel's source first and reads every path it got back only after its
+    # last stage (CompiledKernel), seconds or minutes later. Meanwhile another process over
+    # the copies' cap sweeps the oldest ones: the group must still be stored, and every path
+    # Triton holds must still hold what it put.
+    root = tmp_path / "kc"
+    key = _key("slow-compile")
+    env = _env(root, KERNELCACHE_MAX_SIZE="1MB")
+    writer = subprocess.Popen(
+        [sys.executable, WORKER, "put-slow", key, "v1", *NAMES],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdin is not None
+        assert writer.stdout.readline().strip() == "ready"
+        _age(root, 30)  # as after a compile of 30 s: older than a fresh copy's protection
+        # Another process builds two launchers: 1.2 MB of copies over the 1 MB cap.
+        code = (
+            "import os\n"
+            "from triton.runtime.cache import get_cache_manager\n"
+            f"m = get_cache_manager({_key('launchers')!r})\n"
+            "for n in ('a.so', 'b.so'): m.put(os.urandom(600_000), n)\n"
+        )
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        assert json.loads(writer.stdout.readline()) == {"readable": True}
+    finally:
+        writer.kill()
+        writer.wait(timeout=60)
+    assert _run(env, "get", key, *NAMES)["group"] == {name: f"v1:{name}" for name in NAMES}
+
+
 def test_ls_shows_one_row_per_triton_kernel_show_its_members_stats_its_hits(tmp_path):
     # A real triton.compile (sm_90, on CPU), then a second process's hit.
     root = tmp_path / "kc"

@@ -280,6 +280,9 @@ class KernelCacheManager(CacheManager):
         for name, path in group.items():
             if not _needed(name):
                 continue  # an IR Triton keeps only for debugging: not part of the stored group
+            if name in self._put:  # what Triton put here: its bytes, whether or not its copy is still there
+                members[check_file_name(name)] = self._put[name]
+                continue
             try:
                 with open(path, "rb") as f:
                     members[check_file_name(name)] = f.read()
@@ -290,6 +293,13 @@ class KernelCacheManager(CacheManager):
         self._files.put_group(filename, members, seconds)
         if inductor_loaded():
             mirror_group(self.key, filename, members)
+        # Race: Triton reads every path put gave it only now (CompiledKernel, after the last
+        # stage), and a compile can take minutes: a sweep by any process over the copies' cap
+        # may have removed the early copies (older than MIN_AGE_S) meanwhile. Each is put
+        # back at its path (named by its content), its age reset, before Triton reads it.
+        for name, path in group.items():
+            if name in self._put and os.path.basename(path).endswith(f"-{name}"):
+                self._path(name, self._put[name])
         # Triton ignores the result; like its FileCacheManager, return the group file's path.
         # Nothing reads it back (get_group reads the store): a scratch copy, gone at exit.
         return self._path(_GROUP_PREFIX + filename, json.dumps({"child_paths": group}).encode())
