@@ -40,6 +40,78 @@ def test_a_directory_that_cannot_be_written_leaves_our_copies(tmp_path, monkeypa
         assert mirror_group(KEY, "k.json", {"k.cubin": b"x", "k.json": b"{}"}) is None
 
 
+# A process where Inductor is loaded (torch.compile imported it), without torch installed here:
+# the module Inductor's import leaves in sys.modules. Then the worker, as a Triton user.
+AS_INDUCTOR = (
+    "import runpy, sys, types\n"
+    "sys.modules['torch._inductor'] = types.ModuleType('torch._inductor')\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+WORKER = os.path.join(os.path.dirname(__file__), "_triton_worker.py")
+NAMES = ["kern.cubin", "kern.json"]
+
+
+def _worker(env: dict[str, str], *args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", AS_INDUCTOR, WORKER, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _kc_env(tmp_path, **extra: str) -> dict[str, str]:
+    env = dict(
+        os.environ, KERNELCACHE_DIR=str(tmp_path / "kc"), TRITON_CACHE_MANAGER="kernelcache.triton:KernelCacheManager"
+    )
+    env.update(extra)
+    return env
+
+
+def test_a_compile_under_inductor_works_where_tritons_directory_cannot_be_written(tmp_path):
+    # A read-only HOME (Triton's default directory) or, here, a file where it must be: the
+    # miss, the compile and the hit all go through kernelcache, as without Inductor.
+    (tmp_path / "triton").write_text("a file where Triton's directory must be")
+    env = _kc_env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    cold = _worker(env, "compile")
+    warm = _worker(env, "compile")
+    assert (cold["compiled"], warm["compiled"], warm["hits"]) == (1, 0, 1)
+    assert warm["cubin_sha256"] == cold["cubin_sha256"]
+
+
+def test_a_group_file_of_tritons_remote_manager_in_its_directory_leaves_our_hit_intact(tmp_path):
+    # Triton's RemoteCacheManager (over our remote backend, the other set-up) leaves in
+    # Triton's directory a group file whose child_paths is a list of names, which Triton's
+    # FileCacheManager cannot read. The same machine then switched to our manager, under
+    # Inductor: the group kernelcache holds is a hit, and Triton's directory gets a group
+    # its FileCacheManager reads.
+    key = "B" * 64  # what Triton passes get_cache_manager (a sha256 hex)
+    base = dict(os.environ, KERNELCACHE_DIR=str(tmp_path / "kc"), TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    remote = dict(
+        base,
+        TRITON_CACHE_MANAGER="triton.runtime.cache:RemoteCacheManager",
+        TRITON_REMOTE_CACHE_BACKEND="kernelcache.triton:KernelCacheRemoteBackend",
+    )
+    subprocess.run([sys.executable, WORKER, "put", key, "v1", *NAMES], env=remote, check=True, timeout=120)
+    (group_file,) = (tmp_path / "triton").glob("*/__grp__kern.json")
+    assert isinstance(json.loads(group_file.read_text())["child_paths"], list)
+    got = _worker(_kc_env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "triton")), "get", key, *NAMES)
+    assert got["group"] == {name: f"v1:{name}" for name in NAMES}
+    triton_dir = str(tmp_path / "triton")
+    found = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from triton.runtime.cache import FileCacheManager as F; print(sorted(F({group_file.parent.name!r}).get_group('kern.json')))",
+        ],
+        env=dict(os.environ, TRITON_CACHE_DIR=triton_dir),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert found.stdout.strip() == str(NAMES)
+
+
 CHILD = r"""
 import json, torch
 from torch._dynamo.utils import counters

@@ -155,7 +155,7 @@ def mirror_group(key: str, filename: str, members: dict[str, bytes]) -> dict[str
     """
     try:
         mirror = FileCacheManager(key)
-        there = mirror.get_group(filename)
+        there = _tritons_group(mirror, filename)
         if there is not None and set(members) <= set(there):
             return {name: there[name] for name in members}
         paths = {name: mirror.put(data, name, binary=True) for name, data in members.items()}
@@ -163,6 +163,27 @@ def mirror_group(key: str, filename: str, members: dict[str, bytes]) -> dict[str
         return paths
     except OSError as exc:
         warn_once(f"mirror-{exc.errno}", f"cannot write Triton's own directory for Inductor ({exc}); copies stay ours")
+        return None
+
+
+def _tritons_group(manager: FileCacheManager, filename: str) -> dict[str, str] | None:
+    """``manager.get_group``; None also for a group file it cannot read: Triton's
+    RemoteCacheManager (over any backend, ours too) leaves one in Triton's directory, its
+    child_paths a list of names where FileCacheManager expects name -> path."""
+    try:
+        return manager.get_group(filename)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _inductors_group(key: str, filename: str) -> dict[str, str] | None:
+    """The group Inductor may have emitted into Triton's own directory, as Triton's own
+    manager reads it; None (warned once) when that directory cannot be made or read: a miss,
+    Triton compiles and kernelcache stores, as without Inductor."""
+    try:
+        return _tritons_group(FileCacheManager(key), filename)
+    except OSError as exc:
+        warn_once(f"mirror-{exc.errno}", f"cannot read Triton's own directory for Inductor ({exc}); a miss")
         return None
 
 
@@ -258,7 +279,7 @@ class KernelCacheManager(CacheManager):
             strict.on_triton_miss(self.key, filename)  # KERNELCACHE_REQUIRE_HIT=1 raises: Triton compiles nothing
             # Inductor emits the kernels its FX-graph entries carry into Triton's own
             # directory; Triton's own manager would load them from there, and so do we.
-            return FileCacheManager(self.key).get_group(filename) if inductor_loaded() else None
+            return _inductors_group(self.key, filename) if inductor_loaded() else None
         if inductor_loaded():  # Inductor loads the kernel from Triton's directory by path
             mirrored = mirror_group(self.key, filename, members)
             if mirrored is not None:
