@@ -9,6 +9,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -121,6 +122,7 @@ def _triton(env: dict[str, str], *args: str, user: pwd.struct_passwd | None = No
             os.setgid(user.pw_gid)
             os.setuid(user.pw_uid)
             os.umask(0o007)
+            signal.alarm(60)  # a call that hangs fails the test instead of hanging it
             os.environ.clear()
             os.environ.update(_clean_env(env))
             sys.stdout = os.fdopen(write_end, "w")
@@ -219,3 +221,39 @@ def test_team_members_read_each_others_copies(users, base):
     for path in first["paths"].values():
         st = os.stat(path)
         assert st.st_uid == a.pw_uid and st.st_mode & stat.S_IRGRP, oct(st.st_mode)
+
+
+def _as(user: pwd.struct_passwd, *paths_to_fifos: str) -> None:
+    """As ``user`` (in a forked child): replace each file with a FIFO of the same name."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.setgroups(os.getgrouplist(user.pw_name, user.pw_gid))
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            for path in paths_to_fifos:
+                os.unlink(path)
+                os.mkfifo(path, 0o660)
+            status = 0
+        finally:
+            os._exit(status)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
+def test_a_fifo_a_member_planted_for_a_copy_never_hangs_another(users, base):
+    # The team's copy folders are the team's to write: b swaps the shared copy of a
+    # launcher (its name, digest included, is there to read) for a FIFO. Opening a FIFO to
+    # read waits for a writer that never comes; a's next get_file must not wait on it.
+    a, b = users["kcinteg_a"], users["kcinteg_b"]
+    team = os.path.join(base, "team")
+    os.mkdir(team)
+    os.chown(team, a.pw_uid, grp.getgrnam(TEAM).gr_gid)
+    os.chmod(team, 0o2770)
+    env = {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
+    files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
+    _triton(env, "put-file", KEY, *files, user=a)
+    first = _triton(env, "get-file", KEY, *files, user=a)
+    _as(b, *first["paths"].values())
+    again = _triton(env, "get-file", KEY, *files, user=a)
+    assert again["contents"] == first["contents"] == {n: f"v1:{n}" for n in files}

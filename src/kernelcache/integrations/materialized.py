@@ -47,7 +47,6 @@ MATERIALIZED_DIR = "materialized"
 # this long nobody is about to read it. The same margin as the store's stale temp files.
 KEEP_RECENT_S = 15 * 60
 _ATTEMPTS = 5  # tries to place a copy while a concurrent prune removes empty directories
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def check_file_name(name: str) -> str:
@@ -197,11 +196,13 @@ def _staged(root: str, tmp_dir: str, data: bytes, link_from: str | None) -> str:
 
 def _same_content(path: str, data: bytes) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW)
+        # Only a regular file, opened without waiting: a FIFO planted at a copy's path (by
+        # whoever can write a team cache's folders) would block a plain open forever.
+        fd, st = open_regular(path)
     except OSError:
         return False
     try:
-        if os.fstat(fd).st_size != len(data):
+        if st.st_size != len(data):
             return False
         chunks = []
         while chunk := os.read(fd, 1 << 20):
