@@ -233,8 +233,11 @@ def _as(user: pwd.struct_passwd, *paths_to_fifos: str) -> None:
             os.setgid(user.pw_gid)
             os.setuid(user.pw_uid)
             for path in paths_to_fifos:
-                os.unlink(path)
-                os.mkfifo(path, 0o660)
+                if os.path.lexists(path):
+                    os.unlink(path)
+                os.mkfifo(path)
+                os.chmod(path, 0o660)  # whatever the umask: the team reads and writes it
+                os.utime(path, (0, 0))  # old: what waits on it is due at once
             status = 0
         finally:
             os._exit(status)
@@ -257,3 +260,21 @@ def test_a_fifo_a_member_planted_for_a_copy_never_hangs_another(users, base):
     _as(b, *first["paths"].values())
     again = _triton(env, "get-file", KEY, *files, user=a)
     assert again["contents"] == first["contents"] == {n: f"v1:{n}" for n in files}
+
+
+def test_a_fifo_a_member_planted_for_the_sweep_stamp_never_hangs_another(users, base):
+    # The same with the file whose mtime says when copies were last swept: a FIFO there,
+    # old enough that the next copy written is due to sweep (and so to touch the stamp).
+    a, b = users["kcinteg_a"], users["kcinteg_b"]
+    team = os.path.join(base, "team")
+    os.mkdir(team)
+    os.chown(team, a.pw_uid, grp.getgrnam(TEAM).gr_gid)
+    os.chmod(team, 0o2770)
+    env = {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
+    files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
+    _triton(env, "put-file", KEY, *files, user=a)
+    _as(b, os.path.join(team, "materialized", ".swept"))
+    again = _triton(env, "get", KEY, *NAMES, user=a)  # a miss; then a copy written
+    assert again["paths"] is None
+    written = _triton(env, "put-file", "cd" * 32, *files, user=a)
+    assert written["contents"] == {n: f"v1:{n}" for n in files}
