@@ -112,6 +112,21 @@ def test_a_group_file_of_tritons_remote_manager_in_its_directory_leaves_our_hit_
     assert found.stdout.strip() == str(NAMES)
 
 
+def test_a_damaged_or_other_group_in_tritons_directory_is_not_what_a_hit_returns(tmp_path):
+    # kernelcache holds the checked group; Triton's directory a complete group by its names,
+    # but one byte of its binary flipped (a disk, a killed writer of another version). The
+    # paths a hit hands out hold the checked bytes, and Triton's directory is mended.
+    env = _kc_env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    key = "C" * 64
+    _worker(env, "put", key, "v1", *NAMES)
+    (cubin,) = (tmp_path / "triton").glob("*/kern.cubin")
+    damaged = bytearray(cubin.read_bytes())
+    damaged[0] ^= 0x01
+    cubin.write_bytes(bytes(damaged))
+    assert _worker(env, "get", key, *NAMES)["group"] == {name: f"v1:{name}" for name in NAMES}
+    assert cubin.read_bytes() == b"v1:kern.cubin"
+
+
 CHILD = r"""
 import json, torch
 from torch._dynamo.utils import counters

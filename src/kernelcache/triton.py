@@ -156,7 +156,12 @@ def mirror_group(key: str, filename: str, members: dict[str, bytes]) -> dict[str
     try:
         mirror = FileCacheManager(key)
         there = _tritons_group(mirror, filename)
-        if there is not None and set(members) <= set(there):
+        # Used as it is only if it holds the bytes kernelcache checked: Triton's files are not
+        # checked on read, and a flipped byte, or a member another version's writer left
+        # (Triton replaces by path, member by member), would be what Triton loads.
+        # Race: a peer may replace a file there after this compare (whole files, by rename):
+        # only with another version of the key's kernel, as with Triton's own manager.
+        if there is not None and all(name in there and _holds(there[name], data) for name, data in members.items()):
             return {name: there[name] for name in members}
         paths = {name: mirror.put(data, name, binary=True) for name, data in members.items()}
         mirror.put_group(filename, paths)
@@ -164,6 +169,15 @@ def mirror_group(key: str, filename: str, members: dict[str, bytes]) -> dict[str
     except OSError as exc:
         warn_once(f"mirror-{exc.errno}", f"cannot write Triton's own directory for Inductor ({exc}); copies stay ours")
         return None
+
+
+def _holds(path: str, data: bytes) -> bool:
+    """Whether the file at ``path`` holds exactly ``data``."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(data) + 1) == data
+    except OSError:
+        return False
 
 
 def _tritons_group(manager: FileCacheManager, filename: str) -> dict[str, str] | None:
