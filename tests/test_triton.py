@@ -4,6 +4,7 @@ kernelcache store. (CPU only: Triton's cache layer needs no GPU.)"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -542,6 +543,68 @@ def test_copies_swept_during_a_long_compile_are_back_before_triton_reads_them(tm
         writer.kill()
         writer.wait(timeout=60)
     assert _run(env, "get", key, *NAMES)["group"] == {name: f"v1:{name}" for name in NAMES}
+
+
+PUT_FILE = (
+    "import sys\nfrom triton.runtime.cache import get_cache_manager\n"
+    "get_cache_manager(sys.argv[1]).put(b'{\"configs_timings\": []}', sys.argv[2], binary=False)\n"
+)
+GET_FILE = "import sys\nfrom triton.runtime.cache import get_cache_manager\nprint(get_cache_manager(sys.argv[1]).get_file(sys.argv[2]))\n"
+SWEEP = "import sys\nfrom kernelcache.integrations.materialized import sweep\nsweep(sys.argv[1], 1 << 20)\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to see what the sweeper reads")
+def test_a_copy_handed_out_while_a_sweep_scans_is_not_removed_by_it(tmp_path):
+    # A sweep over the copies' cap scans (and hashes) every copy, then removes the oldest.
+    # A copy it saw idle may be handed out meanwhile by another process (its mtime bumped):
+    # that one must stay. The sweeper is stopped (SIGSTOP) while it hashes a large copy that
+    # its scan reaches after the one handed out, so the interleaving is this one every time.
+    root = tmp_path / "kc"
+    env = _env(root)
+    key, name = _key("handed-out"), "fn.autotune.json"
+
+    def py(code: str, *args: str) -> str:
+        out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    py(PUT_FILE, key, name)
+    shared = py(GET_FILE, key, name)  # the shared copy: a link to the entry
+    py(PUT_FILE, key, name)  # the same bytes stored again: a new entry, the copy its only link
+    assert os.stat(shared).st_nlink == 1
+    st = os.stat(shared)
+    os.utime(shared, (st.st_atime - 60, st.st_mtime - 60))  # handed out a minute ago
+    big = os.urandom(1 << 20) * 64  # another owner's copy, in a folder the scan reaches later
+    folder = root / "materialized" / "triton" / "1-other"
+    folder.mkdir()
+    large = str(folder / f"{hashlib.sha256(big).hexdigest()[:32]}-large.bin")
+    with open(large, "wb") as f:
+        f.write(big)
+    sweeper = subprocess.Popen([sys.executable, "-c", SWEEP, str(root)], env=env)
+    try:
+        deadline = time.time() + 60
+        while large not in _open_files(sweeper.pid):
+            assert sweeper.poll() is None and time.time() < deadline, "the sweeper never read the large copy"
+        os.kill(sweeper.pid, signal.SIGSTOP)
+        assert py(GET_FILE, key, name) == shared  # handed out again: its mtime is now
+        os.kill(sweeper.pid, signal.SIGCONT)
+        assert sweeper.wait(timeout=60) == 0
+    finally:
+        sweeper.kill()
+        sweeper.wait(timeout=60)
+    assert _read(shared) == b'{"configs_timings": []}'
+
+
+def _open_files(pid: int) -> set[str]:
+    found = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return found
 
 
 def test_ls_shows_one_row_per_triton_kernel_show_its_members_stats_its_hits(tmp_path):

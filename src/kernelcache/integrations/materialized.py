@@ -232,6 +232,10 @@ def remove_materialized(root: str, idle_s: float | None = None) -> tuple[int, in
                 st = os.lstat(path)
                 if (cutoff is not None and st.st_mtime >= cutoff) or not _is_ours(base, path):
                     continue
+                # Race: a copy handed out while _is_ours read it has a new mtime: it stays
+                # (as in sweep; the moment between this lstat and the unlink remains).
+                if cutoff is not None and os.lstat(path).st_mtime != st.st_mtime:
+                    continue
                 os.unlink(path)
             except OSError:
                 continue
@@ -340,13 +344,17 @@ def sweep(root: str, cap: int) -> tuple[int, int]:
                 copies.append((st.st_mtime, st.st_size, path))
     total = sum(size for _, size, _ in copies)
     young = time.time() - MIN_AGE_S
-    # Race: another process may hand out a copy we are about to remove (it bumps the mtime
-    # just after our scan); MIN_AGE_S keeps the copies of the last moments, and a path whose
-    # file is gone makes Triton recompile, never load other bytes (paths are immutable).
+    # Race: another process may hand out a copy after our scan saw it idle (the scan hashes
+    # every copy: it can take seconds), bumping its mtime. So each copy's mtime is looked at
+    # again just before it goes, and a copy handed out meanwhile stays. What remains is the
+    # moment between that look and the unlink; a path whose file is gone then makes Triton
+    # recompile or fail to open it, never load other bytes (paths are immutable).
     for mtime, size, path in sorted(copies):
         if total <= cap or mtime >= young:
             break
         with contextlib.suppress(OSError):
+            if os.lstat(path).st_mtime != mtime:
+                continue  # handed out since the scan
             os.unlink(path)
             total -= size
             files += 1
