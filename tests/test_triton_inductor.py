@@ -68,11 +68,13 @@ def _kc_env(tmp_path, **extra: str) -> dict[str, str]:
     return env
 
 
-def test_a_compile_under_inductor_works_where_tritons_directory_cannot_be_written(tmp_path):
-    # A read-only HOME (Triton's default directory) or, here, a file where it must be: the
-    # miss, the compile and the hit all go through kernelcache, as without Inductor.
+@pytest.mark.parametrize("where", ["a file", "empty"])
+def test_a_compile_under_inductor_works_where_tritons_directory_cannot_be_written(tmp_path, where):
+    # A read-only HOME (Triton's default directory), a file where it must be, or
+    # TRITON_CACHE_DIR set but empty (Triton's manager raises RuntimeError): the miss, the
+    # compile and the hit all go through kernelcache, as without Inductor.
     (tmp_path / "triton").write_text("a file where Triton's directory must be")
-    env = _kc_env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    env = _kc_env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "triton") if where == "a file" else "")
     cold = _worker(env, "compile")
     warm = _worker(env, "compile")
     assert (cold["compiled"], warm["compiled"], warm["hits"]) == (1, 0, 1)

@@ -166,8 +166,9 @@ def mirror_group(key: str, filename: str, members: dict[str, bytes]) -> dict[str
         paths = {name: mirror.put(data, name, binary=True) for name, data in members.items()}
         mirror.put_group(filename, paths)
         return paths
-    except OSError as exc:
-        warn_once(f"mirror-{exc.errno}", f"cannot write Triton's own directory for Inductor ({exc}); copies stay ours")
+    except (OSError, RuntimeError) as exc:  # RuntimeError: TRITON_CACHE_DIR set but empty (Triton's manager has none)
+        cause = f"mirror-{getattr(exc, 'errno', None)}"
+        warn_once(cause, f"cannot write Triton's own directory for Inductor ({exc}); copies stay ours")
         return None
 
 
@@ -196,8 +197,10 @@ def _inductors_group(key: str, filename: str) -> dict[str, str] | None:
     Triton compiles and kernelcache stores, as without Inductor."""
     try:
         return _tritons_group(FileCacheManager(key), filename)
-    except OSError as exc:
-        warn_once(f"mirror-{exc.errno}", f"cannot read Triton's own directory for Inductor ({exc}); a miss")
+    except (OSError, RuntimeError) as exc:  # RuntimeError: TRITON_CACHE_DIR set but empty
+        warn_once(
+            f"mirror-{getattr(exc, 'errno', None)}", f"cannot read Triton's own directory for Inductor ({exc}); a miss"
+        )
         return None
 
 
