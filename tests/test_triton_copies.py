@@ -102,9 +102,9 @@ def _clean_env(env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def _triton(env: dict[str, str], *args: str, user: pwd.struct_passwd | None = None) -> dict:
+def _triton(env: dict[str, str], *args: str, user: pwd.struct_passwd | None = None, umask: int = 0o007) -> dict:
     """The worker in a fresh process; as ``user`` it runs in a forked child that drops to
-    that uid (a team member's umask, 007): the interpreter's own directory may be closed to
+    that uid (a team member's umask, 007 unless told): the interpreter's own directory may be closed to
     other users."""
     if user is None:
         out = subprocess.run(
@@ -121,7 +121,7 @@ def _triton(env: dict[str, str], *args: str, user: pwd.struct_passwd | None = No
             os.setgroups(os.getgrouplist(user.pw_name, user.pw_gid))
             os.setgid(user.pw_gid)
             os.setuid(user.pw_uid)
-            os.umask(0o007)
+            os.umask(umask)
             signal.alarm(60)  # a call that hangs fails the test instead of hanging it
             os.environ.clear()
             os.environ.update(_clean_env(env))
@@ -278,3 +278,21 @@ def test_a_fifo_a_member_planted_for_the_sweep_stamp_never_hangs_another(users, 
     assert again["paths"] is None
     written = _triton(env, "put-file", "cd" * 32, *files, user=a)
     assert written["contents"] == {n: f"v1:{n}" for n in files}
+
+
+def test_members_with_umask_022_still_get_each_others_single_files(users, base):
+    # Under umask 022 a member's entries (and so the shared copies linked to them) are
+    # 0644: another member cannot mark such a copy as handed out (utime needs write access).
+    # It then gets a copy of its own, not a miss (and a launcher built again).
+    a, b = users["kcinteg_a"], users["kcinteg_b"]
+    team = os.path.join(base, "team")
+    os.mkdir(team)
+    os.chown(team, a.pw_uid, grp.getgrnam(TEAM).gr_gid)
+    os.chmod(team, 0o2770)
+    env = {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
+    files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
+    _triton(env, "put-file", KEY, *files, user=a, umask=0o022)
+    first = _triton(env, "get-file", KEY, *files, user=a, umask=0o022)
+    assert not os.stat(first["paths"][files[0]]).st_mode & stat.S_IWGRP
+    second = _triton(env, "get-file", KEY, *files, user=b, umask=0o022)
+    assert second["contents"] == first["contents"] == {n: f"v1:{n}" for n in files}

@@ -139,6 +139,11 @@ def _reuse(path: str, data: bytes) -> bool:
         return True
     except FileNotFoundError:
         return False
+    except PermissionError:
+        # Another team member's copy that we may read but not mark (their umask left it
+        # without group write, as a copy linked to their entry keeps the entry's mode):
+        # unmarked, prune could take it while Triton opens it; we place a copy of our own.
+        return False
 
 
 def _place(tmp: str, folder: str, path: str, data: bytes) -> None:
