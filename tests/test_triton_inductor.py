@@ -129,6 +129,32 @@ def test_a_damaged_or_other_group_in_tritons_directory_is_not_what_a_hit_returns
     assert cubin.read_bytes() == b"v1:kern.cubin"
 
 
+def test_a_hit_under_inductor_hands_triton_copies_a_peer_in_tritons_directory_cannot_change(tmp_path):
+    # Race: a peer writing another version of the key into Triton's own directory (Triton's
+    # FileCacheManager replaces the files one by one, by rename) while a process holds the
+    # paths of a hit. The paths kernelcache hands Triton are its own copies of the checked
+    # bytes: they keep them, whatever happens in Triton's directory meanwhile.
+    env = _kc_env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    key = "D" * 64
+    _worker(env, "put", key, "v1", *NAMES)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", AS_INDUCTOR, WORKER, "get-hold", key],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    held = json.loads(holder.stdout.readline())["paths"]
+    assert len(held) == len(NAMES)
+    own = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    own.pop("TRITON_CACHE_MANAGER", None)  # the peer: Triton's own manager, another version
+    subprocess.run([sys.executable, WORKER, "put", key, "v2", *NAMES], env=own, check=True, timeout=120)
+    (cubin,) = (tmp_path / "triton").glob("*/kern.cubin")
+    assert cubin.read_bytes() == b"v2:kern.cubin"  # the peer did replace Triton's files
+    out, _ = holder.communicate("\n", timeout=120)
+    assert json.loads(out.strip().splitlines()[-1]) == {"intact": True}
+
+
 CHILD = r"""
 import json, torch
 from torch._dynamo.utils import counters

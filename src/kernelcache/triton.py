@@ -297,10 +297,12 @@ class KernelCacheManager(CacheManager):
             # Inductor emits the kernels its FX-graph entries carry into Triton's own
             # directory; Triton's own manager would load them from there, and so do we.
             return _inductors_group(self.key, filename) if inductor_loaded() else None
-        if inductor_loaded():  # Inductor loads the kernel from Triton's directory by path
-            mirrored = mirror_group(self.key, filename, members)
-            if mirrored is not None:
-                return mirrored
+        if inductor_loaded():
+            # Inductor loads the kernel from Triton's directory by path (its static launcher,
+            # its bundles). Triton itself gets our own copies of the checked bytes: a peer
+            # writing another version of this key into Triton's directory replaces its files
+            # one by one, and a group read there meanwhile could mix two versions.
+            mirror_group(self.key, filename, members)
         paths = {}
         for name, data in members.items():
             path = self._path(name, data)
