@@ -199,13 +199,18 @@ def test_a_private_copy_directory_someone_else_planted_is_refused(users, base, r
     assert os.listdir(squat) == []
 
 
-def test_team_members_read_each_others_copies(users, base):
-    a, b = users["kcinteg_a"], users["kcinteg_b"]
+def _team_cache(base: str, owner) -> tuple[str, dict[str, str]]:  # noqa: ANN001 - a pwd entry
+    """A team cache directory (the team's group, setgid, 2770) owned by ``owner``, and its env."""
     team = os.path.join(base, "team")
     os.mkdir(team)
-    os.chown(team, a.pw_uid, grp.getgrnam(TEAM).gr_gid)
+    os.chown(team, owner.pw_uid, grp.getgrnam(TEAM).gr_gid)
     os.chmod(team, 0o2770)
-    env = {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
+    return team, {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
+
+
+def test_team_members_read_each_others_copies(users, base):
+    a, b = users["kcinteg_a"], users["kcinteg_b"]
+    team, env = _team_cache(base, a)
     expected = {n: f"v1:{n}" for n in NAMES}
     # A group a stored: b reads it (its copies are b's own scratch copies, gone at its exit).
     assert _triton(env, "put", KEY, *NAMES, user=a)["contents"] == expected
@@ -249,11 +254,7 @@ def test_a_fifo_a_member_planted_for_a_copy_never_hangs_another(users, base):
     # launcher (its name, digest included, is there to read) for a FIFO. Opening a FIFO to
     # read waits for a writer that never comes; a's next get_file must not wait on it.
     a, b = users["kcinteg_a"], users["kcinteg_b"]
-    team = os.path.join(base, "team")
-    os.mkdir(team)
-    os.chown(team, a.pw_uid, grp.getgrnam(TEAM).gr_gid)
-    os.chmod(team, 0o2770)
-    env = {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
+    team, env = _team_cache(base, a)
     files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
     _triton(env, "put-file", KEY, *files, user=a)
     first = _triton(env, "get-file", KEY, *files, user=a)
@@ -266,11 +267,7 @@ def test_a_fifo_a_member_planted_for_the_sweep_stamp_never_hangs_another(users, 
     # The same with the file whose mtime says when copies were last swept: a FIFO there,
     # old enough that the next copy written is due to sweep (and so to touch the stamp).
     a, b = users["kcinteg_a"], users["kcinteg_b"]
-    team = os.path.join(base, "team")
-    os.mkdir(team)
-    os.chown(team, a.pw_uid, grp.getgrnam(TEAM).gr_gid)
-    os.chmod(team, 0o2770)
-    env = {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
+    team, env = _team_cache(base, a)
     files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
     _triton(env, "put-file", KEY, *files, user=a)
     _as(b, os.path.join(team, "materialized", ".swept"))
@@ -285,11 +282,7 @@ def test_members_with_umask_022_still_get_each_others_single_files(users, base):
     # 0644: another member cannot mark such a copy as handed out (utime needs write access).
     # It then gets a copy of its own, not a miss (and a launcher built again).
     a, b = users["kcinteg_a"], users["kcinteg_b"]
-    team = os.path.join(base, "team")
-    os.mkdir(team)
-    os.chown(team, a.pw_uid, grp.getgrnam(TEAM).gr_gid)
-    os.chmod(team, 0o2770)
-    env = {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
+    team, env = _team_cache(base, a)
     files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
     _triton(env, "put-file", KEY, *files, user=a, umask=0o022)
     first = _triton(env, "get-file", KEY, *files, user=a, umask=0o022)

@@ -35,7 +35,6 @@ import atexit
 import json
 import os
 import shutil
-import sys
 import time
 from typing import Any
 
@@ -49,6 +48,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised where triton 
 
 from kernelcache import config
 from kernelcache.integrations.materialized import MATERIALIZED_DIR, check_file_name, materialize, private_root
+from kernelcache.integrations.triton_dir import inductor_loaded, inductors_group, mirror_group
 from kernelcache.integrations.triton_files import TritonFiles, is_plain, warn_once
 from kernelcache.stores.base import ProgramCacheResource
 
@@ -129,79 +129,6 @@ def _store_and_root() -> tuple[ProgramCacheResource | None, str]:
     except OSError as exc:
         warn_once("private-root", f"no directory for copies ({exc}); Triton keeps its own files")
         return store, ""
-
-
-def inductor_loaded() -> bool:
-    """Whether torch.compile's Inductor runs in this process (its compile workers too).
-
-    Inductor reads compiled kernels from Triton's own cache directory by path, whatever
-    Triton's cache manager: its static CUDA launcher loads ``<TRITON_CACHE_DIR>/<key>/<kernel>.cubin``
-    (without it, Triton builds a C launcher per kernel signature, a C compiler run each), and
-    its FX-graph cache bundles that folder's files into its entries for other processes and
-    hosts (its emitted bundles land there). Measured on the H200 host with a two-block model
-    (benchmarks/bench_torch_fleet.py): without those files, first calls 1.1-1.3x slower than
-    with Triton's own manager, warm and on a new node.
-    """
-    return "torch._inductor" in sys.modules
-
-
-def mirror_group(key: str, filename: str, members: dict[str, bytes]) -> dict[str, str] | None:
-    """The group written into Triton's own directory for ``key`` as Triton's FileCacheManager
-    writes it (its code: atomic renames, its layout, its group file); name -> path.
-
-    A group already complete there is used as it is. None (warned once) when that directory
-    cannot be written: Triton then gets kernelcache's own copies. Only what kernelcache
-    stores of a group goes there (its binary and metadata; IRs with TRITON_STORE_BINARY_ONLY=0).
-    """
-    try:
-        mirror = FileCacheManager(key)
-        there = _tritons_group(mirror, filename)
-        # Used as it is only if it holds the bytes kernelcache checked: Triton's files are not
-        # checked on read, and a flipped byte, or a member another version's writer left
-        # (Triton replaces by path, member by member), would be what Triton loads.
-        # Race: a peer may replace a file there after this compare (whole files, by rename):
-        # only with another version of the key's kernel, as with Triton's own manager.
-        if there is not None and all(name in there and _holds(there[name], data) for name, data in members.items()):
-            return {name: there[name] for name in members}
-        paths = {name: mirror.put(data, name, binary=True) for name, data in members.items()}
-        mirror.put_group(filename, paths)
-        return paths
-    except (OSError, RuntimeError) as exc:  # RuntimeError: TRITON_CACHE_DIR set but empty (Triton's manager has none)
-        cause = f"mirror-{getattr(exc, 'errno', None)}"
-        warn_once(cause, f"cannot write Triton's own directory for Inductor ({exc}); copies stay ours")
-        return None
-
-
-def _holds(path: str, data: bytes) -> bool:
-    """Whether the file at ``path`` holds exactly ``data``."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(data) + 1) == data
-    except OSError:
-        return False
-
-
-def _tritons_group(manager: FileCacheManager, filename: str) -> dict[str, str] | None:
-    """``manager.get_group``; None also for a group file it cannot read: Triton's
-    RemoteCacheManager (over any backend, ours too) leaves one in Triton's directory, its
-    child_paths a list of names where FileCacheManager expects name -> path."""
-    try:
-        return manager.get_group(filename)
-    except (AttributeError, TypeError):
-        return None
-
-
-def _inductors_group(key: str, filename: str) -> dict[str, str] | None:
-    """The group Inductor may have emitted into Triton's own directory, as Triton's own
-    manager reads it; None (warned once) when that directory cannot be made or read: a miss,
-    Triton compiles and kernelcache stores, as without Inductor."""
-    try:
-        return _tritons_group(FileCacheManager(key), filename)
-    except (OSError, RuntimeError) as exc:  # RuntimeError: TRITON_CACHE_DIR set but empty
-        warn_once(
-            f"mirror-{getattr(exc, 'errno', None)}", f"cannot read Triton's own directory for Inductor ({exc}); a miss"
-        )
-        return None
 
 
 class KernelCacheManager(CacheManager):
@@ -296,7 +223,7 @@ class KernelCacheManager(CacheManager):
             strict.on_triton_miss(self.key, filename)  # KERNELCACHE_REQUIRE_HIT=1 raises: Triton compiles nothing
             # Inductor emits the kernels its FX-graph entries carry into Triton's own
             # directory; Triton's own manager would load them from there, and so do we.
-            return _inductors_group(self.key, filename) if inductor_loaded() else None
+            return inductors_group(self.key, filename) if inductor_loaded() else None
         if inductor_loaded():
             # Inductor loads the kernel from Triton's directory by path (its static launcher,
             # its bundles). Triton itself gets our own copies of the checked bytes: a peer
