@@ -129,12 +129,18 @@ def test_another_uid_on_a_read_only_mount_gets_every_kernel_from_one_file(built,
     assert not home.exists()
 
 
-def test_a_flipped_byte_is_one_miss_with_one_warning_and_verify_names_it(built, reader, public_tmp):
-    damaged = public_tmp / "ship"
-    damaged.mkdir(mode=0o755)
-    path = damaged / "base.kcb"
+def _bundle_copy(built, folder, name: str, mode: int):  # noqa: ANN001, ANN202 - fixtures' dict, Path
+    """A copy of the built bundle as ``folder/name`` (a new 0755 folder), with file mode ``mode``."""
+    folder.mkdir(mode=0o755)
+    path = folder / name
     shutil.copy(built["dir"] / "base.kcb", path)
-    os.chmod(path, 0o644)
+    os.chmod(path, mode)
+    return path
+
+
+def test_a_flipped_byte_is_one_miss_with_one_warning_and_verify_names_it(built, reader, public_tmp):
+    path = _bundle_copy(built, public_tmp / "ship", "base.kcb", 0o644)
+    damaged = path.parent
     raw = bytearray(path.read_bytes())
     header = fmt.HEADER.unpack_from(raw)
     index_at, count = header[5], header[4]
@@ -156,11 +162,8 @@ def test_a_flipped_byte_is_one_miss_with_one_warning_and_verify_names_it(built, 
 
 
 def test_a_bundle_others_can_write_is_refused_unless_signed(built, reader, public_tmp):
-    open_dir = public_tmp / "open"
-    open_dir.mkdir(mode=0o755)
-    plain = open_dir / "plain.kcb"
-    shutil.copy(built["dir"] / "base.kcb", plain)
-    os.chmod(plain, 0o666)
+    plain = _bundle_copy(built, public_tmp / "open", "plain.kcb", 0o666)
+    open_dir = plain.parent
     with pytest.raises(kernelcache.UnsafeCacheDirError, match="writable by group or others"):
         kernelcache.BundleProgramCache(plain)
     # Signed (bundle create --secret-env), the same mode is fine with the secret.
