@@ -129,6 +129,25 @@ def test_a_damaged_or_other_group_in_tritons_directory_is_not_what_a_hit_returns
     assert cubin.read_bytes() == b"v1:kern.cubin"
 
 
+@pytest.mark.parametrize("where", ["kern.cubin", "__grp__kern.json"])
+def test_a_fifo_at_a_member_path_in_tritons_directory_never_hangs_a_hit(tmp_path, where):
+    # Whoever can write Triton's directory may leave a FIFO where a member goes; the compare
+    # with the checked bytes must not wait on it (a plain open would, forever).
+    env = _kc_env(tmp_path, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    key = "E" * 64
+    _worker(env, "put", key, "v1", *NAMES)
+    (planted,) = (tmp_path / "triton").glob(f"*/{where}")
+    planted.unlink()
+    os.mkfifo(planted)
+    args = [sys.executable, "-c", AS_INDUCTOR, WORKER, "get", key, *NAMES]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["group"] == {name: f"v1:{name}" for name in NAMES}
+    assert planted.is_file()  # Triton's directory mended: a file again
+    if where == "kern.cubin":
+        assert planted.read_bytes() == b"v1:kern.cubin"
+
+
 def test_a_hit_under_inductor_hands_triton_copies_a_peer_in_tritons_directory_cannot_change(tmp_path):
     # Race: a peer writing another version of the key into Triton's own directory (Triton's
     # FileCacheManager replaces the files one by one, by rename) while a process holds the

@@ -128,7 +128,7 @@ def materialize(
 
 def _reuse(path: str, data: bytes) -> bool:
     """True when ``path`` already holds ``data``; its mtime is bumped so prune keeps it."""
-    if not _same_content(path, data):
+    if not same_content(path, data):
         return False
     try:
         # Race with prune: it may unlink between our compare and this utime (prune
@@ -158,7 +158,7 @@ def _place(tmp: str, folder: str, path: str, data: bytes) -> None:
             # Race: whoever can write the folder could swap the file between our replace
             # and Triton's open. Copies live only under an accepted or private root, where
             # nobody else can; reading it back catches anything that got there anyway.
-            if not _same_content(path, data):
+            if not same_content(path, data):
                 raise OSError(f"the copy at {path} does not hold the bytes just placed there")
             return
         except FileNotFoundError:
@@ -185,7 +185,7 @@ def _staged(root: str, tmp_dir: str, data: bytes, link_from: str | None) -> str:
             pass  # another filesystem, no such entry (evicted, Redis-only), links refused
         else:
             # Race: the entry may have been replaced by other bytes since they were read.
-            if _same_content(tmp, data):
+            if same_content(tmp, data):
                 return tmp
             os.unlink(tmp)
     # A team cache's root is setgid: its members share each other's copies (0600 would make
@@ -199,7 +199,8 @@ def _staged(root: str, tmp_dir: str, data: bytes, link_from: str | None) -> str:
     return tmp
 
 
-def _same_content(path: str, data: bytes) -> bool:
+def same_content(path: str, data: bytes) -> bool:
+    """Whether ``path`` is a regular file holding exactly ``data`` (never waits on a FIFO)."""
     try:
         # Only a regular file, opened without waiting: a FIFO planted at a copy's path (by
         # whoever can write a team cache's folders) would block a plain open forever.

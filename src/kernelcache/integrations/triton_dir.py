@@ -8,10 +8,13 @@ always handed kernelcache's own copies of the checked bytes (triton.py).
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 
 from triton.runtime.cache import FileCacheManager
 
+from kernelcache.integrations.materialized import same_content
 from kernelcache.integrations.triton_files import warn_once
 
 __all__ = ["inductor_loaded", "inductors_group", "mirror_group"]
@@ -48,7 +51,7 @@ def mirror_group(key: str, filename: str, members: dict[str, bytes]) -> dict[str
         # (Triton replaces by path, member by member), would be what Triton loads.
         # Race: a peer may replace a file there after this compare (whole files, by rename):
         # only with another version of the key's kernel, as with Triton's own manager.
-        if there is not None and all(name in there and _holds(there[name], data) for name, data in members.items()):
+        if there is not None and all(name in there and same_content(there[name], members[name]) for name in members):
             return {name: there[name] for name in members}
         paths = {name: mirror.put(data, name, binary=True) for name, data in members.items()}
         mirror.put_group(filename, paths)
@@ -59,19 +62,18 @@ def mirror_group(key: str, filename: str, members: dict[str, bytes]) -> dict[str
         return None
 
 
-def _holds(path: str, data: bytes) -> bool:
-    """Whether the file at ``path`` holds exactly ``data``."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(data) + 1) == data
-    except OSError:
-        return False
-
-
 def _tritons_group(manager: FileCacheManager, filename: str) -> dict[str, str] | None:
     """``manager.get_group``; None also for a group file it cannot read: Triton's
     RemoteCacheManager (over any backend, ours too) leaves one in Triton's directory, its
-    child_paths a list of names where FileCacheManager expects name -> path."""
+    child_paths a list of names where FileCacheManager expects name -> path. None, unread,
+    for a group file that is not a regular file: Triton opens it plainly, and a FIFO left
+    there (by whoever can write Triton's directory) would block that open forever."""
+    group_file = os.path.join(manager.cache_dir, f"__grp__{filename}")
+    try:
+        if not stat.S_ISREG(os.lstat(group_file).st_mode):
+            return None
+    except OSError:
+        return None  # no group file: what get_group answers too
     try:
         return manager.get_group(filename)
     except (AttributeError, TypeError):
