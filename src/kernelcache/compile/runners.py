@@ -44,10 +44,11 @@ __all__ = [
 MIN_MISSES = 16
 
 # The default choice also starts at most one worker per this many misses. A worker's start is an
-# interpreter plus NVRTC's first compile, which initialises the compiler once per process
-# (H200 host: 205 ms for a one-line kernel, then 16-19 ms per compile of the benchmark's), and
-# starts slow each other down when many run at once (the first compile in a worker: ~260 ms
-# with 5 starting together, ~440 ms with 15). So a worker must be given enough misses to pay
+# interpreter plus NVRTC's first compile, in which NVRTC 13.0 loads the CUDA driver and initialises
+# it (H200 host, benchmarks/bench_nvrtc_first.py: ~200 ms, nearly all system time; 15 ms once the
+# process ran cuInit itself; then 16-19 ms per compile of the benchmark's), and starts slow each
+# other down when many run at once (the first compile in a worker: ~260 ms with 5 starting
+# together, ~440 ms with 15). So a worker must be given enough misses to pay
 # its start back. Measured there (16 cores, K=64 misses in a fresh process, compile_many with max_workers 6 to 16):
 # 5 workers 0.43-0.45 s, 7: 0.45-0.46, 9: 0.43-0.47, 11: 0.49-0.52, 15 (one per core): 0.52-0.55.
 MISSES_PER_WORKER = 8

@@ -10,7 +10,9 @@ and a worker that ran one compiles only ``restrict=True`` requests from then on.
 The pool: one per process, created on first use; workers are started on demand (spawned with
 ``subprocess``, i.e. fork + exec: a caller holding a CUDA context is never forked into a
 Python child) and reused until the process exits. A worker imports NVRTC's bindings, never
-the CUDA driver, and holds no context (worker_main.py). Each compile carries the caller's
+the CUDA driver, and creates no context (worker_main.py); NVRTC 13.0 itself initialises the
+driver in a process's first compile (benchmarks/bench_nvrtc_first.py), which is most of a
+worker's start where a GPU driver is installed. Each compile carries the caller's
 working directory and environment as they are at that moment. Only the compile moves:
 look-ups, single flight, header tracking and storing stay in the caller, exactly as for an
 in-process compile, so a worker never writes to a store.
