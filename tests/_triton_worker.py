@@ -60,24 +60,10 @@ def _classify(group: dict[str, str] | None, names: list[str]) -> str:
 def _compile() -> dict:
     import hashlib
 
-    import triton
-    import triton.language as tl
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from _triton_axpy import compile_sm90, listen
 
-    events: list[bool] = []
-    knobs.compilation.listener = lambda **kw: events.append(bool(kw["cache_hit"]))
-
-    @triton.jit
-    def axpy(x_ptr, y_ptr, out_ptr, a, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        tl.store(out_ptr + offs, a * tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
-
-    signature = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "a": "fp32", "n": "i32", "BLOCK": "constexpr"}
-    src = ASTSource(fn=axpy, signature=signature, constexprs={"BLOCK": 256})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    events = listen()
+    kernel = compile_sm90(256)
     return {
         "compiled": events.count(False),
         "hits": events.count(True),
