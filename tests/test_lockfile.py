@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -164,6 +165,29 @@ def test_an_unwritable_lockfile_never_fails_a_compile(monkeypatch) -> None:
         with pytest.warns(KernelCacheWarning, match="cannot record"):
             obj = compile_program(src, options=ProgramOptions(arch="sm_90"), cache=None)
         assert obj.code
+
+
+def test_a_fifo_at_the_lockfile_path_never_blocks_a_compile(tmp_path) -> None:
+    # A line larger than a pipe's buffer, written to a FIFO no one reads, blocked forever.
+    fifo = tmp_path / "lock.json"
+    os.mkfifo(fifo)
+    code = textwrap.dedent(
+        """
+        import warnings
+        from cuda.core import ProgramOptions
+        from kernelcache import CompileInfo, compile_program
+        src = "// " + "x" * 300_000 + "\\n" + 'extern "C" __global__ void k(float* a) { a[0] = 3.0f; }\\n'
+        info = CompileInfo()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compile_program(src, options=ProgramOptions(arch="sm_90"), info=info)
+        print(info.hit, [str(w.message) for w in caught if "record" in str(w.message)])
+        """
+    )
+    env = {"KERNELCACHE_RECORD": str(fifo), "KERNELCACHE_DIR": str(tmp_path / "cache")}
+    hit, warned = run_python(code, env=env, timeout=60).split(" ", 1)
+    assert hit == "False" and "not a regular file" in warned and warned.count("cannot record") == 1
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
 def test_warm_lists_a_recorded_triton_kernel_and_compiles_none(tmp_path, monkeypatch) -> None:

@@ -23,6 +23,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -149,11 +150,16 @@ def _json_value(field: str, value: Any) -> Any:
 def _append(path: str, kernel: dict[str, Any]) -> None:
     line = (json.dumps({"kernel": [kernel]}, sort_keys=True, separators=(",", ":")) + "\n").encode()
     try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # O_NONBLOCK: a FIFO (or a device) at the path must not block the compile on open or
+        # on a write no reader takes; only a regular file is written.
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
     except OSError as exc:
         _warn_once(f"open:{exc.errno}", f"cannot record compile requests in {path}: {exc.strerror or exc}")
         return
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            _warn_once("not-a-file", f"cannot record compile requests in {path}: it is not a regular file")
+            return
         _locked(fd)
         # Race: a writer killed mid-line leaves a line without its end. Checked and repaired
         # under the lock, so the next line starts on its own line and only the torn one is lost.

@@ -48,7 +48,9 @@ class BundleProgramCache(RecordStore):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         self._secret = as_secret(secret)
         self.path = os.path.realpath(os.fspath(path))
-        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: opening a FIFO read-only would wait for a writer forever; with it the
+        # open returns at once and the fstat in _open refuses what is not a regular file.
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         try:
             self._header, self._index = self._open()
         except BaseException:
@@ -141,6 +143,9 @@ class BundleProgramCache(RecordStore):
             if slot is None:
                 return None, None
         offset, length = slot
+        if not self._inside_records(offset, length):
+            where = f"entry {name[:16]} of the bundle {self.path}"
+            return f"{where} is damaged (its index points outside the records)", None
         try:
             raw = _pread_all(self._fd, length, offset)
         except OSError as exc:
@@ -149,6 +154,11 @@ class BundleProgramCache(RecordStore):
         if verdict is not rec.Verdict.OK:
             return f"entry {name[:16]} of the bundle {self.path} is {verdict.value}", None
         return None, found
+
+    def _inside_records(self, offset: int, length: int) -> bool:
+        # Records lie between the header and the index: a slot pointing elsewhere (or declaring
+        # a length larger than the file) is damage, found before anything is read or allocated.
+        return fmt.HEADER.size <= offset and length <= self._header.index_offset - offset
 
     def names(self) -> Iterator[str]:
         """Every entry's name, in index order."""
@@ -160,6 +170,9 @@ class BundleProgramCache(RecordStore):
         """(name, record length, unverified head: size, created, meta) of every entry, for listings."""
         for at in range(0, len(self._index), fmt.SLOT.size):
             binary, offset, length = fmt.SLOT.unpack_from(self._index, at)
+            if not self._inside_records(offset, length):
+                yield binary.hex(), length, None
+                continue
             try:
                 prefix = os.pread(self._fd, rec.HEAD_SIZE, offset)
                 end = rec.head_end(prefix)

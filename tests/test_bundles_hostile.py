@@ -1,0 +1,118 @@
+"""Bundles that are not what they claim: a FIFO at the path, an index whose slots point outside
+the records (its tag recomputed, as a careless or hostile writer of an unsigned bundle would).
+
+Real compiles, real bundles made by ``kernelcache bundle create``, real processes for anything
+that could hang (a hang shows as a timeout of the child, not of the test run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import ARCH, run_python
+from cuda.core import ProgramOptions
+
+import kernelcache
+from kernelcache.stores.bundle import format as fmt
+
+SOURCES = [f'extern "C" __global__ void h{i}(float* x) {{ x[0] = {i}.5f; }}' for i in range(3)]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kernelcache", *args], capture_output=True, text=True, env=os.environ, timeout=120
+    )
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> dict:
+    """A cache with three real compiles and the bundle `kernelcache bundle create` makes of it."""
+    root = tmp_path / "cache"
+    names = []
+    with kernelcache.FileStreamProgramCache(root) as cache:
+        for src in SOURCES:
+            info = kernelcache.CompileInfo()
+            kernelcache.compile_program(src, options=ProgramOptions(arch=ARCH), cache=cache, info=info)
+            names.append(info.entry_name)
+    proc = _cli("bundle", "create", str(tmp_path / "b.kcb"), "--cache-dir", str(root))
+    assert proc.returncode == 0, proc.stderr
+    return {"root": root, "bundle": tmp_path / "b.kcb", "names": names}
+
+
+def _repoint(src: Path, dst: Path, slots: dict[str, tuple[int | None, int | None]]) -> None:
+    """Copy the bundle src to dst with the named entries' (offset, length) replaced (None:
+    kept), and the index tag recomputed, so the index itself passes its check."""
+    raw = bytearray(src.read_bytes())
+    header = fmt.HEADER.unpack_from(raw)
+    count, offset, length = header[4], header[5], header[6]
+    index = bytearray(raw[offset : offset + length])
+    for i in range(count):
+        binary, at, size = fmt.SLOT.unpack_from(index, i * fmt.SLOT.size)
+        new_at, new_size = slots.get(binary.hex(), (None, None))
+        fmt.SLOT.pack_into(
+            index, i * fmt.SLOT.size, binary, at if new_at is None else new_at, size if new_size is None else new_size
+        )
+    tag = fmt.index_tag(None, bytes(raw[: fmt.HEADER.size]), bytes(index))
+    dst.write_bytes(bytes(raw[:offset]) + bytes(index) + tag)
+
+
+def test_a_fifo_at_the_bundle_path_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "b.kcb"
+    os.mkfifo(fifo)
+    (tmp_path / "link.kcb").symlink_to(fifo)
+    out = run_python(
+        "import sys, kernelcache\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n"
+        "        kernelcache.BundleProgramCache(path)\n"
+        "    except ValueError as exc:\n"
+        "        print(type(exc).__name__, 'regular' in str(exc))\n",
+        str(fifo),
+        str(tmp_path / "link.kcb"),
+        timeout=30,
+    )
+    assert out.split() == ["InvalidBundleError", "True"] * 2
+
+
+def test_slots_pointing_outside_the_records_are_damage_that_verify_and_import_report(
+    built: dict, tmp_path: Path
+) -> None:
+    size = built["bundle"].stat().st_size
+    huge, past, into_header = built["names"]
+    bad = tmp_path / "bad.kcb"
+    _repoint(built["bundle"], bad, {huge: (None, 1 << 62), past: (size + 100, None), into_header: (0, None)})
+    proc = _cli("bundle", "verify", str(bad), "--json")
+    assert proc.returncode == 1, proc.stderr
+    damaged = json.loads(proc.stdout)["damaged"]
+    assert sorted(damaged) == sorted(built["names"]) and all("damaged" in why for why in damaged.values())
+    assert _cli("bundle", "ls", str(bad)).returncode == 0
+    proc = _cli("import", str(bad), "--cache-dir", str(tmp_path / "into"), "--json")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert sorted(report["damaged"]) == sorted(built["names"]) and report["imported"] == 3  # the source index
+
+
+def test_a_slot_with_a_huge_length_is_a_miss_in_that_tier_and_the_disk_behind_it_answers(
+    built: dict, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.kcb"
+    _repoint(built["bundle"], bad, {name: (None, 1 << 62) for name in built["names"]})
+    bundle = kernelcache.BundleProgramCache(bad)
+    disk = kernelcache.FileStreamProgramCache(built["root"])
+    cache = kernelcache.TieredProgramCache([kernelcache.InMemoryProgramCache(), bundle, disk])
+    infos = [kernelcache.CompileInfo() for _ in SOURCES]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for src, info in zip(SOURCES, infos):
+            kernelcache.compile_program(src, options=ProgramOptions(arch=ARCH), cache=cache, info=info)
+    assert [info.hit for info in infos] == [True] * 3 and cache.stats()["compiles"] == 0
+    messages = [str(w.message) for w in caught if issubclass(w.category, kernelcache.KernelCacheWarning)]
+    assert len(messages) == 1 and "outside the records" in messages[0]
+    assert bundle.stats()["errors_by_cause"] == {"corrupt": 3}
+    cache.close()
