@@ -116,3 +116,21 @@ def test_a_slot_with_a_huge_length_is_a_miss_in_that_tier_and_the_disk_behind_it
     assert len(messages) == 1 and "outside the records" in messages[0]
     assert bundle.stats()["errors_by_cause"] == {"corrupt": 3}
     cache.close()
+
+
+def test_bundle_create_replaces_an_older_bundle_and_nothing_else(built: dict, tmp_path: Path) -> None:
+    notes, target = tmp_path / "notes.txt", tmp_path / "mine.txt"
+    notes.write_text("a user's notes\n")
+    target.write_text("a user's file\n")
+    (tmp_path / "link.kcb").symlink_to(target)
+    os.mkfifo(tmp_path / "fifo.kcb")
+    for out in ("notes.txt", "link.kcb", "fifo.kcb"):
+        proc = _cli("bundle", "create", str(tmp_path / out), "--cache-dir", str(built["root"]))
+        assert proc.returncode != 0 and "is not a kernelcache bundle" in proc.stderr, proc.stderr
+    assert notes.read_text() == "a user's notes\n" and target.read_text() == "a user's file\n"
+    assert os.path.islink(tmp_path / "link.kcb") and not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    (tmp_path / "empty.kcb").touch()  # mktemp's empty file: nothing to lose
+    for out in (built["bundle"], tmp_path / "empty.kcb"):
+        proc = _cli("bundle", "create", str(out), "--cache-dir", str(built["root"]))
+        assert proc.returncode == 0, proc.stderr
+        assert len(kernelcache.BundleProgramCache(out)) == 6

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import stat
 import struct
 import uuid
 from collections.abc import Iterable
@@ -99,9 +100,12 @@ def write_bundle(
     crash) sees the old file or the new one, never a part. The first record of a name wins.
     Records are written as they come, one at a time (a cache larger than memory is fine);
     given in name order, the same entries give the same bytes. The file is created 0644
-    less the umask (a bundle is meant to be read by other users).
+    less the umask (a bundle is meant to be read by other users). Only an older bundle is
+    replaced: anything else at ``path`` (a file of the user's, a symlink, a FIFO) is
+    FileExistsError, and nothing is written.
     """
     target = os.path.abspath(os.fspath(path))
+    _refuse_other_file(target)
     directory = os.path.dirname(target)
     staged = os.path.join(directory, f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
     kid = rec.key_id(secret)
@@ -136,6 +140,36 @@ def write_bundle(
         raise
     _fsync_dir(directory)
     return BundleSummary(target, len(slots), offset + len(index) + TAG_SIZE, secret is not None)
+
+
+def _refuse_other_file(target: str) -> None:
+    """FileExistsError when something other than a bundle is at ``target``.
+
+    Race: a file put there between this check and the rename is replaced; the check is for
+    the mistyped path (``bundle create notes.txt``), not for a writer racing the command.
+    """
+    try:
+        # O_NOFOLLOW: a symlink is not a bundle; O_NONBLOCK: a FIFO is refused, not waited on.
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        why = "a symlink" if os.path.islink(target) else exc.strerror or str(exc)
+    else:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                why = "not a regular file"
+            else:  # an empty file (mktemp's) holds nothing to lose
+                why = "" if not st.st_size or os.pread(fd, len(MAGIC), 0) == MAGIC else "no bundle header"
+        finally:
+            os.close(fd)
+        if not why:
+            return
+    raise FileExistsError(
+        f"{target} exists and is not a kernelcache bundle ({why}): only an older bundle is replaced; "
+        "remove it or choose another path"
+    )
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
