@@ -96,20 +96,31 @@ class _Worker:
     def __init__(self) -> None:
         import json
 
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        try:
-            args = [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps(sys.path), str(req_r), str(rep_w)]
-            self.proc = subprocess.Popen(args, pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL)
-        except BaseException:
-            os.close(req_w)
-            os.close(rep_r)
-            raise
-        finally:
-            os.close(req_r)
-            os.close(rep_w)
-        self._to = Connection(req_w, readable=False)
-        self._from = Connection(rep_r, writable=False)
+        args = [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps(sys.path)]
+        # Race: a fork by another thread copies every fd this process has at that moment. In
+        # a start those are the worker's ends of its pipes and subprocess's exec-status pipe:
+        # a child holding the status pipe keeps Popen waiting until that child exits (a
+        # fork-started pool's: for good), one holding the reply pipe's write end hides this
+        # worker's death from us (no EOF), one holding the request pipe outlives us with it.
+        # So a start runs under _FORK_LOCK, which every fork waits for (_before_fork), and
+        # the worker is in _LIVE before it is released: a forked child closes its copies.
+        with _FORK_LOCK:
+            req_r, req_w = os.pipe()
+            rep_r, rep_w = os.pipe()
+            self._to = Connection(req_w, readable=False)
+            self._from = Connection(rep_r, writable=False)
+            try:
+                self.proc = subprocess.Popen(
+                    [*args, str(req_r), str(rep_w)], pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL
+                )
+            except BaseException:
+                self._to.close()
+                self._from.close()
+                raise
+            finally:
+                os.close(req_r)
+                os.close(rep_w)
+            _LIVE.add(self)
         self.started = False  # it said "ready"
         self.compiling = False  # it said "ready" and has a compile to answer
         self.restrict = False  # it ran a restrict=True compile: NVRTC keeps --restrict on in it
@@ -164,8 +175,10 @@ class _Worker:
                 self.proc.kill()
             except OSError:
                 pass
-        self._to.close()
-        self._from.close()
+        with _FORK_LOCK:  # a fork never copies a pipe half closed (see __init__)
+            self._to.close()
+            self._from.close()
+            _LIVE.discard(self)
         try:
             self.proc.wait(timeout=None if kill else 5)
         except subprocess.TimeoutExpired:
@@ -300,9 +313,8 @@ class WorkerPool:
             worker.close()
 
     def forget(self) -> None:
-        """In a forked child: let go of the parent's workers without touching them or any lock."""
-        for worker in list(self._all):
-            worker.forget()
+        """In a forked child: let go of the parent's workers without touching them or any lock
+        (_forget_in_child closes this process's copies of their pipes)."""
         _FORGOTTEN.append(self)  # their Popen objects are the parent's to reap: never collected here
 
 
@@ -317,7 +329,9 @@ class PoolUnavailable(Exception):
 
 _POOL: WorkerPool | None = None
 _POOL_LOCK = threading.Lock()
-_FORGOTTEN: list[WorkerPool] = []
+_FORGOTTEN: list[Any] = []
+_FORK_LOCK = threading.Lock()  # held while a worker's pipes are made or closed; a fork waits for it
+_LIVE: set[_Worker] = set()  # every worker whose pipes this process holds open (the pool's or not)
 
 
 def usable_cores() -> int:
@@ -337,9 +351,22 @@ def pool() -> WorkerPool:
         return _POOL
 
 
+def _before_fork() -> None:
+    _FORK_LOCK.acquire()  # no worker is starting or closing while the memory is copied
+
+
+def _after_fork_in_parent() -> None:
+    _FORK_LOCK.release()
+
+
 def _forget_in_child() -> None:
-    global _POOL, _POOL_LOCK
+    global _POOL, _POOL_LOCK, _FORK_LOCK
     _POOL_LOCK = threading.Lock()  # another thread may have held it at the fork
+    _FORK_LOCK = threading.Lock()  # held by the forking thread, in the parent's copy
+    for worker in list(_LIVE):
+        worker.forget()
+    _FORGOTTEN.append(list(_LIVE))  # the parent's workers, never collected here
+    _LIVE.clear()
     if _POOL is not None:
         _POOL.forget()
         _POOL = None
@@ -350,5 +377,5 @@ def _close_at_exit() -> None:
         _POOL.close()
 
 
-os.register_at_fork(after_in_child=_forget_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_forget_in_child)
 atexit.register(_close_at_exit)

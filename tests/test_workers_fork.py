@@ -1,0 +1,82 @@
+"""Forks of the caller while compile_many starts its compiler workers (another thread of the
+caller forks: os.fork, multiprocessing's "fork" start method): real forks, real workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from conftest import ARCH
+from cuda.core import ProgramOptions
+
+from kernelcache import FileStreamProgramCache, compile_many
+from kernelcache.compile.workers import pool
+
+KERNEL = 'extern "C" __global__ void f{n}(float* a) {{ a[threadIdx.x] *= {n}.5f; }}\n'
+
+
+def _links(pid: int) -> dict[str, str]:
+    """fd -> what it is open on, for process ``pid`` (an fd closed meanwhile is skipped)."""
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def _worker_pipes(pid: int) -> set[str]:
+    """The request and reply pipes of worker ``pid`` (their fds are its last two arguments)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        fds = [arg.decode() for arg in f.read().split(b"\0") if arg][-2:]
+    links = _links(pid)
+    return {links[fd] for fd in fds}
+
+
+def test_a_fork_while_workers_start_neither_stalls_them_nor_keeps_their_pipes(tmp_path) -> None:
+    pool().close()  # the batch below starts its workers, while the other thread forks
+    children: list[int] = []
+    stop, done = threading.Event(), threading.Event()
+    stalled: list[bool] = []
+
+    def fork_helpers() -> None:  # long-lived forked children, as a fork-started process pool has
+        while not stop.is_set() and len(children) < 200:
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(120)  # until the test kills it
+                os._exit(0)
+            children.append(pid)
+            time.sleep(0.001)
+
+    def watchdog() -> None:  # a start that waits for the children would wait 120 s: end it
+        if not done.wait(60):
+            stalled.append(True)
+            for pid in list(children):
+                os.kill(pid, signal.SIGKILL)
+
+    threads = [threading.Thread(target=fork_helpers), threading.Thread(target=watchdog)]
+    for thread in threads:
+        thread.start()
+    reqs = [{"code": KERNEL.format(n=n), "options": ProgramOptions(arch=ARCH)} for n in range(4)]
+    try:
+        objs = compile_many(reqs, cache=FileStreamProgramCache(tmp_path), processes=True, max_workers=4)
+        stop.set()
+        # No forked child holds a pipe of a worker: a worker whose reply pipe a child can
+        # write to never shows its death to us (no EOF), and one whose request pipe a child
+        # holds open outlives us.
+        pipes = set().union(*(_worker_pipes(pid) for pid in pool().pids()))
+        held = {pid: set(_links(pid).values()) & pipes for pid in children}
+    finally:
+        stop.set()
+        done.set()
+        for thread in threads:
+            thread.join()
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert not stalled, "a worker's start waited for a forked child to exit"
+    assert len(objs) == 4 and len(pool().pids()) == 4 and children
+    assert not {pid: p for pid, p in held.items() if p}
