@@ -137,6 +137,22 @@ def test_a_line_torn_by_a_dead_writer_costs_that_line_only(tmp_path, monkeypatch
     assert "skipped line(s) [2]" in capfd.readouterr().err
 
 
+def test_a_line_broken_by_a_hand_edit_is_an_error_naming_it_not_a_kernel_dropped(tmp_path, monkeypatch) -> None:
+    lock = tmp_path / "lock.json"
+    monkeypatch.setenv("KERNELCACHE_RECORD", str(lock))
+    for name in ("first", "second", "third"):
+        src = f'extern "C" __global__ void {name}(float* a) {{ a[0] = 1.0f; }}\n'
+        compile_program(src, options=ProgramOptions(arch="sm_90"), cache=None)
+    lines = lock.read_text().splitlines()
+    lines[1] = lines[1].replace('"arch":', '"arch"', 1)  # a colon lost in an editor, mid-file
+    lock.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"line 2: Expecting ':' delimiter"):
+        load_manifest(str(lock))
+    proc = _kc("warm", str(lock), "--cache-dir", str(tmp_path / "c"))
+    assert proc.returncode != 0 and "line 2" in proc.stderr, proc.stderr
+    assert not os.path.exists(tmp_path / "c" / "v2")  # nothing warmed from a manifest it could not read
+
+
 def test_a_request_a_manifest_cannot_replay_is_not_recorded_with_one_warning(tmp_path, monkeypatch) -> None:
     lock = tmp_path / "lock.json"
     monkeypatch.setenv("KERNELCACHE_RECORD", str(lock))

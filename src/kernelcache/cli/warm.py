@@ -17,11 +17,11 @@ A manifest is JSON or TOML::
 
 JSON: ``{"defaults": {...}, "kernel": [{...}, ...]}`` (``kernels`` is accepted too), or JSON
 Lines: one such document per line, their kernels taken in order, repeated lines once (what
-``KERNELCACHE_RECORD`` writes: compile/lockfile.py). A line that is not whole JSON (its
-writer died mid-line) is skipped with a warning. Each kernel is compiled once per (arch,
-target). In ``define_macro``, an inner ``["NAME", "VALUE"]`` is one macro (cuda.core's
-tuple); ``code_type = "triton"`` with a ``triton_key`` names a Triton kernel a run looked
-up (listed, never compiled: Triton compiles its own).
+``KERNELCACHE_RECORD`` writes: compile/lockfile.py). A line cut short (its writer died
+mid-line) is skipped with a warning; any other line that is not JSON is an error. Each
+kernel is compiled once per (arch, target). In ``define_macro``, an inner ``["NAME",
+"VALUE"]`` is one macro (cuda.core's tuple); ``code_type = "triton"`` with a ``triton_key``
+names a Triton kernel a run looked up (listed, never compiled: Triton compiles its own).
 """
 
 from __future__ import annotations
@@ -84,9 +84,15 @@ def _json_lines(raw: bytes, path: str) -> dict[str, Any] | None:
         seen.add(line)
         try:
             doc = json.loads(line)
-        except ValueError:
+        except json.JSONDecodeError as exc:
+            if not _stops_short(exc):
+                raise ValueError(
+                    f"line {number}: {exc.msg} at column {exc.colno} (not a line cut short: fix or delete it)"
+                ) from None
             torn.append(number)
             continue
+        except ValueError:  # not UTF-8: no writer of ours left that
+            raise ValueError(f"line {number} is not UTF-8 text") from None
         if not isinstance(doc, dict) or set(doc) != {"kernel"} or not isinstance(doc["kernel"], list):
             return None  # a line of something else: not a manifest of lines
         kernels.extend(doc["kernel"])
@@ -95,6 +101,13 @@ def _json_lines(raw: bytes, path: str) -> dict[str, Any] | None:
     if torn:
         print(f"manifest {path}: skipped line(s) {torn[:10]}: not whole JSON (its writer died?)", file=sys.stderr)
     return {"kernel": kernels}
+
+
+def _stops_short(exc: json.JSONDecodeError) -> bool:
+    """Whether a line that is not JSON is the start of a line (its writer died mid-line: the
+    parse fails at the end, or in a string left open) rather than a line wrong where it stands
+    (a hand edit), which would drop a kernel from the warm in silence if it were skipped."""
+    return exc.pos >= len(exc.doc.rstrip()) or exc.msg.startswith("Unterminated string")
 
 
 def _strings(value: Any, what: str) -> list[str]:
