@@ -71,6 +71,14 @@ def _put(path: str, data: bytes, mode: Any) -> Any:
     return run
 
 
+def _is_relative_path(prefix: object) -> bool:
+    """Whether ``prefix`` names objects the store accepts: '' or parts joined by '/'."""
+    if not isinstance(prefix, str):
+        return False
+    parts = prefix.removesuffix("/").split("/") if prefix else []
+    return all(p not in ("", ".", "..") and p.isprintable() for p in parts)
+
+
 class ObjectStoreProgramCache(RecordStore):
     """A ProgramCacheResource in an object store, shared by every host that can reach it.
 
@@ -97,8 +105,11 @@ class ObjectStoreProgramCache(RecordStore):
     ) -> None:
         super().__init__()
         self.url = check_object_store_url(url)
-        if not isinstance(prefix, str) or prefix.startswith("/") or ".." in prefix.split("/"):
-            raise ValueError(f"prefix must be a relative path like 'kernelcache/', got {prefix!r}")
+        if not _is_relative_path(prefix):
+            raise ValueError(
+                f"prefix must be a relative path like 'kernelcache/' (no empty, '.' or '..' part, no control "
+                f"character: the object store refuses such names at every call), got {prefix!r}"
+            )
         if isinstance(secret, str):
             secret = secret.encode()
         if secret is not None and (not isinstance(secret, bytes) or not secret):
