@@ -10,8 +10,9 @@ import time
 
 from conftest import ARCH
 from cuda.core import ProgramOptions
+from test_compile import HEAVY, needs_bundled_headers
 
-from kernelcache import FileStreamProgramCache, compile_many
+from kernelcache import CompileInfo, FileStreamProgramCache, compile_many, compile_program
 from kernelcache.compile.workers import pool
 
 KERNEL = 'extern "C" __global__ void f{n}(float* a) {{ a[threadIdx.x] *= {n}.5f; }}\n'
@@ -80,3 +81,43 @@ def test_a_fork_while_workers_start_neither_stalls_them_nor_keeps_their_pipes(tm
     assert not stalled, "a worker's start waited for a forked child to exit"
     assert len(objs) == 4 and len(pool().pids()) == 4 and children
     assert not {pid: p for pid, p in held.items() if p}
+
+
+@needs_bundled_headers
+def test_a_child_forked_during_a_compile_does_not_hold_the_key_from_its_waiters(tmp_path) -> None:
+    """The child gets a copy of the fd holding the key's flock: only an explicit unlock, not
+    our close, releases the lock while the child lives."""
+    root = tmp_path / "c"
+    heavy = {"code": HEAVY, "options": ProgramOptions(arch=ARCH, use_bundled_headers=True, std="c++17")}
+    compiling = threading.Thread(
+        target=compile_many, args=([heavy],), kwargs={"cache": FileStreamProgramCache(root), "processes": True}
+    )
+    compiling.start()
+    deadline = time.monotonic() + 60
+    while not pool().pids(compiling=True) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    worker = pool().pids(compiling=True)[0]
+    os.kill(worker, signal.SIGSTOP)  # mid-compile, the key's locks held, until the waiter waits
+    child = os.fork()
+    if child == 0:
+        time.sleep(120)  # a long-lived forked helper (until the test kills it)
+        os._exit(0)
+    info = CompileInfo()
+    waiter = threading.Thread(
+        target=compile_program,
+        args=(heavy["code"],),
+        kwargs={"options": heavy["options"], "cache": FileStreamProgramCache(root), "info": info, "wait_timeout": 60},
+    )
+    try:
+        waiter.start()
+        time.sleep(1)  # the waiter looks its miss up (milliseconds) while our compile is stopped
+        os.kill(worker, signal.SIGCONT)
+        compiling.join()
+        waiter.join()
+    finally:
+        os.kill(worker, signal.SIGCONT)
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    # It waited for our compile and read its result, not the budget out and a compile of its own.
+    assert info.waited and info.hit
+    assert FileStreamProgramCache(root).stats()["compiles"] == 1

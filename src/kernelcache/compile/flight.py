@@ -21,7 +21,8 @@ compile on your own, without the lock. ``try_hold`` makes one try of each lock i
 waiting and yields "busy" when a peer holds the key.
 
 Why this is safe against stuck or dead peers: the kernel releases an flock the moment its
-holder dies, even by SIGKILL, so waiters get it at once; maintenance (clear, prune, verify
+holder dies, even by SIGKILL, so waiters get it at once (a holder unlocks before it closes:
+a child it forked meanwhile holds a copy of the fd, which would keep the lock); maintenance (clear, prune, verify
 --fix) removes idle lock files only under their own lock, and a locker checks that the file
 it locked is still the one at the path; a remote lock expires within its TTL once its
 holder stops refreshing it; and waiting is bounded by the budget in total, so a peer that
@@ -181,7 +182,7 @@ class SingleFlight:
         try:
             yield ACQUIRED
         finally:
-            os.close(fd)  # closing the fd releases the flock
+            lockfiles.release(fd)
 
     def _remote_lock(
         self, deadline: float, ready: Callable[[], bool], held: bool

@@ -24,6 +24,7 @@ locks/ hung every compile of its key, ``clear`` and ``verify --fix``; it is remo
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import time
@@ -105,7 +106,7 @@ def _is_at_path(fd: int, path: str) -> bool:
 
 def acquire(path: str, timeout: float, *, mode: int = 0o600, poll_s: float = 0.01) -> int | None:
     """An fd holding the exclusive flock of the lock file at path; None if still held by
-    another at the deadline (``timeout`` 0: one try). Close the fd to release.
+    another at the deadline (``timeout`` 0: one try). release(fd) lets it go.
 
     OSError when the lock file cannot be created or locked at all (a read-only directory).
     """
@@ -123,6 +124,22 @@ def acquire(path: str, timeout: float, *, mode: int = 0o600, poll_s: float = 0.0
             raise
         # Race (module doc, step 3): we locked a file a remover unlinked meanwhile. Let go
         # and lock the file that is at the path now.
+        os.close(fd)
+
+
+def release(fd: int) -> None:
+    """Let go of a lock that acquire() returned: unlock it, then close the fd.
+
+    Race: a fork by another thread while the lock is held gives the child a copy of the fd,
+    and an flock belongs to the open file, which that copy keeps open: closing our fd alone
+    would leave the lock held until the child exits (a fork-started helper: for good), and
+    every waiter of the key waits out its budget. An unlock through any copy releases it.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass  # closing releases it as well, where no copy exists
+    finally:
         os.close(fd)
 
 

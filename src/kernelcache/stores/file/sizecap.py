@@ -155,7 +155,7 @@ class SizeCap:
             try:
                 self._evict_locked(room)
             finally:
-                os.close(fd)  # releases the flock
+                lockfiles.release(fd)
         finally:
             self._evict_lock.release()
 
