@@ -53,6 +53,17 @@ def test_require_hit_on_an_empty_cache_raises_and_compiles_nothing(tmp_path, mon
     assert _compiles(cache) == 0 and len(cache) == 0
 
 
+def test_the_error_names_the_kernel_and_how_to_fill_the_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("KERNELCACHE_REQUIRE_HIT", "1")
+    cache = FileStreamProgramCache(str(tmp_path))
+    with pytest.raises(CacheMissError, match=rf"a cache miss for fill \(c\+\+ -> cubin for {ARCH}\)") as caught:
+        compile_program(SRC, options=_opts(define_macro="N=4"), cache=cache)
+    assert "KERNELCACHE_RECORD" in str(caught.value) and "kernelcache warm" in str(caught.value)
+    with pytest.raises(CacheMissError, match=r"axpy<float> \("):
+        compile_program(TEMPLATE, options=_opts(), name_expressions=["axpy<float>"], cache=cache)
+    assert _compiles(cache) == 0
+
+
 def test_explanation_names_the_define_macro_and_both_values(tmp_path, monkeypatch, caplog) -> None:
     cache = FileStreamProgramCache(str(tmp_path))
     first = CompileInfo()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kernelcache import config
 from kernelcache.compile import sourceindex
 from kernelcache.compile.flight import SingleFlight
+from kernelcache.compile.metadata import kernel_names
 from kernelcache.log import logger
 from kernelcache.stores.base import KernelCacheWarning
 
@@ -39,7 +40,9 @@ class CacheMissError(RuntimeError):
         self.what = what
         super().__init__(
             f"kernelcache: a cache miss{' for ' + what if what else ''} with KERNELCACHE_REQUIRE_HIT=1 "
-            f"(nothing compiled): {explanation}"
+            f"(nothing compiled): {explanation}. To have it: run once with KERNELCACHE_REQUIRE_HIT unset "
+            "(or =warn), or record a run (KERNELCACHE_RECORD=lock.json) and `kernelcache warm lock.json` "
+            "into this cache or a bundle (KERNELCACHE_BUNDLES)"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable (compile_many's errors cross processes)
@@ -47,9 +50,15 @@ class CacheMissError(RuntimeError):
 
 
 def _what(look: Lookup) -> str:
+    """The kernel(s) a miss is for, by name (name expressions, else the source's __global__
+    functions), and the compile: ``saxpy (c++ -> cubin for sm_90)``."""
     request = look.request
     arch = getattr(request.options, "arch", None)
-    return f"{request.code_type} -> {request.target_type}" + (f" for {arch}" if arch else "")
+    names = request.name_expressions or kernel_names(request.code, None)
+    compile_ = f"{request.code_type} -> {request.target_type}" + (f" for {arch}" if arch else "")
+    text = [n.decode("latin-1") if isinstance(n, bytes) else str(n) for n in names]
+    shown = ", ".join(text[:4]) + (", ..." if len(text) > 4 else "")
+    return f"{shown} ({compile_})" if shown else compile_
 
 
 def _apply(mode: str | None, reason: str, what: str) -> None:
