@@ -66,7 +66,8 @@ def env_for(endpoint: str) -> dict[str, str]:
 
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 forwarding to ``upstream``; ``mode`` "pass", "fail" (500 to
-    every request) or "stall" (hold every request for ``stall_s`` first). Counts requests."""
+    every request), "fail-reads" (500 to every GET of an object; listings pass) or "stall"
+    (hold every request for ``stall_s`` first). Counts requests."""
 
     def __init__(self, upstream: str, stall_s: float = 30.0) -> None:
         self.upstream = upstream.removeprefix("http://")
@@ -94,7 +95,8 @@ class FaultProxy:
                     proxy._hold_get()
                 if proxy.mode == "stall":
                     time.sleep(proxy.stall_s)
-                if proxy.mode == "fail":
+                object_get = self.command == "GET" and "list-type=" not in self.path
+                if proxy.mode == "fail" or (proxy.mode == "fail-reads" and object_get):
                     self.send_response(500)
                     self.send_header("Content-Length", "0")
                     self.end_headers()

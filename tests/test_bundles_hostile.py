@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -134,3 +135,15 @@ def test_bundle_create_replaces_an_older_bundle_and_nothing_else(built: dict, tm
         proc = _cli("bundle", "create", str(out), "--cache-dir", str(built["root"]))
         assert proc.returncode == 0, proc.stderr
         assert len(kernelcache.BundleProgramCache(out)) == 6
+
+
+def test_bundle_create_from_a_redis_it_cannot_reach_keeps_the_older_bundle(built: dict, tmp_path: Path) -> None:
+    # It wrote an empty bundle over the good one, exit 0.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"redis://127.0.0.1:{s.getsockname()[1]}/0"  # nothing listens there
+    good = built["bundle"].read_bytes()
+    proc = _cli("bundle", "create", str(built["bundle"]), "--redis", url)
+    assert proc.returncode != 0 and "could not be scanned" in proc.stderr, proc.stderr
+    assert built["bundle"].read_bytes() == good
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]

@@ -89,16 +89,18 @@ def create_bundle(
     redis_url: str | None = None,
     object_store: str | None = None,
 ) -> dict[str, Any]:
-    """Write every entry of the cache at ``cache_dir`` (or of the Redis at ``redis_url``) that
-    passes its check into the bundle ``out``: artifacts, header manifests, Triton groups and
-    every other record, as they are. Returns what was written."""
+    """Write every entry of the cache at ``cache_dir`` (or of the Redis at ``redis_url``, the
+    object store at ``object_store``) that passes its check into the bundle ``out``: artifacts,
+    header manifests, Triton groups and every other record, as they are. Returns what was
+    written. A shared store that cannot be read to the end: ConnectionError, nothing written."""
     start = time.perf_counter()
     skipped: list[str] = []
+    # A Redis or object store that cannot be read to the end raises ConnectionError from
+    # iter_records: the staged bundle is removed and OUT (an older bundle) is kept as it was.
     if redis_url is not None:
-        source = _redis(redis_url, read_only=True)
-        records: Any = source.iter_records()
+        records: Any = _redis(redis_url, read_only=True).iter_records(skipped)
     elif object_store is not None:
-        records = _object_store(object_store, read_only=True).iter_records()
+        records = _object_store(object_store, read_only=True).iter_records(skipped)
     else:
         records = _file_records(_source(cache_dir), skipped)
     summary = write_bundle(out, records, secret)

@@ -79,6 +79,10 @@ def _is_relative_path(prefix: object) -> bool:
     return all(p not in ("", ".", "..") and p.isprintable() for p in parts)
 
 
+def _path_of(row: Any) -> str:
+    return str(row["path"])
+
+
 class ObjectStoreProgramCache(RecordStore):
     """A ProgramCacheResource in an object store, shared by every host that can reach it.
 
@@ -269,36 +273,56 @@ class ObjectStoreProgramCache(RecordStore):
     def __len__(self) -> int:
         return len(self._call("count", self._entry_paths) or ())
 
-    def _listed_records(self) -> list[tuple[Any, tuple[bytes, Meta] | None]] | None:
-        """(listing row, verified record or None) of every entry under this prefix: one listing,
-        then the records read together; None when the store cannot be reached."""
+    def _listing(self) -> list[Any] | None:
+        """The listing rows of every entry under this prefix, by path; None when it cannot be listed."""
         import obstore
 
         def listing(store: Any) -> list[Any]:
-            return [m for batch in obstore.list(store, f"{self._prefix}e/") for m in batch]
+            return sorted((m for batch in obstore.list(store, f"{self._prefix}e/") for m in batch), key=_path_of)
 
-        listed = self._call("list", listing)
-        if listed is None:
-            return None
+        return self._call("list", listing)
+
+    def _in_batches(self, rows: list[Any], read: Any) -> Iterator[Any]:
+        """read(path) of each row, _MAX_PARALLEL_GETS at once and in order: a bucket larger than
+        memory is listed or bundled holding one batch of records at a time."""
         with ThreadPoolExecutor(max_workers=_MAX_PARALLEL_GETS) as pool:
-            return list(zip(listed, pool.map(self._read_path, [m["path"] for m in listed])))
+            for i in range(0, len(rows), _MAX_PARALLEL_GETS):
+                yield from pool.map(read, [_path_of(m) for m in rows[i : i + _MAX_PARALLEL_GETS]])
 
     def entries(self) -> list[tuple[str, int, float, Meta | None]] | None:
         """(entry name, size, last modified as a Unix time, metadata or None) of every entry, for
         listing tools; None when the store cannot be reached."""
-        found = self._listed_records()
-        if found is None:
+        listed = self._listing()
+        if listed is None:
             return None
+
+        def meta_at(path: str) -> Meta | None:
+            found = self._read_path(path)
+            return found[1] if found else None
+
         return [
-            (m["path"].rsplit("/", 1)[-1], int(m["size"]), m["last_modified"].timestamp(), r[1] if r else None)
-            for m, r in found
+            (_path_of(m).rsplit("/", 1)[-1], int(m["size"]), m["last_modified"].timestamp(), meta)
+            for m, meta in zip(listed, self._in_batches(listed, meta_at))
         ]
 
-    def iter_records(self) -> Iterator[tuple[str, bytes, Meta, Any]]:
-        """(entry name, payload, meta, created) of each entry that passes its check (bundle create)."""
-        for m, r in sorted(self._listed_records() or (), key=lambda found: found[0]["path"]):
-            if r is not None:
-                yield m["path"].rsplit("/", 1)[-1], r[0], r[1], m["last_modified"].timestamp()
+    def iter_records(self, skipped: list[str] | None = None) -> Iterator[tuple[str, bytes, Meta, Any]]:
+        """(entry name, payload, meta, created) of each entry that passes its check (bundle create);
+        the names of those that do not are added to ``skipped``. ConnectionError when the store
+        cannot be listed or read: a bundle of part of a bucket must not pass for all of it."""
+        listed = self._listing()
+        if listed is None:
+            raise ConnectionError(f"the object store {self.url} could not be listed ({self.last_error})")
+        for m, found in zip(listed, self._in_batches(listed, lambda path: self._call("read", _get_raw(path)))):
+            path, name = _path_of(m), _path_of(m).rsplit("/", 1)[-1]
+            if found is None:
+                raise ConnectionError(f"the object store {self.url} failed to read {path} ({self.last_error})")
+            if found is False:
+                continue  # removed since the listing (a lifecycle rule)
+            verdict, record = rec.decode(path, found[0], self._secret)
+            if record is not None:
+                yield name, record[0], record[1], m["last_modified"].timestamp()
+            elif skipped is not None:
+                skipped.append(name)
 
     def usage(self) -> tuple[int, int] | None:
         """(entries, bytes) under this prefix, from one listing; None when the store cannot be reached."""

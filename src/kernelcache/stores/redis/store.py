@@ -263,13 +263,22 @@ class RedisProgramCache(RecordStore):
         """Store an entry by its name (naming.entry_name of its key): ``kernelcache import``."""
         return self._write_at(f"{self._ns}:e:{name}", payload, meta)
 
-    def iter_records(self) -> Iterator[tuple[str, bytes, Meta, Any]]:
-        """(entry name, payload, meta, created) of each entry of the namespace that passes its check."""
-        for rk in sorted(k.decode() for k in self._call("scan", lambda c: list(self._scan(c))) or ()):
-            raw = self._call("read", lambda c, rk=rk: c.get(rk))
+    def iter_records(self, skipped: list[str] | None = None) -> Iterator[tuple[str, bytes, Meta, Any]]:
+        """(entry name, payload, meta, created) of each entry of the namespace that passes its check
+        (the names of those that do not are added to ``skipped``). ConnectionError when Redis
+        cannot be scanned or read: a bundle of part of a namespace must not pass for all of it."""
+        found = self._call("scan", lambda c: list(self._scan(c)))
+        if found is None:
+            raise ConnectionError(f"Redis at {self.url} could not be scanned ({self.last_error})")
+        for rk in sorted(k.decode() for k in found):
+            raw = self._call("read", lambda c, rk=rk: c.get(rk) or b"")  # b"": expired since the scan
+            if raw is None:
+                raise ConnectionError(f"Redis at {self.url} failed to read {rk} ({self.last_error})")
             verdict, record = rec.decode(rk, raw, self._secret) if raw else (None, None)
             if record is not None:
                 yield rk.rsplit(":", 1)[1], record[0], record[1], (rec.peek_head(raw) or {}).get("created")
+            elif raw and skipped is not None:
+                skipped.append(rk.rsplit(":", 1)[1])
 
     def _write_at(self, rk: str, payload: bytes, meta: Meta) -> bool:
         if self._read_only:
