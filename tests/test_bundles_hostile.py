@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,21 +47,28 @@ def built(tmp_path: Path) -> dict:
     return {"root": root, "bundle": tmp_path / "b.kcb", "names": names}
 
 
+def _with_index(src: Path, dst: Path, edit: Callable[[list[tuple[bytes, int, int]]], list]) -> None:
+    """Copy the bundle src to dst with its index slots (name, offset, length) replaced by
+    edit(slots), and the index tag recomputed, so the index itself passes its check."""
+    raw = src.read_bytes()
+    count, offset, length = fmt.HEADER.unpack_from(raw)[4:7]
+    slots = [fmt.SLOT.unpack_from(raw, offset + i * fmt.SLOT.size) for i in range(count)]
+    index = b"".join(fmt.SLOT.pack(*slot) for slot in edit(slots))
+    assert len(index) == length
+    dst.write_bytes(raw[:offset] + index + fmt.index_tag(None, raw[: fmt.HEADER.size], index))
+
+
 def _repoint(src: Path, dst: Path, slots: dict[str, tuple[int | None, int | None]]) -> None:
-    """Copy the bundle src to dst with the named entries' (offset, length) replaced (None:
-    kept), and the index tag recomputed, so the index itself passes its check."""
-    raw = bytearray(src.read_bytes())
-    header = fmt.HEADER.unpack_from(raw)
-    count, offset, length = header[4], header[5], header[6]
-    index = bytearray(raw[offset : offset + length])
-    for i in range(count):
-        binary, at, size = fmt.SLOT.unpack_from(index, i * fmt.SLOT.size)
-        new_at, new_size = slots.get(binary.hex(), (None, None))
-        fmt.SLOT.pack_into(
-            index, i * fmt.SLOT.size, binary, at if new_at is None else new_at, size if new_size is None else new_size
-        )
-    tag = fmt.index_tag(None, bytes(raw[: fmt.HEADER.size]), bytes(index))
-    dst.write_bytes(bytes(raw[:offset]) + bytes(index) + tag)
+    """The bundle src as dst with the named entries' (offset, length) replaced (None: kept)."""
+
+    def edit(old: list[tuple[bytes, int, int]]) -> list[tuple[bytes, int, int]]:
+        out = []
+        for binary, at, size in old:
+            new_at, new_size = slots.get(binary.hex(), (None, None))
+            out.append((binary, at if new_at is None else new_at, size if new_size is None else new_size))
+        return out
+
+    _with_index(src, dst, edit)
 
 
 def test_a_fifo_at_the_bundle_path_is_refused_at_once(tmp_path: Path) -> None:
@@ -147,3 +155,15 @@ def test_bundle_create_from_a_redis_it_cannot_reach_keeps_the_older_bundle(built
     assert proc.returncode != 0 and "could not be scanned" in proc.stderr, proc.stderr
     assert built["bundle"].read_bytes() == good
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_verify_reports_entries_an_index_out_of_order_hides_from_look_ups(built: dict, tmp_path: Path) -> None:
+    # verify said "0 damaged" while every look-up but one missed.
+    bad = tmp_path / "bad.kcb"
+    _with_index(built["bundle"], bad, lambda slots: list(reversed(slots)))
+    with kernelcache.BundleProgramCache(bad) as store:
+        served = sum(store.read_named(name) is not None for name in store.names())
+    proc = _cli("bundle", "verify", str(bad), "--json")
+    damaged = json.loads(proc.stdout)["damaged"]
+    assert proc.returncode == 1 and len(damaged) == 6 - served and served < 6
+    assert all("out of order" in why for why in damaged.values())

@@ -182,7 +182,7 @@ def ls_cmd(path: str, secret_env: str | None, as_json: bool) -> None:
 def verify(path: str, secret_env: str | None, as_json: bool) -> None:
     """Check every entry of the bundle PATH (with --secret-env: every signature); exit 1 on damage."""
     with _open_bundle(path, secret_from_env(secret_env)) as store:
-        damaged = {name: why for name in store.names() if (why := store.check_named(name)[0]) is not None}
+        damaged = {name: why for name in store.names() if (why := _problem(store, name)) is not None}
         report = {"path": store.path, "checked": len(store), "signed": store.signed, "damaged": damaged}
 
     def render(r: dict[str, Any]) -> None:
@@ -193,6 +193,14 @@ def verify(path: str, secret_env: str | None, as_json: bool) -> None:
     emit(report, as_json, render)
     if damaged:
         sys.exit(1)
+
+
+def _problem(store: BundleProgramCache, name: str) -> str | None:
+    """Why the entry ``name`` (listed in the index) is not served, or None."""
+    problem, found = store.check_named(name)
+    if problem is None and found is None:  # listed, yet the look-up's binary search misses it
+        return "not found by a look-up: the index is out of order (a miss every time)"
+    return problem
 
 
 @click.command(name="import")

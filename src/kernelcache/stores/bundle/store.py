@@ -75,7 +75,10 @@ class BundleProgramCache(RecordStore):
 
     def _check_trust(self, header: fmt.Header, st: os.stat_result) -> None:
         if header.signed and self._secret is None:
-            raise ValueError(f"{self.path} is a signed bundle: pass secret= (the secret it was signed with)")
+            raise ValueError(
+                f"{self.path} is a signed bundle: give the secret it was signed with (secret=, the CLI's "
+                "--secret-env VAR, KERNELCACHE_BUNDLE_SECRET for KERNELCACHE_BUNDLES)"
+            )
         if header.signed and header.key_id != rec.key_id(self._secret):
             raise ValueError(f"{self.path} is signed with another secret than the one given")
         if not header.signed and self._secret is not None:
