@@ -64,6 +64,19 @@ def test_the_error_names_the_kernel_and_how_to_fill_the_cache(tmp_path, monkeypa
     assert _compiles(cache) == 0
 
 
+def test_a_source_index_holding_a_key_that_is_not_hex_never_fails_a_compile(tmp_path) -> None:
+    # A record that passes its checksum (another writer's, an unsigned shared store's) with a
+    # key that is not hex made every miss of that source raise ValueError from the explanation.
+    cache = FileStreamProgramCache(str(tmp_path))
+    compile_program(SRC, options=_opts(define_macro="N=4"), cache=cache)
+    (index,) = [e for e in cache.iter_entries() if ((e.meta or {}).get("meta") or {}).get("kind") == "source-index"]
+    payload = json.dumps({"format": 1, "entries": [{"key": "not-hex", "components": {}}]}).encode()
+    assert cache.write_named(index.name, payload, index.meta["meta"])
+    info = CompileInfo()
+    compile_program(SRC, options=_opts(define_macro="N=8"), cache=cache, info=info)
+    assert not info.hit and info.miss_reason == "no entry for this source" and _compiles(cache) == 2
+
+
 def test_explanation_names_the_define_macro_and_both_values(tmp_path, monkeypatch, caplog) -> None:
     cache = FileStreamProgramCache(str(tmp_path))
     first = CompileInfo()

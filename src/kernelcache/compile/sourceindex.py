@@ -82,10 +82,23 @@ def _parse(record: tuple[bytes, Any] | None) -> list[dict[str, Any]]:
         entries = doc["entries"] if doc.get("format") == INDEX_FORMAT else []
     except (ValueError, TypeError, KeyError, AttributeError):
         return []
+    # Checked to the last field explain() uses: an index that passes its record's check may
+    # still come from another writer (another version, an unsigned shared store), and a miss
+    # must never raise because of what it holds.
     ok = isinstance(entries, list) and all(
-        isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("components"), dict) for e in entries
+        isinstance(e, dict) and _is_key(e.get("key")) and isinstance(e.get("components"), dict) for e in entries
     )
     return entries if ok else []
+
+
+def _is_key(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _merged(look: Lookup, writable_only: bool = False) -> list[dict[str, Any]]:
