@@ -12,6 +12,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from conftest import run_python
 from object_servers import FaultProxy, S3Server, iter_objects, need_object_store, set_env
 
 from kernelcache import BundleProgramCache
@@ -108,3 +109,21 @@ def test_bundle_create_from_a_bucket_holds_one_batch_of_records_at_a_time(
     assert peak < count * size // 2, peak
     with BundleProgramCache(tmp_path / "b.kcb") as bundle:
         assert bundle.get(b"k7") == bytes([7]) * size
+
+
+def test_a_fifo_at_an_object_of_a_file_store_is_a_miss_not_a_hang(tmp_path: Path) -> None:
+    # obstore's local store opened it and waited for a writer forever (every look-up of that key).
+    out = run_python(
+        "import os, sys, kernelcache\n"
+        "from kernelcache.stores.naming import entry_name\n"
+        "store = kernelcache.ObjectStoreProgramCache('file://' + sys.argv[1])\n"
+        "store[b'other'] = b'v'\n"
+        "fifo = os.path.join(sys.argv[1], 'kernelcache', 'e', entry_name(b'k'))\n"
+        "os.mkfifo(fifo)\n"
+        "print(store.get(b'k'), [r and r[0] for r in store.get_many([b'k', b'other'])])\n"
+        "store[b'k'] = b'mine'  # the FIFO is no record of ours to replace: dropped, left in place\n"
+        "print(store.get(b'k'), os.path.exists(fifo) and not os.path.isfile(fifo))\n",
+        str(tmp_path / "objects"),
+        timeout=60,
+    )
+    assert out.split("\n")[:2] == ["None [None, b'v']", "None True"]

@@ -20,9 +20,12 @@ credentials) fails that one call and is warned about once.
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from kernelcache.config.urls import check_object_store_url
 from kernelcache.stores import record as rec
@@ -36,11 +39,19 @@ _BACKOFF_S = 5.0
 _MAX_PARALLEL_GETS = 16
 
 
-def _get_raw(path: str) -> Any:
-    """fn(store): (bytes, e_tag) of the object at path, or False when there is none."""
+def _get_raw(path: str, local_root: str | None = None) -> Any:
+    """fn(store): (bytes, e_tag) of the object at path, or False when there is none.
+
+    ``local_root`` (a file:// store): the directory objects are files of. A FIFO or device
+    there is no object: obstore would open it and wait for a writer forever.
+    """
     import obstore
 
     def run(store: Any) -> Any:
+        # Race: a FIFO put there between this stat and obstore's open still blocks that one
+        # read; the check is for a FIFO that is there, left by a tool or planted by a peer.
+        if local_root is not None and not _regular_or_absent(os.path.join(local_root, path)):
+            return False
         try:
             got = obstore.get(store, path)
             return bytes(got.bytes()), got.meta.get("e_tag")
@@ -48,6 +59,13 @@ def _get_raw(path: str) -> Any:
             return False
 
     return run
+
+
+def _regular_or_absent(file: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(file).st_mode)
+    except OSError:
+        return True  # absent or unreadable: obstore's own answer decides
 
 
 def _put(path: str, data: bytes, mode: Any) -> Any:
@@ -128,6 +146,7 @@ class ObjectStoreProgramCache(RecordStore):
         self._prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         self._lock_ttl_s = float(lock_ttl_s)
         self._store = conn.make_store(url, client_options)
+        self._local_root = unquote(urlsplit(url).path) if url.startswith("file://") else None
         self._health = Backoff(retry_after_s)
         self.last_error = ""
 
@@ -179,11 +198,15 @@ class ObjectStoreProgramCache(RecordStore):
 
     # -- the store -------------------------------------------------------------------------------
 
+    def _get(self, path: str) -> Any:
+        """(bytes, e_tag) of the object at path, False when there is none, None when the call failed."""
+        return self._call("read", _get_raw(path, self._local_root))
+
     def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         return self._read_path(self._path(key))
 
     def _read_path(self, path: str) -> tuple[bytes, Meta] | None:
-        found = self._call("read", _get_raw(path))
+        found = self._get(path)
         if not found:
             return None
         verdict, record = rec.decode(path, found[0], self._secret)
@@ -233,7 +256,7 @@ class ObjectStoreProgramCache(RecordStore):
 
     def _replace_if_damaged(self, path: str, record: bytes) -> bool:
         """Replace the record at path only if it is provably damaged, and only that version of it."""
-        found = self._call("read", _get_raw(path))
+        found = self._get(path)
         if not found:
             return False
         verdict, _ = rec.decode(path, found[0], self._secret)
@@ -312,7 +335,7 @@ class ObjectStoreProgramCache(RecordStore):
         listed = self._listing()
         if listed is None:
             raise ConnectionError(f"the object store {self.url} could not be listed ({self.last_error})")
-        for m, found in zip(listed, self._in_batches(listed, lambda path: self._call("read", _get_raw(path)))):
+        for m, found in zip(listed, self._in_batches(listed, self._get)):
             path, name = _path_of(m), _path_of(m).rsplit("/", 1)[-1]
             if found is None:
                 raise ConnectionError(f"the object store {self.url} failed to read {path} ({self.last_error})")
