@@ -64,6 +64,16 @@ def test_a_recorded_run_replayed_for_two_archs_makes_a_fresh_process_hit_for_bot
     assert FileStreamProgramCache(fresh).stats()["compiles"] == 2  # warm's two; the program's none
 
 
+def test_warm_fills_a_strict_programs_cache_with_require_hit_set(tmp_path) -> None:
+    # Every kernel failed with CacheMissError, whose text says to run `kernelcache warm`.
+    lock, fresh = str(tmp_path / "kernels.lock.json"), str(tmp_path / "fresh")
+    run_python(PROGRAM, "sm_90", env={"KERNELCACHE_DIR": str(tmp_path / "first"), "KERNELCACHE_RECORD": lock})
+    warm = _kc("warm", lock, "--cache-dir", fresh, env={"KERNELCACHE_REQUIRE_HIT": "1"})
+    assert warm.returncode == 0, warm.stdout + warm.stderr
+    strict = {"KERNELCACHE_DIR": fresh, "KERNELCACHE_REQUIRE_HIT": "1"}
+    assert json.loads(run_python(PROGRAM, "sm_90", env=strict))["hit"]
+
+
 def test_hits_are_recorded_too_once_per_process(tmp_path, monkeypatch) -> None:
     lock = str(tmp_path / "lock.json")
     cache = FileStreamProgramCache(str(tmp_path / "c"))

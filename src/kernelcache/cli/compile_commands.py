@@ -133,12 +133,17 @@ def warm(
 
     With --bundle OUT, the cache is then written as one bundle file (only when every kernel
     warmed; --secret-env VAR signs it); --json then prints {"kernels": [...], "bundle": {...}}.
+    KERNELCACHE_REQUIRE_HIT does not apply to warm's own compiles.
     """
     from kernelcache.cli import warm as warm_mod
     from kernelcache.cli.demo import check_arch
 
     secret = secret_from_env(secret_env)
     items = warm_mod.load_manifest(manifest)
+    # Warming is how a strict program's cache is filled: its compiles are what was asked for,
+    # not misses to refuse. "0" (not unset) so a config file cannot turn strict mode back on;
+    # worker processes inherit it.
+    os.environ["KERNELCACHE_REQUIRE_HIT"] = "0"
     if archs:
         items = warm_mod.for_archs(items, [check_arch(a) for a in archs])
     results = warm_mod.run(items, cache_dir, jobs, progress=not as_json, redis_url=redis_url)
