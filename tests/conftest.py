@@ -95,3 +95,15 @@ def server(tmp_path_factory):
     s = RedisServer(str(tmp_path_factory.mktemp("redis")))
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A real S3-protocol server on loopback (tests/object_servers.py) shared by the tests of one
+    module; skips without obstore and moto."""
+    from object_servers import S3Server, need_object_store
+
+    need_object_store()
+    s = S3Server()
+    yield s
+    s.stop()

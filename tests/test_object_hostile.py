@@ -23,13 +23,6 @@ need_object_store()
 from kernelcache import ObjectStoreProgramCache  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    yield server
-    server.stop()
-
-
 @pytest.mark.parametrize("prefix", ["a//b/", "./", "a/./b/", "a/../", "a\nb/", "\x00/", "a\x7fb/", "//"])
 def test_a_prefix_the_object_store_refuses_raises_at_once(prefix: str) -> None:
     # Accepted, each of these made every read and write raise obstore's ValueError instead.

@@ -27,13 +27,6 @@ need_object_store()
 from kernelcache import ObjectStoreProgramCache  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def bucket(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     set_env(monkeypatch, s3.endpoint)
