@@ -216,6 +216,30 @@ def test_a_fifo_at_the_lockfile_path_never_blocks_a_compile(tmp_path) -> None:
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
+def test_a_relative_lockfile_in_a_deleted_working_directory_never_fails_a_compile(tmp_path) -> None:
+    # abspath() of the relative path raised FileNotFoundError: the compile failed, and the
+    # default cache (its configuration check) was reported unusable.
+    code = textwrap.dedent(
+        """
+        import os, sys, warnings
+        from cuda.core import ProgramOptions
+        from kernelcache import CompileInfo, compile_program
+        os.chdir(sys.argv[1]); os.rmdir(sys.argv[1])
+        info = CompileInfo()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compile_program('extern "C" __global__ void k(float* a) { a[0] = 4.0f; }',
+                            options=ProgramOptions(arch="sm_90"), info=info)
+        print(info.cached, [str(w.message) for w in caught])
+        """
+    )
+    (tmp_path / "gone").mkdir()
+    env = {"KERNELCACHE_RECORD": "lock.json", "KERNELCACHE_DIR": str(tmp_path / "cache")}
+    cached, warned = run_python(code, str(tmp_path / "gone"), env=env, timeout=120).split(" ", 1)
+    assert cached == "True" and "cannot record compile requests in lock.json" in warned
+    assert "cannot be used" not in warned
+
+
 def test_warm_lists_a_recorded_triton_kernel_and_compiles_none(tmp_path, monkeypatch) -> None:
     pytest.importorskip("triton")
     from kernelcache.triton import KernelCacheManager

@@ -214,7 +214,12 @@ def record_path() -> str | None:
     checked = _record_checked.get(raw)
     if checked is not None:
         return checked
-    path = os.path.abspath(os.path.expanduser(raw))
+    try:
+        path = os.path.abspath(os.path.expanduser(raw))
+    except FileNotFoundError:
+        # A relative path in a working directory that was deleted (batch schedulers do):
+        # not a bad value; appending to it fails with one warning and the compile goes on.
+        return raw
     if os.path.isdir(path):
         raise ConfigError(f"KERNELCACHE_RECORD={shown(raw)} is a directory: name a file, e.g. kernels.lock.json")
     if not os.path.isdir(os.path.dirname(path)):
