@@ -46,6 +46,7 @@ AS_INDUCTOR = (
     "import runpy, sys, types\n"
     "sys.modules['torch._inductor'] = types.ModuleType('torch._inductor')\n"
     "sys.argv = sys.argv[1:]\n"
+    "sys.path.insert(0, sys.argv[0].rpartition('/')[0])\n"  # as `python script.py` puts its folder first
     "runpy.run_path(sys.argv[0], run_name='__main__')\n"
 )
 WORKER = os.path.join(os.path.dirname(__file__), "_triton_worker.py")
