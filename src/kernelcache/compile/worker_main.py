@@ -34,16 +34,38 @@ def main() -> None:
     # (it stops handing out compiles); a worker ends when its request pipe closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     inbox, outbox = Connection(int(argv[1]), writable=False), Connection(int(argv[2]), readable=False)
+    _end_with_the_parent(inbox.fileno())
     from cuda.bindings import nvrtc
 
     nvrtc.nvrtcVersion()  # load libnvrtc now, while the parent is still looking up
-    outbox.send_bytes(pickle.dumps(("ready", os.getpid())))
-    while True:
-        try:
-            message = pickle.loads(inbox.recv_bytes())
-        except EOFError:
-            return  # the parent closed the pool, or exited
-        outbox.send_bytes(pickle.dumps(answer(message), pickle.HIGHEST_PROTOCOL))
+    try:
+        outbox.send_bytes(pickle.dumps(("ready", os.getpid())))
+        while True:
+            try:
+                message = pickle.loads(inbox.recv_bytes())
+            except EOFError:
+                return  # the parent closed the pool, or exited
+            outbox.send_bytes(pickle.dumps(answer(message), pickle.HIGHEST_PROTOCOL))
+    except BrokenPipeError:
+        return  # the parent let go of this worker (interrupted, or gone): nobody reads the reply
+
+
+def _end_with_the_parent(inbox: int) -> None:
+    """End this process the moment nobody can send it a compile any more (the parent exited,
+    was killed, or closed its end), also in the middle of a compile, whose result nobody
+    would read: the request pipe then hangs up, which poll reports whatever it waits for."""
+    import select
+    import threading
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(inbox, 0)
+        while True:
+            for _, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os._exit(0)
+
+    threading.Thread(target=watch, name="kernelcache-parent-watch", daemon=True).start()
 
 
 def answer(message: tuple[Any, ...]) -> tuple[Any, ...]:

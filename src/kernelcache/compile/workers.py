@@ -223,6 +223,9 @@ class WorkerPool:
             raise PoolUnavailable(f"its arguments cannot be sent to a worker ({exc})", this_call="send") from None
         for attempt in (1, 2):
             worker = self._checkout(restrict)
+            # Tainted before the compile is sent: whatever interrupts us from here on, a
+            # worker that may have run it is never handed a clean compile.
+            was_restrict, worker.restrict = worker.restrict, worker.restrict or restrict
             try:
                 reply = worker.exchange(kind, pickled)
             except _Died as died:
@@ -244,11 +247,14 @@ class WorkerPool:
                 # Interrupted (Ctrl-C) with a reply still owed: that worker is never reused.
                 self._drop(worker)
                 raise
-            worker.restrict = worker.restrict or (restrict and reply[0] != "unreadable")
-            with self._cond:
-                self.ready = True
-                self.compiles += reply[0] != "unreadable"
-            self._checkin(worker)
+            if reply[0] == "unreadable":
+                worker.restrict = was_restrict  # it compiled nothing
+            try:
+                with self._cond:
+                    self.ready = True
+                    self.compiles += reply[0] != "unreadable"
+            finally:
+                self._checkin(worker)  # it owes no reply: reusable even if we are interrupted here
             if reply[0] == "unreadable":
                 raise PoolUnavailable(f"a worker cannot read its arguments ({reply[1]})", this_call="read")
             return reply
@@ -275,18 +281,24 @@ class WorkerPool:
                     self._starting += 1
                     break
                 self._cond.wait()
-        if retire is not None:
-            retire.close()
+        worker = None
         try:
-            worker = _Worker()
-        except Exception as exc:  # no interpreter there, no fds left, ...
-            self._give_up(f"cannot start a compiler worker ({sys.executable}): {exc}")
+            if retire is not None:
+                retire.close()
+            try:
+                worker = _Worker()
+            except Exception as exc:  # no interpreter there, no fds left, ...
+                self._give_up(f"cannot start a compiler worker ({sys.executable}): {exc}")
+                raise PoolUnavailable(self.unavailable) from None
+        finally:
+            # Also when interrupted (Ctrl-C during the start): the place taken above is given
+            # back, or the pool would wait for a worker that never comes once all are lost.
             with self._cond:
                 self._starting -= 1
-            raise PoolUnavailable(self.unavailable) from None
-        with self._cond:
-            self._starting -= 1
-            self._all.add(worker)
+                if worker is not None:
+                    self._all.add(worker)
+                else:
+                    self._cond.notify()
         return worker
 
     def _checkin(self, worker: _Worker) -> None:

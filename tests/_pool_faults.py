@@ -1,0 +1,96 @@
+"""compile_many in a child process of its own, for what a test does to it from outside:
+``python _pool_faults.py ROLE ROOT``; prints JSON lines.
+
+interrupt_starts: rounds of a batch on a fresh pool, each raising SIGINT in this process the
+moment its compiling thread has forked a worker (seen in /proc), so the KeyboardInterrupt
+lands while that worker starts; then one batch more must compile.
+compile_heavy: a batch of one slow compile in a worker, into the store at ROOT/c; says the
+worker's pid once it is compiling (for the test to kill this process then).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+ARCH = "sm_90"
+KERNEL = 'extern "C" __global__ void i{n}(float* a) {{ a[threadIdx.x] *= {n}.25f; }}\n'
+
+
+def _children(tid: int) -> set[str]:
+    with open(f"/proc/self/task/{tid}/children") as f:
+        return set(f.read().split())
+
+
+def _interrupt_at_its_next_child(tid: int, known: set[str], done: threading.Event) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not done.is_set():
+        if _children(tid) - known:
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+
+
+def interrupt_starts(root: str) -> dict[str, object]:
+    from cuda.core import ProgramOptions
+
+    from kernelcache import FileStreamProgramCache, compile_many
+    from kernelcache.compile.workers import pool
+
+    def batch(n: int) -> list[object]:
+        reqs = [{"code": KERNEL.format(n=n), "options": ProgramOptions(arch=ARCH)}]
+        return compile_many(
+            reqs, cache=FileStreamProgramCache(os.path.join(root, str(n))), processes=True, max_workers=1
+        )
+
+    interrupted = 0
+    tid = threading.get_native_id()
+    for n in range(pool().limit + 1):  # more rounds than the pool has workers
+        pool().close()
+        done = threading.Event()
+        watcher = threading.Thread(target=_interrupt_at_its_next_child, args=(tid, _children(tid), done))
+        watcher.start()
+        try:
+            try:
+                batch(n)
+            finally:
+                done.set()
+                watcher.join()
+        except KeyboardInterrupt:
+            interrupted += 1
+    objs = batch(1000)
+    return {"interrupted": interrupted, "compiled": len(objs), "workers": len(pool().pids())}
+
+
+def compile_heavy(root: str) -> dict[str, object]:
+    from cuda.core import ProgramOptions
+    from test_compile import HEAVY
+
+    from kernelcache import FileStreamProgramCache, compile_many
+    from kernelcache.compile.workers import pool
+
+    def say_when_compiling() -> None:
+        while not pool().pids(compiling=True):
+            time.sleep(0.001)
+        print(json.dumps({"worker": pool().pids(compiling=True)[0]}), flush=True)
+
+    threading.Thread(target=say_when_compiling, daemon=True).start()
+    # The CUB kernel behind a header of ours: tracked, so NVRTC writes its header trace into
+    # the store's tmp/ when the compile ends.
+    inc = os.path.join(root, "inc")
+    os.makedirs(inc)
+    with open(os.path.join(inc, "heavy.h"), "w") as f:
+        f.write(HEAVY)
+    options = ProgramOptions(arch=ARCH, use_bundled_headers=True, std="c++17", include_path=inc)
+    cache = FileStreamProgramCache(os.path.join(root, "c"))
+    compile_many([{"code": '#include "heavy.h"\n', "options": options}], cache=cache, processes=True)
+    return {"done": True}
+
+
+if __name__ == "__main__":
+    faulthandler.dump_traceback_later(90, exit=True)  # a hang ends the child (the test sees it)
+    print(json.dumps(globals()[sys.argv[1]](sys.argv[2])), flush=True)
