@@ -561,3 +561,27 @@ def test_a_spliced_include_directive_is_still_tracked(tmp_path, monkeypatch) -> 
     (tmp_path / "local.h").write_text("#define LOCAL 30\n")
     after, info = compiled(cache, code)
     assert not info.hit and after == truth(code, monkeypatch) != before
+
+
+def test_a_fifo_at_a_recorded_header_path_is_unreadable_never_waited_on(tmp_path):
+    # A manifest can record a header this compile never reads (another variant's path): a FIFO
+    # planted there must read as "cannot be read" (a miss), not hang the look-up on open().
+    fifo = tmp_path / "planted.h"
+    os.mkfifo(fifo)
+    real = tmp_path / "real.h"
+    real.write_text("#define X 1\n")
+    link = tmp_path / "link.h"
+    link.symlink_to(real)
+    code = (
+        "import sys\n"
+        "from kernelcache.headers.digests import file_digest\n"
+        "print(file_digest(sys.argv[1]), file_digest(sys.argv[2]) == file_digest(sys.argv[3]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(fifo), str(link), str(real)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["None", "True"]

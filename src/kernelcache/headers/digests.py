@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from typing import Any
@@ -80,9 +81,10 @@ def file_digest(path: str) -> str | None:
         return known[1]
     hashed_at = now_ns()
     try:
-        with open(path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
+        digest = _regular_file_sha256(path)
     except OSError:
+        return None
+    if digest is None:
         return None
     # Race (git's "racy" rule): a file stamped within its filesystem's granularity of the
     # moment we read it can be rewritten, same size, in that same tick, and (ino, size,
@@ -92,6 +94,24 @@ def file_digest(path: str) -> str | None:
         with _memo_lock:
             remember(_digest_memo, path, (ident, digest), _MEMO_LIMIT)
     return digest
+
+
+# Without O_NONBLOCK an open of a FIFO waits for a writer: a FIFO planted at a header path that
+# a manifest records (another variant's, which this compile would never read) hung every look-up.
+_O_HEADER = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _regular_file_sha256(path: str) -> str | None:
+    """SHA-256 hex of the regular file at path (symlinks followed: include trees use them); None
+    for anything else (a FIFO, a device, a directory), never waiting on it."""
+    fd = os.open(path, _O_HEADER)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    finally:
+        os.close(fd)
 
 
 def workdir() -> str | None:
