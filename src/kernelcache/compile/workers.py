@@ -111,7 +111,10 @@ class _Worker:
             self._from = Connection(rep_r, writable=False)
             try:
                 self.proc = subprocess.Popen(
-                    [*args, str(req_r), str(rep_w)], pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL
+                    [*args, str(req_r), str(rep_w)],
+                    pass_fds=(req_r, rep_w),
+                    stdin=subprocess.DEVNULL,
+                    env=_environ(),
                 )
             except BaseException:
                 self._to.close()
@@ -140,7 +143,7 @@ class _Worker:
             cwd = None  # deleted: the worker compiles in a deleted directory too (worker_main)
         # Only builtins around the arguments: a worker can always read the sequence number,
         # and answers "unreadable" for arguments it cannot unpickle.
-        message = (self._seq, kind, cwd, dict(os.environ), args)
+        message = (self._seq, kind, cwd, _environ(), args)
         try:
             self._to.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
             if not self.started:
@@ -344,6 +347,22 @@ _POOL_LOCK = threading.Lock()
 _FORGOTTEN: list[Any] = []
 _FORK_LOCK = threading.Lock()  # held while a worker's pipes are made or closed; a fork waits for it
 _LIVE: set[_Worker] = set()  # every worker whose pipes this process holds open (the pool's or not)
+
+
+def _environ() -> dict[str, str]:
+    """A copy of this process's environment, as os.environ has it now.
+
+    Race: another thread may set and remove variables meanwhile (code under mock.patch.dict,
+    say). A variable removed while it is copied makes the copy raise KeyError: copy again.
+    And a worker is started with this copy, never with the C library's ``environ``, which
+    such a thread rewrites while the child execs (execve then fails with EFAULT, and the
+    pool would give up on workers for good).
+    """
+    while True:
+        try:
+            return dict(os.environ)
+        except KeyError:
+            continue
 
 
 def usable_cores() -> int:
