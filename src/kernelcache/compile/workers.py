@@ -345,7 +345,9 @@ class PoolUnavailable(Exception):
 _POOL: WorkerPool | None = None
 _POOL_LOCK = threading.Lock()
 _FORGOTTEN: list[Any] = []
-_FORK_LOCK = threading.Lock()  # held while a worker's pipes are made or closed; a fork waits for it
+# Held while a worker's pipes are made or closed; a fork waits for it. Reentrant: a fork by the
+# thread holding it (a signal handler that forks) goes ahead rather than deadlock.
+_FORK_LOCK = threading.RLock()
 _LIVE: set[_Worker] = set()  # every worker whose pipes this process holds open (the pool's or not)
 
 
@@ -393,7 +395,7 @@ def _after_fork_in_parent() -> None:
 def _forget_in_child() -> None:
     global _POOL, _POOL_LOCK, _FORK_LOCK
     _POOL_LOCK = threading.Lock()  # another thread may have held it at the fork
-    _FORK_LOCK = threading.Lock()  # held by the forking thread, in the parent's copy
+    _FORK_LOCK = threading.RLock()  # held by the forking thread, in the parent's copy
     for worker in list(_LIVE):
         worker.forget()
     _FORGOTTEN.append(list(_LIVE))  # the parent's workers, never collected here
