@@ -121,3 +121,50 @@ def test_a_child_forked_during_a_compile_does_not_hold_the_key_from_its_waiters(
     # It waited for our compile and read its result, not the budget out and a compile of its own.
     assert info.waited and info.hit
     assert FileStreamProgramCache(root).stats()["compiles"] == 1
+
+
+def _flocked_inodes() -> set[int]:
+    """The inodes of every file someone holds an flock on now (the kernel's /proc/locks)."""
+    held = set()
+    with open("/proc/locks") as f:
+        for line in f:
+            fields = line.split()
+            if fields[1] == "FLOCK":
+                held.add(int(fields[5].rsplit(":", 1)[1]))
+    return held
+
+
+def test_children_forked_while_entries_are_stored_hold_no_shard_lock(tmp_path) -> None:
+    """A write holds its shard directory's flock for a few system calls; a child forked then
+    would keep it for its whole life, and every later write to that shard, by anyone, waited
+    out the lock's bound and was dropped."""
+    children: list[int] = []
+    stop = threading.Event()
+
+    def fork_helpers() -> None:
+        while not stop.is_set():
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(120)  # until the test kills it
+                os._exit(0)
+            children.append(pid)
+            time.sleep(0.002)
+
+    forker = threading.Thread(target=fork_helpers)
+    forker.start()
+    reqs = [{"code": KERNEL.format(n=n), "options": ProgramOptions(arch=ARCH)} for n in range(100, 164)]
+    try:
+        compile_many(reqs, cache=FileStreamProgramCache(tmp_path), processes=False, max_workers=2)
+        stop.set()
+        forker.join()
+        entries = tmp_path / "v2" / "entries"
+        shards = {os.stat(entries / name).st_ino for name in os.listdir(entries)}
+        held = shards & _flocked_inodes()  # we hold none: the batch is over
+    finally:
+        stop.set()
+        forker.join()
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert children and len(shards) > 1
+    assert not held

@@ -206,6 +206,7 @@ def pair_lock(directory: str) -> Iterator[None]:
     except FileNotFoundError:
         make_dirs(directory)
         fd = os.open(directory, flags)
+    held: bool | None = None
     try:
         try:
             held = poll_lock(partial(try_flock, fd), PAIR_LOCK_WAIT_S)
@@ -216,7 +217,13 @@ def pair_lock(directory: str) -> Iterator[None]:
             raise OSError(errno.ETIMEDOUT, why, directory)
         yield
     finally:
-        os.close(fd)  # releases the flock
+        try:
+            if held:
+                # Race: a child forked by another thread meanwhile holds a copy of fd, which
+                # keeps the flock for the child's whole life after our close: unlock first.
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def stage(tmp_dir: str, data: bytes, durable: bool = True, mode: int = 0o600) -> str:
