@@ -102,7 +102,7 @@ class _Worker:
         # a child holding the status pipe keeps Popen waiting until that child exits (a
         # fork-started pool's: for good), one holding the reply pipe's write end hides this
         # worker's death from us (no EOF), one holding the request pipe outlives us with it.
-        # So a start runs under _FORK_LOCK, which every fork waits for (_before_fork), and
+        # So a start runs under _FORK_LOCK, which every fork waits for (register_at_fork), and
         # the worker is in _LIVE before it is released: a forked child closes its copies.
         with _FORK_LOCK:
             req_r, req_w = os.pipe()
@@ -352,14 +352,10 @@ _LIVE: set[_Worker] = set()  # every worker whose pipes this process holds open 
 
 
 def _environ() -> dict[str, str]:
-    """A copy of this process's environment, as os.environ has it now.
-
-    Race: another thread may set and remove variables meanwhile (code under mock.patch.dict,
-    say). A variable removed while it is copied makes the copy raise KeyError: copy again.
-    And a worker is started with this copy, never with the C library's ``environ``, which
-    such a thread rewrites while the child execs (execve then fails with EFAULT, and the
-    pool would give up on workers for good).
-    """
+    """A copy of os.environ now. Race: another thread may set and remove variables meanwhile
+    (code under mock.patch.dict): one removed while it is copied raises KeyError: copy again.
+    Workers start with this copy, not the C library's ``environ``, which such a thread
+    rewrites while the child execs (execve failed with EFAULT: the pool gave up for good)."""
     while True:
         try:
             return dict(os.environ)
@@ -384,14 +380,6 @@ def pool() -> WorkerPool:
         return _POOL
 
 
-def _before_fork() -> None:
-    _FORK_LOCK.acquire()  # no worker is starting or closing while the memory is copied
-
-
-def _after_fork_in_parent() -> None:
-    _FORK_LOCK.release()
-
-
 def _forget_in_child() -> None:
     global _POOL, _POOL_LOCK, _FORK_LOCK
     _POOL_LOCK = threading.Lock()  # another thread may have held it at the fork
@@ -410,5 +398,8 @@ def _close_at_exit() -> None:
         _POOL.close()
 
 
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_forget_in_child)
+# No worker starts or closes while a fork copies this process (_Worker.__init__ says why).
+os.register_at_fork(
+    before=lambda: _FORK_LOCK.acquire(), after_in_parent=lambda: _FORK_LOCK.release(), after_in_child=_forget_in_child
+)
 atexit.register(_close_at_exit)
