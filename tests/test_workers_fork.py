@@ -29,6 +29,18 @@ def _links(pid: int) -> dict[str, str]:
     return out
 
 
+def _our_fork(pid: int) -> bool:
+    """``pid`` is still a forked child of ours (not a pid reused by a process started since)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/cmdline", "rb") as f, open("/proc/self/cmdline", "rb") as mine:
+            same = f.read() == mine.read()
+    except FileNotFoundError:
+        return False
+    return fields[0] != "Z" and int(fields[1]) == os.getpid() and same
+
+
 def _worker_pipes(pid: int) -> set[str]:
     """The request and reply pipes of worker ``pid`` (their fds are its last two arguments)."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -69,7 +81,7 @@ def test_a_fork_while_workers_start_neither_stalls_them_nor_keeps_their_pipes(tm
         # write to never shows its death to us (no EOF), and one whose request pipe a child
         # holds open outlives us.
         pipes = set().union(*(_worker_pipes(pid) for pid in pool().pids()))
-        held = {pid: set(_links(pid).values()) & pipes for pid in children}
+        held = {pid: set(_links(pid).values()) & pipes for pid in children if _our_fork(pid)}
     finally:
         stop.set()
         done.set()

@@ -190,8 +190,11 @@ class _Worker:
 
     def forget(self) -> None:
         """In a forked child: drop this process's copies of the pipes; the worker is the parent's."""
-        self._to.close()
-        self._from.close()
+        for end in (self._to, self._from):
+            try:
+                end.close()
+            except OSError:
+                pass  # one end that cannot be closed must not keep the other, or other workers', open
 
 
 class WorkerPool:
