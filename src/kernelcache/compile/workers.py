@@ -1,28 +1,26 @@
 """Compiler worker processes: compiles that run outside the caller's process.
 
-Why processes: NVRTC serialises part of every compile inside one process, so compiles on
-threads stop scaling long before the cores do (benchmarks/bench_nvrtc_scaling.py); compiles
-in separate processes do not. And NVRTC keeps ``--restrict`` on for the rest of a process
-once one compile used it, so every later compile there is built as if ``restrict=True``:
-a ``restrict=True`` compile therefore always runs in a worker, never in the caller's process,
-and a worker that ran one compiles only ``restrict=True`` requests from then on.
+Why processes: NVRTC serialises part of every compile inside one process, so compiles on threads
+stop scaling long before the cores do (benchmarks/bench_nvrtc_scaling.py); compiles in separate
+processes do not. And NVRTC keeps ``--restrict`` on for the rest of a process once one compile
+used it: a ``restrict=True`` compile therefore always runs in a worker, never in the caller's
+process, and a worker that ran one compiles only ``restrict=True`` requests from then on.
 
 The pool: one per process, created on first use; workers are started on demand (spawned with
-``subprocess``, i.e. fork + exec: a caller holding a CUDA context is never forked into a
-Python child) and reused until the process exits. A worker imports NVRTC's bindings, never
-the CUDA driver, and creates no context (worker_main.py); NVRTC 13.0 itself initialises the
-driver in a process's first compile (benchmarks/bench_nvrtc_first.py), which is most of a
-worker's start where a GPU driver is installed. Each compile carries the caller's
-working directory and environment as they are at that moment. Only the compile moves:
-look-ups, single flight, header tracking and storing stay in the caller, exactly as for an
-in-process compile, so a worker never writes to a store.
+``subprocess``, i.e. fork + exec: a caller holding a CUDA context is never forked into a Python
+child) and reused until the process exits. A worker imports NVRTC's bindings, never the CUDA
+driver, and creates no context (worker_main.py); NVRTC 13.0 itself initialises the driver in a
+process's first compile (benchmarks/bench_nvrtc_first.py): most of a worker's start on a GPU host.
+Each compile carries the caller's working directory and environment as they are at that moment.
+Only the compile moves: look-ups, single flight, header tracking and storing stay in the caller,
+exactly as for an in-process compile, so a worker never writes to a store.
 
-Failures: a worker that dies during a compile (killed, out of memory) costs that compile one
-retry on a fresh worker; a second death is that compile's error (WorkerCrashed). Nothing of a
-dead worker's reply is used: a reply is read whole or not at all. Workers that cannot start
-here (no usable interpreter, a broken environment) make the pool unavailable: compiles then
-run in the caller's process, with one warning. A forked child does not inherit the pool: it
-closes its copies of the pipes and starts its own workers if it needs any.
+Failures: a worker that dies during a compile (killed, out of memory) costs that compile one retry
+on a fresh worker; a second death is that compile's error (WorkerCrashed). Nothing of a dead
+worker's reply is used: a reply is read whole or not at all. Workers that cannot start here (no
+usable interpreter, a broken environment) make the pool unavailable: compiles then run in the
+caller's process, with one warning. A forked child does not inherit the pool: it closes its copies
+of the pipes and starts its own workers if it needs any.
 """
 
 from __future__ import annotations
@@ -50,11 +48,10 @@ def boot_flags() -> tuple[str, ...]:
     """``("-S",)`` when a worker finds kernelcache and cuda through the caller's sys.path alone,
     else ``()``. Computed once per process.
 
-    A worker's start is on compile_many's critical path, and ``site`` is a measurable part of
-    it (41-46 ms of a ~200 ms start on the hosts measured: .pth files that import hooks). The
-    worker gets the caller's sys.path anyway, so it skips ``site`` unless one of the packages
-    it imports was found by something other than a plain path search (an editable install's
-    import hook, a zipimport): then ``site`` runs to install that hook there too.
+    A worker's start is on compile_many's critical path, and ``site`` is 41-46 ms of it on the
+    hosts measured (.pth files that import hooks). The worker gets the caller's sys.path anyway,
+    so it skips ``site`` unless a package it imports was found by something other than a plain
+    path search (an editable install's import hook, a zipimport): then ``site`` runs there too.
     """
     global _BOOT_FLAGS
     if _BOOT_FLAGS is None:
@@ -97,13 +94,11 @@ class _Worker:
         import json
 
         args = [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps(sys.path)]
-        # Race: a fork by another thread copies every fd this process has at that moment. In
-        # a start those are the worker's ends of its pipes and subprocess's exec-status pipe:
-        # a child holding the status pipe keeps Popen waiting until that child exits (a
-        # fork-started pool's: for good), one holding the reply pipe's write end hides this
-        # worker's death from us (no EOF), one holding the request pipe outlives us with it.
-        # So a start runs under _FORK_LOCK, which every fork waits for (register_at_fork), and
-        # the worker is in _LIVE before it is released: a forked child closes its copies.
+        # Race: a fork by another thread copies every fd we have. Mid-start, a child holding
+        # subprocess's exec-status pipe keeps Popen waiting until it exits (a fork-started pool's:
+        # for good); one holding the reply pipe hides this worker's death (no EOF); one holding the
+        # request pipe outlives us with it. So a start runs under _FORK_LOCK, which every fork
+        # waits for, and the worker is in _LIVE before it is let go: a forked child closes copies.
         with _FORK_LOCK:
             req_r, req_w = os.pipe()
             rep_r, rep_w = os.pipe()
@@ -331,8 +326,7 @@ class WorkerPool:
             worker.close()
 
     def forget(self) -> None:
-        """In a forked child: let go of the parent's workers without touching them or any lock
-        (_forget_in_child closes this process's copies of their pipes)."""
+        """In a forked child: let go of the parent's workers, no lock taken (_forget_in_child closes their pipes)."""
         _FORGOTTEN.append(self)  # their Popen objects are the parent's to reap: never collected here
 
 
@@ -348,17 +342,15 @@ class PoolUnavailable(Exception):
 _POOL: WorkerPool | None = None
 _POOL_LOCK = threading.Lock()
 _FORGOTTEN: list[Any] = []
-# Held while a worker's pipes are made or closed; a fork waits for it. Reentrant: a fork by the
-# thread holding it (a signal handler that forks) goes ahead rather than deadlock.
+# Held while workers' pipes are made or closed, and by each fork; reentrant: a fork by its holder goes on.
 _FORK_LOCK = threading.RLock()
 _LIVE: set[_Worker] = set()  # every worker whose pipes this process holds open (the pool's or not)
 
 
 def _environ() -> dict[str, str]:
-    """A copy of os.environ now. Race: another thread may set and remove variables meanwhile
-    (code under mock.patch.dict): one removed while it is copied raises KeyError: copy again.
-    Workers start with this copy, not the C library's ``environ``, which such a thread
-    rewrites while the child execs (execve failed with EFAULT: the pool gave up for good)."""
+    """A copy of os.environ now. Race: a variable another thread removes while it is copied
+    raises KeyError: copy again. Workers start with this copy, not the C library's ``environ``,
+    which such a thread rewrites while the child execs (execve failed with EFAULT)."""
     while True:
         try:
             return dict(os.environ)

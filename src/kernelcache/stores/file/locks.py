@@ -24,7 +24,6 @@ locks/ hung every compile of its key, ``clear`` and ``verify --fix``; it is remo
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import stat
 import time
@@ -32,6 +31,7 @@ from functools import partial
 
 from kernelcache.stores.file.ops import path_in
 from kernelcache.stores.file.polling import poll_lock, try_flock
+from kernelcache.stores.file.polling import release as release  # how acquire()'s holder lets go
 
 LOCK_SUFFIX = ".lock"
 _OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -124,22 +124,6 @@ def acquire(path: str, timeout: float, *, mode: int = 0o600, poll_s: float = 0.0
             raise
         # Race (module doc, step 3): we locked a file a remover unlinked meanwhile. Let go
         # and lock the file that is at the path now.
-        os.close(fd)
-
-
-def release(fd: int) -> None:
-    """Let go of a lock that acquire() returned: unlock it, then close the fd.
-
-    Race: a fork by another thread while the lock is held gives the child a copy of the fd,
-    and an flock belongs to the open file, which that copy keeps open: closing our fd alone
-    would leave the lock held until the child exits (a fork-started helper: for good), and
-    every waiter of the key waits out its budget. An unlock through any copy releases it.
-    """
-    try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    except OSError:
-        pass  # closing releases it as well, where no copy exists
-    finally:
         os.close(fd)
 
 

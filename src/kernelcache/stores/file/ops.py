@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from functools import partial
 
-from kernelcache.stores.file.polling import poll_lock, try_flock
+from kernelcache.stores.file.polling import poll_lock, release, try_flock
 
 O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 # Files in the tree are opened without following a symlink (an entry linked to /dev/zero or
@@ -206,7 +206,6 @@ def pair_lock(directory: str) -> Iterator[None]:
     except FileNotFoundError:
         make_dirs(directory)
         fd = os.open(directory, flags)
-    held: bool | None = None
     try:
         try:
             held = poll_lock(partial(try_flock, fd), PAIR_LOCK_WAIT_S)
@@ -217,13 +216,7 @@ def pair_lock(directory: str) -> Iterator[None]:
             raise OSError(errno.ETIMEDOUT, why, directory)
         yield
     finally:
-        try:
-            if held:
-                # Race: a child forked by another thread meanwhile holds a copy of fd, which
-                # keeps the flock for the child's whole life after our close: unlock first.
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        release(fd)  # unlocked before the close: a child forked meanwhile holds a copy of fd
 
 
 def stage(tmp_dir: str, data: bytes, durable: bool = True, mode: int = 0o600) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import os
 import time
 from collections.abc import Callable
 
@@ -48,3 +49,20 @@ def try_lockf(fd: int) -> bool:
             raise
         return False
     return True
+
+
+def release(fd: int) -> None:
+    """Let go of an flock held through fd (locks.acquire, ops.pair_lock): unlock it, then close fd.
+
+    Race: a fork by another thread while the lock is held gives the child a copy of the fd,
+    and an flock belongs to the open file, which that copy keeps open: closing our fd alone
+    would leave the lock held until the child exits (a fork-started helper: for good), and
+    every waiter waits out its budget (a key's compile, a shard's writes). An unlock through
+    any copy releases it.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass  # closing releases it as well, where no copy exists
+    finally:
+        os.close(fd)

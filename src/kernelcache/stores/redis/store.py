@@ -1,24 +1,21 @@
 """RedisProgramCache: a shared tier on a real Redis server (single server or Redis Cluster).
 
-One Redis string per entry, ``<namespace>:e:<entry name>`` (the one naming rule of
-``stores.naming``), holding a record that carries the artifact and its metadata together,
-checked as one (format and trust rules: ``stores.redisrecord``).
+One Redis string per entry, ``<namespace>:e:<entry name>`` (the one naming rule of ``stores.naming``),
+holding a record that carries the artifact and its metadata, checked as one (``stores.redisrecord``).
 
-Who may touch what: a reader never deletes what it cannot verify (signed with another
-secret, signed while it has none, a format it does not know); it removes only what it can
-prove damaged (its own format and secret, a checksum that does not match), and a
-``read_only`` store writes and deletes nothing at all, counters included. A writer never
-overwrites an entry it cannot verify either; a host whose secret is not the fleet's says so,
-once.
+Who may touch what: a reader never deletes what it cannot verify (signed with another secret,
+signed while it has none, a format it does not know); it removes only what it can prove damaged
+(its own format and secret, a checksum that does not match), and a ``read_only`` store writes and
+deletes nothing at all, counters included. A writer never overwrites an entry it cannot verify
+either; a host whose secret is not the fleet's says so, once.
 
-Faults: a server that cannot be reached (refused, timed out, cluster down) costs one socket
-timeout: the call is a miss or a dropped write, warned about once, and the store skips
-Redis for ``retry_after_s`` (doubling while it stays down). A server that answers with an
-error (out of memory under ``noeviction``, a read-only replica) is not down: that one write
-is dropped with one warning, and reads go on.
+Faults: a server that cannot be reached (refused, timed out, cluster down) costs one socket timeout:
+the call is a miss or a dropped write, warned about once, and the store skips Redis for
+``retry_after_s`` (doubling while it stays down). A server that answers with an error (out of
+memory under ``noeviction``, a read-only replica) is not down: that one write is dropped with one
+warning, and reads go on.
 
-Single flight across hosts: ``remote_lock`` (``stores.redis.lock``). Fleet counters:
-``stores.redisfleet``.
+Single flight across hosts: ``remote_lock`` (``stores.redis.lock``); fleet counters: ``stores.redisfleet``.
 """
 
 from __future__ import annotations
@@ -46,10 +43,9 @@ _BACKOFF_S = 5.0
 # About 31 years: beyond it a socket timeout overflows time_t and Redis refuses the PX.
 _MAX_SECONDS = 1e9
 
-# Set the record unless the key holds one this writer must not replace: only an absent
-# key, a record of the previous format, one written under this writer's own prefix (same
-# format and secret) or, for a signed writer, an unsigned record. Anything else is
-# answered with its first bytes, so the writer can say why it kept it.
+# Set the record unless the key holds one this writer must not replace: only an absent key, a
+# record of the previous format, one under this writer's own prefix (same format and secret) or,
+# for a signed writer, an unsigned record. Else the first bytes answer: the writer says why.
 _SET_LUA = """
 local cur = redis.call('getrange', KEYS[1], 0, 12)
 if cur == '' or cur == ARGV[2] or string.sub(cur, 1, 4) == 'KCR1'
@@ -60,8 +56,7 @@ if cur == '' or cur == ARGV[2] or string.sub(cur, 1, 4) == 'KCR1'
 end
 return cur
 """
-# Delete only the value we judged damaged: a writer may have replaced it with a good record
-# between our GET and this call, and that record must survive.
+# Delete only the value judged damaged: a good record a writer put there since our GET must survive.
 _DELETE_IF_UNCHANGED_LUA = """
 local cur = redis.call('get', KEYS[1])
 if cur and redis.sha1hex(cur) == ARGV[1] then return redis.call('del', KEYS[1]) end
@@ -88,13 +83,13 @@ class RedisProgramCache(RecordStore):
     """A ProgramCacheResource on Redis, shared by every machine that can reach the server.
 
     ``url``: ``redis://host:port/db``, ``rediss://`` (TLS), ``redis+cluster://host:port`` for
-    Redis Cluster, or a ready redis-py client (Redis or RedisCluster). ``namespace`` prefixes
-    every key; ``len()`` and ``clear()`` touch this namespace only. ``ttl`` (seconds) expires
-    entries; entries over ``max_entry_bytes`` are skipped with a warning. ``secret`` (bytes or
-    str) signs and verifies entries. ``read_only=True`` never writes or deletes anything.
-    ``socket_timeout`` bounds every call; a server that cannot be reached is skipped for
-    ``retry_after_s`` (doubling while it stays down, up to 5 minutes). ``lock_ttl_s``: expiry
-    of single-flight locks, refreshed while their holder compiles.
+    Redis Cluster, or a ready redis-py client (Redis or RedisCluster). ``namespace`` prefixes every
+    key; ``len()`` and ``clear()`` touch this namespace only. ``ttl`` (seconds) expires entries;
+    entries over ``max_entry_bytes`` are skipped with a warning. ``secret`` (bytes or str) signs
+    and verifies entries. ``read_only=True`` never writes or deletes anything. ``socket_timeout``
+    bounds every call; a server that cannot be reached is skipped for ``retry_after_s`` (doubling
+    while it stays down, up to 5 minutes). ``lock_ttl_s``: expiry of single-flight locks,
+    refreshed while their holder compiles.
     """
 
     def __init__(
