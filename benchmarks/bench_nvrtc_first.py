@@ -4,7 +4,7 @@ Raw NVRTC through cuda.bindings (no kernelcache), each case in a fresh process: 
 compile of a small kernel (wall and system CPU time), whether the first compile loaded the CUDA driver
 (libcuda in /proc/self/maps afterwards), and the same first compile after the process initialised the
 driver itself (cuInit). On the H200 host (NVRTC 13.0, driver 580; measured with these same calls in
-one-off probes, before this script gathered them): the first compile 196-288 ms, 184-239 ms of it system
+one-off probes, before this script gathered them): the first compile 196-320 ms, 184-239 ms of it system
 time, and libcuda mapped after it; after cuInit (187-190 ms by itself) the first compile is 15 ms. So a
 worker's start there is the driver's initialisation, which NVRTC does in any process that compiles.
 
