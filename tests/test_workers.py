@@ -36,12 +36,22 @@ def records(cache: FileStreamProgramCache) -> dict[str, tuple[bytes, dict[str, o
     out = {}
     for entry in cache.iter_entries():
         with open(entry.path, "rb") as f:
-            payload = f.read()
+            payload = _unordered_index(f.read())
         info = {k: v for k, v in (entry.meta or {}).items() if k != "created"}
         if isinstance(info.get("meta"), dict):
             info["meta"] = {k: v for k, v in info["meta"].items() if k != "compile_seconds"}
         out[entry.name] = (payload, info)
     return out
+
+
+def _unordered_index(payload: bytes) -> bytes:
+    """A source index with its entries sorted: the index lists them newest first, and which of
+    one source's compiles stores first depends on the threads, in one process or across workers."""
+    if not payload.startswith(b'{"format":1,"entries":'):
+        return payload
+    doc = json.loads(payload)
+    doc["entries"].sort(key=lambda e: e["key"])
+    return json.dumps(doc, sort_keys=True).encode()
 
 
 def mixed_requests(inc: str) -> list[dict[str, object]]:
