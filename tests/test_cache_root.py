@@ -3,6 +3,7 @@ commands create nothing anywhere, and no command removes a file kernelcache did 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -241,11 +242,24 @@ def test_clear_removes_only_the_files_it_listed(tmp_path) -> None:
             proc.send_signal(signal.SIGSTOP)
         finally:
             watch.close()
+        # A writer publishes under the shard's pair lock, as the store's writers do. Stopped
+        # inside it (between its check of a file and the unlink), the clearer holds it: then
+        # no writer could publish there either; let it finish and try again.
+        lock = os.open(shard, os.O_RDONLY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            proc.send_signal(signal.SIGCONT)
+            assert proc.wait(timeout=120) == 0
+            left = []
+            continue
         left = sorted(os.listdir(shard))
         for n in left:
             tmp = os.path.join(root, FORMAT_DIR, "tmp", n + ".new")
             _write(tmp, b"fresh")
             os.replace(tmp, os.path.join(shard, n))  # a writer's publish: a new inode
+        os.close(lock)
         proc.send_signal(signal.SIGCONT)
         assert proc.wait(timeout=120) == 0
         if left:
