@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -53,16 +54,26 @@ def _worker_pipes(pid: int) -> set[str]:
     return {links[fd] for fd in fds}
 
 
+def _read_exactly(fd: int, count: int, timeout: float) -> None:
+    got, deadline = 0, time.monotonic() + timeout
+    while got < count:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"only {got} of {count} forked children ran within {timeout} s"
+        got += len(os.read(fd, count - got))
+
+
 def test_a_fork_while_workers_start_neither_stalls_them_nor_keeps_their_pipes(tmp_path) -> None:
     pool().close()  # the batch below starts its workers, while the other thread forks
     children: list[int] = []
     stop, done = threading.Event(), threading.Event()
     stalled: list[bool] = []
+    up_r, up_w = os.pipe()  # each child says it runs: its fork hooks are done by then
 
     def fork_helpers() -> None:  # long-lived forked children, as a fork-started process pool has
         while not stop.is_set() and len(children) < 60:
             pid = os.fork()
             if pid == 0:
+                os.write(up_w, b"x")
                 time.sleep(120)  # until the test kills it
                 os._exit(0)
             children.append(pid)
@@ -81,6 +92,8 @@ def test_a_fork_while_workers_start_neither_stalls_them_nor_keeps_their_pipes(tm
     try:
         objs = compile_many(reqs, cache=FileStreamProgramCache(tmp_path), processes=True, max_workers=4)
         stop.set()
+        threads[0].join()  # no fork after this; and a child checked below has run its hooks:
+        _read_exactly(up_r, len(children), timeout=60)
         # No forked child holds a pipe of a worker: a worker whose reply pipe a child can
         # write to never shows its death to us (no EOF), and one whose request pipe a child
         # holds open outlives us.
@@ -94,6 +107,8 @@ def test_a_fork_while_workers_start_neither_stalls_them_nor_keeps_their_pipes(tm
         for pid in children:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+        os.close(up_r)
+        os.close(up_w)
     assert not stalled, "a worker's start waited for a forked child to exit"
     assert len(objs) == 4 and len(pool().pids()) == 4 and children
     assert not {pid: p for pid, p in held.items() if p}
