@@ -41,6 +41,9 @@ def _private_default_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch
     # No test may touch the user's real cache: the default root points into tmp.
     monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path_factory.mktemp("default-cache")))
     monkeypatch.delenv("KERNELCACHE_DISABLE", raising=False)
+    # Workers are this process's own unless a test asks for the node's compile server
+    # (test_compile_server.py), which then runs in a directory of the test's.
+    monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER", "0")
 
 
 @contextlib.contextmanager

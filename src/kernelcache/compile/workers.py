@@ -8,7 +8,8 @@ process, and a worker that ran one compiles only ``restrict=True`` requests from
 
 The pool: one per process, created on first use; workers are started on demand (spawned with
 ``subprocess``, i.e. fork + exec: a caller holding a CUDA context is never forked into a Python
-child) and reused until the process exits. A worker imports NVRTC's bindings, never the CUDA
+child), or handed over warm by the node's compile server (server.py, where one runs: a worker
+there has paid its start already), and reused until the process exits. A worker imports NVRTC's bindings, never the CUDA
 driver, and creates no context (worker_main.py); NVRTC 13.0 itself initialises the driver in a
 process's first compile (benchmarks/bench_nvrtc_first.py): most of a worker's start on a GPU host.
 Each compile carries the caller's working directory and environment as they are at that moment.
@@ -28,168 +29,18 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
-import subprocess
 import sys
 import threading
-from multiprocessing.connection import Connection
 from typing import Any
 
 from kernelcache.compile import compilers
+from kernelcache.compile.worker_proc import Died, Worker, boot_flags
 
 __all__ = ["PoolUnavailable", "WorkerCrashed", "WorkerPool", "boot_flags", "pool", "usable_cores"]
-
-# The caller's sys.path first: the worker imports the very kernelcache and cuda packages it runs.
-_BOOT = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from kernelcache.compile.worker_main import main; main()"
-)
-
-
-def boot_flags() -> tuple[str, ...]:
-    """``("-S",)`` when a worker finds kernelcache and cuda through the caller's sys.path alone,
-    else ``()``. Computed once per process.
-
-    A worker's start is on compile_many's critical path, and ``site`` is 41-46 ms of it on the
-    hosts measured (.pth files that import hooks). The worker gets the caller's sys.path anyway,
-    so it skips ``site`` unless a package it imports was found by something other than a plain
-    path search (an editable install's import hook, a zipimport): then ``site`` runs there too.
-    """
-    global _BOOT_FLAGS
-    if _BOOT_FLAGS is None:
-        _BOOT_FLAGS = ("-S",) if all(_found_on_path(name) for name in ("kernelcache", "cuda")) else ()
-    return _BOOT_FLAGS
-
-
-def _found_on_path(name: str) -> bool:
-    """A plain sys.path search finds the package this process imported as ``name``."""
-    import importlib
-    import importlib.machinery
-
-    try:
-        here = list(importlib.import_module(name).__path__)
-        spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
-    except Exception:
-        return False
-    return spec is not None and list(spec.submodule_search_locations or ()) == here
-
-
-_BOOT_FLAGS: tuple[str, ...] | None = None
 
 
 class WorkerCrashed(RuntimeError):
     """A compiler worker died during this compile, and so did the fresh one it was retried on."""
-
-
-class _Died(Exception):
-    """The worker ended during an exchange (``started``: after it said it was ready)."""
-
-    def __init__(self, started: bool, why: str) -> None:
-        super().__init__(why)
-        self.started = started
-
-
-class _Worker:
-    """One worker process and the two pipes to it."""
-
-    def __init__(self) -> None:
-        import json
-
-        args = [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps(sys.path)]
-        # Race: a fork by another thread copies every fd we have. Mid-start, a child holding
-        # subprocess's exec-status pipe keeps Popen waiting until it exits (a fork-started pool's:
-        # for good); one holding the reply pipe hides this worker's death (no EOF); one holding the
-        # request pipe outlives us with it. So a start runs under _FORK_LOCK, which every fork
-        # waits for, and the worker is in _LIVE before it is let go: a forked child closes copies.
-        with _FORK_LOCK:
-            req_r, req_w = os.pipe()
-            rep_r, rep_w = os.pipe()
-            self._to = Connection(req_w, readable=False)
-            self._from = Connection(rep_r, writable=False)
-            try:
-                self.proc = subprocess.Popen(
-                    [*args, str(req_r), str(rep_w)],
-                    pass_fds=(req_r, rep_w),
-                    stdin=subprocess.DEVNULL,
-                    env=_environ(),
-                )
-            except BaseException:
-                self._to.close()
-                self._from.close()
-                raise
-            finally:
-                os.close(req_r)
-                os.close(rep_w)
-            _LIVE.add(self)
-        self.started = False  # it said "ready"
-        self.compiling = False  # it said "ready" and has a compile to answer
-        self.restrict = False  # it ran a restrict=True compile: NVRTC keeps --restrict on in it
-        self._seq = 0
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def exchange(self, kind: str, args: bytes) -> tuple[Any, ...]:
-        """Send one compile (its arguments pickled), return its reply ``(outcome, value,
-        warnings)``; _Died if the worker ended."""
-        self._seq += 1
-        try:
-            cwd: str | None = os.getcwd()
-        except OSError:
-            cwd = None  # deleted: the worker compiles in a deleted directory too (worker_main)
-        # Only builtins around the arguments: a worker can always read the sequence number,
-        # and answers "unreadable" for arguments it cannot unpickle.
-        message = (self._seq, kind, cwd, _environ(), args)
-        try:
-            self._to.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
-            if not self.started:
-                hello = pickle.loads(self._from.recv_bytes())
-                if hello != ("ready", self.pid):
-                    raise _Died(False, f"compiler worker {self.pid} said {hello!r} instead of ready")
-                self.started = True
-            self.compiling = True
-            # A whole message or EOFError: a worker killed while writing its reply leaves
-            # nothing that could be taken for a result.
-            reply = pickle.loads(self._from.recv_bytes())
-        except (EOFError, OSError) as exc:
-            raise _Died(self.started, self._why_ended(exc)) from None
-        finally:
-            self.compiling = False
-        if reply[0] != self._seq:
-            raise _Died(self.started, f"compiler worker {self.pid} answered #{reply[0]} for #{self._seq}")
-        return reply[1:]
-
-    def _why_ended(self, exc: BaseException) -> str:
-        try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return f"compiler worker {self.pid} stopped answering ({type(exc).__name__})"
-        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-        return f"compiler worker {self.pid} {how}"
-
-    def close(self, kill: bool = False) -> None:
-        """End the worker: closing its request pipe ends it; ``kill`` ends it now."""
-        if kill:
-            try:
-                self.proc.kill()
-            except OSError:
-                pass
-        with _FORK_LOCK:  # a fork never copies a pipe half closed (see __init__)
-            self._to.close()
-            self._from.close()
-            _LIVE.discard(self)
-        try:
-            self.proc.wait(timeout=None if kill else 5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def forget(self) -> None:
-        """In a forked child: drop this process's copies of the pipes; the worker is the parent's."""
-        for end in (self._to, self._from):
-            try:
-                end.close()
-            except OSError:
-                pass  # one end that cannot be closed must not keep the other, or other workers', open
 
 
 class WorkerPool:
@@ -200,10 +51,11 @@ class WorkerPool:
         self.crashes = 0  # workers that died during a compile (or before they were ready)
         self.ready = False  # a worker of this pool was ready once: workers can run here
         self.compiles = 0  # compiles that workers answered
+        self.adopted = 0  # workers the compile server handed over (server.py), already warm
         self.unavailable = ""  # why workers cannot start here ("" while they can)
         self._cond = threading.Condition()
-        self._idle: list[_Worker] = []
-        self._all: set[_Worker] = set()
+        self._idle: list[Worker] = []
+        self._all: set[Worker] = set()
         self._starting = 0
 
     def pids(self, compiling: bool = False) -> list[int]:
@@ -229,7 +81,7 @@ class WorkerPool:
             was_restrict, worker.restrict = worker.restrict, worker.restrict or restrict
             try:
                 reply = worker.exchange(kind, pickled)
-            except _Died as died:
+            except Died as died:
                 self._drop(worker)
                 with self._cond:
                     self.crashes += 1
@@ -261,7 +113,7 @@ class WorkerPool:
             return reply
         raise AssertionError("unreachable")
 
-    def _checkout(self, restrict: bool) -> _Worker:
+    def _checkout(self, restrict: bool) -> Worker:
         retire = None
         with self._cond:
             while True:
@@ -287,7 +139,7 @@ class WorkerPool:
             if retire is not None:
                 retire.close()
             try:
-                worker = _Worker()
+                worker = self._new_worker()
             except Exception as exc:  # no interpreter there, no fds left, ...
                 self._give_up(f"cannot start a compiler worker ({sys.executable}): {exc}")
                 raise PoolUnavailable(self.unavailable) from None
@@ -302,12 +154,23 @@ class WorkerPool:
                     self._cond.notify()
         return worker
 
-    def _checkin(self, worker: _Worker) -> None:
+    def _new_worker(self) -> Worker:
+        """A warm worker from this node's compile server when it has one for us, else one started here."""
+        from kernelcache.compile import server_link
+
+        worker = server_link.adopt_worker()
+        if worker is None:
+            return Worker.start()
+        with self._cond:
+            self.adopted += 1
+        return worker
+
+    def _checkin(self, worker: Worker) -> None:
         with self._cond:
             self._idle.append(worker)
             self._cond.notify()
 
-    def _drop(self, worker: _Worker) -> None:
+    def _drop(self, worker: Worker) -> None:
         with self._cond:
             self._all.discard(worker)
             self._cond.notify()
@@ -342,20 +205,6 @@ class PoolUnavailable(Exception):
 _POOL: WorkerPool | None = None
 _POOL_LOCK = threading.Lock()
 _FORGOTTEN: list[Any] = []
-# Held while workers' pipes are made or closed, and by each fork; reentrant: a fork by its holder goes on.
-_FORK_LOCK = threading.RLock()
-_LIVE: set[_Worker] = set()  # every worker whose pipes this process holds open (the pool's or not)
-
-
-def _environ() -> dict[str, str]:
-    """A copy of os.environ now. Race: a variable another thread removes while it is copied
-    raises KeyError: copy again. Workers start with this copy, not the C library's ``environ``,
-    which such a thread rewrites while the child execs (execve failed with EFAULT)."""
-    while True:
-        try:
-            return dict(os.environ)
-        except KeyError:
-            continue
 
 
 def usable_cores() -> int:
@@ -376,13 +225,9 @@ def pool() -> WorkerPool:
 
 
 def _forget_in_child() -> None:
-    global _POOL, _POOL_LOCK, _FORK_LOCK
+    # After worker_proc's own hook (registered first, on import), which closed the workers' pipes.
+    global _POOL, _POOL_LOCK
     _POOL_LOCK = threading.Lock()  # another thread may have held it at the fork
-    _FORK_LOCK = threading.RLock()  # held by the forking thread, in the parent's copy
-    for worker in list(_LIVE):
-        worker.forget()
-    _FORGOTTEN.append(list(_LIVE))  # the parent's workers, never collected here
-    _LIVE.clear()
     if _POOL is not None:
         _POOL.forget()
         _POOL = None
@@ -393,8 +238,5 @@ def _close_at_exit() -> None:
         _POOL.close()
 
 
-# No worker starts or closes while a fork copies this process (_Worker.__init__ says why).
-os.register_at_fork(
-    before=lambda: _FORK_LOCK.acquire(), after_in_parent=lambda: _FORK_LOCK.release(), after_in_child=_forget_in_child
-)
+os.register_at_fork(after_in_child=_forget_in_child)
 atexit.register(_close_at_exit)

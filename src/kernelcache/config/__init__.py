@@ -22,6 +22,8 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 | KERNELCACHE_BUNDLES           | unset                           | read-only bundles after the memory tier  |
 | KERNELCACHE_BUNDLE_SECRET     | unset                           | the secret those bundles are signed with |
 | KERNELCACHE_BASE_DIR          | unset                           | paths under it enter keys relative to it |
+| KERNELCACHE_COMPILE_SERVER    | auto (on with an NVIDIA driver) | warm compiler workers kept per node/user |
+| KERNELCACHE_COMPILE_SERVER_IDLE | 300                           | seconds an unused compile server lives   |
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kernelcache.config import file as configfile
 from kernelcache.config import urls
 from kernelcache.config.sizes import format_size as format_size  # re-exported: config.format_size
 from kernelcache.config.sizes import parse_size, shown
+from kernelcache.config.workers import compile_server, compile_server_idle_s  # noqa: F401 - config.compile_server
 from kernelcache.config.variables import KNOWN, VARIABLES  # noqa: F401 - VARIABLES: config.VARIABLES
 
 _TRUE = ("1", "true", "yes", "on")
@@ -372,6 +375,8 @@ _CHECKS = (
     require_hit,
     bundles,
     base_dir,
+    compile_server,
+    compile_server_idle_s,
 )
 
 

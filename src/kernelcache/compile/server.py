@@ -1,0 +1,309 @@
+"""The compile server: warm compiler workers kept per node, user and environment, handed over
+to the processes that need them.
+
+Why: a worker's start is an interpreter, NVRTC's load and, on a GPU host, the CUDA driver's
+initialisation that NVRTC 13.0 runs in a process's first compile (~0.2 s, nearly all system
+time; benchmarks/bench_nvrtc_first.py). A pool that starts its workers inside compile_many pays
+that in every process. The server starts workers ahead, runs one small compile in each so that
+it has paid it, and gives them away: a process takes a worker (its two pipe ends and a pidfd,
+passed over the Unix socket with SCM_RIGHTS) and from then on talks to it exactly as to one it
+started (worker_proc.py); the worker ends when that process closes its pipe or exits. A worker
+is never given twice and never taken back, so no state of one process's compiles (its
+environment, cwd, NVRTC's --restrict) reaches another's.
+
+The rules (ccache's and sccache's hazards, named):
+- one server per socket path, i.e. per user and fingerprint (server_link.py says what goes
+  into it); a flock on ``<socket>.lock``, held for the server's life, makes it the only one;
+- peers of another uid are refused (SO_PEERCRED), in a directory closed to others anyway;
+- workers start on demand while a process waits for them, and the server tops itself up to
+  ``target`` idle workers only after a quiet second with nothing handed out, so it does not
+  compete for the cores with the compiles of the process it just served;
+- it exits after ``idle`` seconds without a request (KERNELCACHE_COMPILE_SERVER_IDLE), taking its
+  idle workers with it; stdin, stdout and stderr are /dev/null and it has its own session, so it
+  holds no terminal, pipe or job of whoever started it.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import os
+import pickle
+import selectors
+import socket
+import struct
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+QUIET_S = 1.0  # after a hand-over, this long without one before idle workers are topped up
+_TICK_S = 0.25
+_START_FAILURES = 3  # workers in a row that die before they are warm: workers cannot run here
+_LOCK_WAIT_S = 2.0  # a server that is exiting still holds the lock for a moment
+
+
+class _Starting:
+    """A worker the server started: its pipes, its pidfd, how far it got."""
+
+    def __init__(self) -> None:
+        from kernelcache.compile import worker_proc
+
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [*worker_proc.worker_argv(sys.path), str(req_r), str(rep_w)],
+                pass_fds=(req_r, rep_w),
+                stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            for fd in (req_w, rep_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self.to = Connection(req_w, readable=False)
+        self.replies = Connection(rep_r, writable=False)
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        self.warm = False  # it said "ready" and answered the warm-up compile
+
+    def close(self) -> None:
+        """Let it go: closing its request pipe ends it (worker_main._end_with_the_parent)."""
+        self.to.close()
+        self.replies.close()
+        os.close(self.pidfd)
+
+
+class Server:
+    def __init__(self, path: str, idle_s: float, target: int) -> None:
+        self.path, self.idle_s, self.target = path, idle_s, target
+        self.sel = selectors.DefaultSelector()
+        self.idle: list[_Starting] = []
+        self.starting: set[_Starting] = set()
+        self.waiting: collections.deque[socket.socket] = collections.deque()
+        self.given: list[subprocess.Popen[bytes]] = []  # handed over; reaped here when they end
+        self.failures = 0
+        self.broken = ""  # why workers cannot start here ("" while they can)
+        self.last_request = self.last_given = time.monotonic()
+        self.handed = 0
+        self.listener = _listen(path)
+        self.sel.register(self.listener, selectors.EVENT_READ, None)
+
+    def serve(self) -> None:
+        try:
+            while True:
+                for key, _ in self.sel.select(_TICK_S):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._from_worker(key.data)
+                if self._tick():
+                    return
+        finally:
+            self._shut()
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.settimeout(1.0)  # a client sends its request as it connects
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            if struct.unpack("3i", creds)[1] != os.geteuid():
+                conn.close()
+                return
+            what = conn.recv(64).strip()
+        except OSError:
+            conn.close()
+            return
+        self.last_request = time.monotonic()
+        if what == b"worker":
+            self._want_worker(conn)
+        elif what == b"status":
+            self._reply(conn, self.status())
+        elif what == b"stop":
+            self._reply(conn, {"stopping": True})
+            self.idle_s = 0.0  # exits at the next tick
+        else:
+            conn.close()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "idle": len(self.idle),
+            "starting": len(self.starting),
+            "waiting": len(self.waiting),
+            "target": self.target,
+            "given": self.handed,
+            "broken": self.broken,
+        }
+
+    def _want_worker(self, conn: socket.socket) -> None:
+        if self.broken:
+            self._reply(conn, {"worker": False, "why": self.broken})
+        elif self.idle:
+            self._give(conn, self.idle.pop())
+        else:
+            self.waiting.append(conn)
+            if len(self.starting) < len(self.waiting):
+                self._start()
+
+    def _start(self) -> None:
+        try:
+            worker = _Starting()
+        except Exception as exc:  # no fds left, no interpreter
+            self._failed(f"cannot start a compiler worker: {exc}")
+            return
+        self.starting.add(worker)
+        self.sel.register(worker.replies, selectors.EVENT_READ, worker)
+
+    def _from_worker(self, worker: _Starting) -> None:
+        try:
+            message = pickle.loads(worker.replies.recv_bytes())
+        except Exception:  # EOFError: it died (killed, out of memory, a broken environment)
+            self._drop(worker)
+            if not worker.warm:
+                self._failed(f"compiler worker {worker.proc.pid} ended before it was ready")
+            return
+        if not worker.warm and message == ("ready", worker.proc.pid):
+            # The one compile a worker runs here: NVRTC initialises the driver in it.
+            warm_up = (1, "warm", "/", dict(os.environ), b"")
+            worker.to.send_bytes(pickle.dumps(warm_up, pickle.HIGHEST_PROTOCOL))
+        elif not worker.warm and message[:2] == (1, "warm"):
+            worker.warm = True
+            self.failures = 0
+            self.starting.discard(worker)
+            while self.waiting:
+                if self._give(self.waiting.popleft(), worker):
+                    return
+            self.idle.append(worker)
+        else:
+            self._drop(worker)  # nothing else may come from a worker that has not been given a compile
+
+    def _give(self, conn: socket.socket, worker: _Starting) -> bool:
+        """Hand ``worker`` to the client on ``conn``; False (the worker still ours) if it has gone."""
+        fds = [worker.to.fileno(), worker.replies.fileno(), worker.pidfd]
+        payload = json.dumps({"worker": True, "pid": worker.proc.pid}).encode() + b"\n"
+        try:
+            socket.send_fds(conn, [payload], fds)
+        except OSError:
+            conn.close()
+            if worker not in self.idle:
+                self.idle.append(worker)
+            return False
+        conn.close()
+        # Our copies go now: the client holds the only writing end of its request pipe.
+        self.sel.unregister(worker.replies)
+        worker.close()
+        self.given.append(worker.proc)
+        self.handed += 1
+        self.last_given = time.monotonic()
+        return True
+
+    def _drop(self, worker: _Starting) -> None:
+        self.sel.unregister(worker.replies)
+        self.starting.discard(worker)
+        if worker in self.idle:
+            self.idle.remove(worker)
+        worker.close()
+        self.given.append(worker.proc)  # reaped with the handed-over ones
+
+    def _failed(self, why: str) -> None:
+        self.failures += 1
+        if self.failures >= _START_FAILURES:
+            self.broken = why
+            while self.waiting:
+                self._reply(self.waiting.popleft(), {"worker": False, "why": why})
+        elif len(self.starting) < len(self.waiting):
+            self._start()
+
+    def _tick(self) -> bool:
+        """Reap, top up, and say whether it is time to exit."""
+        self.given = [proc for proc in self.given if proc.poll() is None]
+        now = time.monotonic()
+        if not self.waiting and now - self.last_request >= self.idle_s:
+            return True
+        quiet = now - self.last_given >= QUIET_S
+        if quiet and not self.broken and not self.waiting:
+            for _ in range(self.target - len(self.idle) - len(self.starting)):
+                self._start()
+        return False
+
+    def _shut(self) -> None:
+        """Stop listening first (a new process then starts a new server), answer who is already
+        queued, then let the idle workers go."""
+        _unlink_if_ours(self.path, self.listener)
+        self.listener.setblocking(False)
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                break
+            self._answer(conn)
+        self.listener.close()
+        for conn in self.waiting:
+            self._reply(conn, {"worker": False, "why": "the server is exiting"})
+        for worker in [*self.idle, *self.starting]:
+            worker.close()
+
+    @staticmethod
+    def _reply(conn: socket.socket, message: dict[str, Any]) -> None:
+        try:
+            conn.sendall(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass
+        conn.close()
+
+
+def _listen(path: str) -> socket.socket:
+    try:
+        os.unlink(path)  # a dead server's: we hold the lock, so no live server listens there
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    return sock
+
+
+def _unlink_if_ours(path: str, sock: socket.socket) -> None:
+    try:
+        if os.stat(path).st_ino == os.fstat(sock.fileno()).st_ino:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _exclusive(path: str) -> int | None:
+    """The lock fd that makes this the only server for ``path``, or None when another holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.02)
+
+
+def main() -> None:
+    """``sys.argv[2:]`` = [socket path, idle seconds, target idle workers] (server_link._start_server)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    path, idle_s, target = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+    if _exclusive(path[: -len(".sock")] + ".lock") is None:
+        return  # another server runs (or is about to exit and will be replaced on the next request)
+    Server(path, idle_s, target).serve()
