@@ -160,16 +160,21 @@ def _proc_facts() -> list[str]:
     for name in ("cgroup", "ns/mnt", "ns/pid", "ns/user", "ns/net", "ns/ipc", "ns/uts", "ns/cgroup", "attr/current"):
         try:
             path = f"/proc/self/{name}"
-            facts.append(os.readlink(path) if name.startswith("ns/") else open(path).read())
+            facts.append(os.readlink(path) if name.startswith("ns/") else _read(path))
         except OSError:
             facts.append("")
     try:
-        facts += [line for line in open("/proc/self/status") if line.startswith("Umask:")]
+        facts += [line for line in _read("/proc/self/status").splitlines() if line.startswith("Umask:")]
     except OSError:
         pass
     for limit in ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_NPROC"):
         facts.append(f"{limit}={resource.getrlimit(getattr(resource, limit))}")
     return facts
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 def socket_path() -> str | None:

@@ -97,7 +97,8 @@ def _warm_up() -> float:
     from cuda.bindings import nvrtc
 
     start = time.perf_counter()
-    err, prog = nvrtc.nvrtcCreateProgram(b'extern "C" __global__ void kernelcache_warm_up() {}', b"warm_up.cu", 0, [], [])
+    source = b'extern "C" __global__ void kernelcache_warm_up() {}'
+    err, prog = nvrtc.nvrtcCreateProgram(source, b"warm_up.cu", 0, [], [])
     if err == nvrtc.nvrtcResult.NVRTC_SUCCESS:
         nvrtc.nvrtcCompileProgram(prog, 0, [])
         nvrtc.nvrtcDestroyProgram(prog)

@@ -35,8 +35,8 @@ from kernelcache.config import file as configfile
 from kernelcache.config import urls
 from kernelcache.config.sizes import format_size as format_size  # re-exported: config.format_size
 from kernelcache.config.sizes import parse_size, shown
-from kernelcache.config.workers import compile_server, compile_server_idle_s  # noqa: F401 - config.compile_server
 from kernelcache.config.variables import KNOWN, VARIABLES  # noqa: F401 - VARIABLES: config.VARIABLES
+from kernelcache.config.workers import compile_server, compile_server_idle_s  # noqa: F401 - config.compile_server
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
