@@ -30,6 +30,7 @@ def shown(raw: str) -> str:
     return repr(raw) if len(raw) <= 60 else repr(raw[:57]) + "..."
 
 
+
 def parse_size(text: str) -> int:
     """'2GB' -> 2000000000, '512MiB' -> 536870912; ValueError naming the accepted forms."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
