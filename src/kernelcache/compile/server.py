@@ -91,6 +91,7 @@ class Server:
         self.last_request = self.last_given = time.monotonic()
         self.handed = 0
         self.listener = _listen(path)
+        self.inode = os.stat(path).st_ino  # the socket's file: unlinked at exit only if still this one
         self.sel.register(self.listener, selectors.EVENT_READ, None)
 
     def serve(self) -> None:
@@ -143,6 +144,7 @@ class Server:
             "waiting": len(self.waiting),
             "target": self.target,
             "given": self.handed,
+            "workers": sorted(w.proc.pid for w in [*self.idle, *self.starting]),
             "broken": self.broken,
         }
 
@@ -240,7 +242,7 @@ class Server:
     def _shut(self) -> None:
         """Stop listening first (a new process then starts a new server), answer who is already
         queued, then let the idle workers go."""
-        _unlink_if_ours(self.path, self.listener)
+        _unlink_if_ours(self.path, self.inode)
         self.listener.setblocking(False)
         while True:
             try:
@@ -275,9 +277,9 @@ def _listen(path: str) -> socket.socket:
     return sock
 
 
-def _unlink_if_ours(path: str, sock: socket.socket) -> None:
+def _unlink_if_ours(path: str, inode: int) -> None:
     try:
-        if os.stat(path).st_ino == os.fstat(sock.fileno()).st_ino:
+        if os.stat(path).st_ino == inode:
             os.unlink(path)
     except OSError:
         pass

@@ -37,7 +37,7 @@ __all__ = ["adopt_worker", "server_status", "socket_path", "stop_server"]
 
 PROTOCOL = "kernelcache-compile-server-1"
 _CONNECT_S = 3.0  # how long a process that started the server waits for it to listen
-_REPLY_S = 20.0  # a worker's start on a loaded host; past it the server counts as stuck
+_REPLY_S = 10.0  # a worker's start on a loaded host is well under it; past it the server counts as stuck
 _SUN_PATH_MAX = 107  # sockaddr_un's sun_path, less its NUL
 
 _warned = WarnOnce()
@@ -123,16 +123,19 @@ def _install_stamps() -> list[Any]:
     import importlib.util
 
     dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
-    for name in ("cuda.bindings", "cuda.core", "cuda.pathfinder", "nvidia"):
+    # Found through the namespace packages, never an imported module's own __path__ or
+    # origin: cuda.core rewrites its own on import (to cu13/), so they would differ by import.
+    for top, subdirs in (("cuda", ("bindings", "core", "pathfinder")), ("nvidia", None)):
         try:
-            spec = importlib.util.find_spec(name)
+            spec = importlib.util.find_spec(top)
         except (ImportError, ValueError):
-            spec = None
+            continue
         for location in (spec and spec.submodule_search_locations) or ():
-            dirs.append(location)
-            if name == "nvidia":  # nvidia/<wheel>/lib: libnvrtc and the other libraries
+            if subdirs is None:  # nvidia/<wheel>/lib: libnvrtc and the other libraries
                 with os.scandir(location) as entries:
                     dirs += [os.path.join(e.path, "lib") for e in entries if e.is_dir()]
+            else:
+                dirs += [os.path.join(location, sub) for sub in subdirs]
     return [[d, _stamp(d)] for d in dirs]
 
 
