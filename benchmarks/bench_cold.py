@@ -8,9 +8,11 @@
     cuda.core's Program.compile(cache=FileStreamProgramCache) on an empty cache, and plain
     NVRTC (Program.compile, no cache);
 (b) a fresh process needing K variants: our loop of compile_program, our compile_many (its
-    default choice, processes=True: worker processes, processes=False: threads), cuda.core's
-    loop of Program.compile(cache=...); time after imports (workers start inside it), and the
-    CPU seconds spent, compiler workers included (on a shared machine, wall / CPU shows the load);
+    default choice, processes=True: worker processes, processes=False: threads; all three
+    without the compile server), compile_many with the compile server (warm: a server that an
+    earlier process left, topped up; first: the process that starts it), cuda.core's loop of
+    Program.compile(cache=...); time after imports (workers start inside it unless the server
+    had them), and the CPU seconds spent, this process's compiler workers included;
 (c) P processes each needing the same K variants, one cache dir, started together: wall
     and compiles (ours: compile_many, and our loop for reference; cuda.core: its loop);
 (d) the first hit in a fresh process, after imports (imports themselves shown apart);
@@ -84,7 +86,7 @@ def child(mode: str, root: str, sources_file: str, start_at: float) -> None:
     began = time.perf_counter()
     cpu_began = sum(os.times()[:2])
     compiles = 0
-    if mode.startswith("many-"):  # many-ours: the default choice; many-procs, many-threads: forced
+    if mode.startswith("many-"):  # many-ours, many-server*: the default choice; many-procs, many-threads: forced
         processes = {"many-procs": True, "many-threads": False}.get(mode)
         compile_many([{"code": s, "options": opts} for s in sources], cache=cache, processes=processes)
     elif mode in ("loop-ours", "first-ours"):
@@ -99,6 +101,11 @@ def child(mode: str, root: str, sources_file: str, start_at: float) -> None:
     done = time.perf_counter()
     cpu = sum(os.times()[:2]) - cpu_began + workers_cpu(mode)
     out = {"imports": imported - t0, "work": done - began, "end": time.time(), "compiles": compiles, "cpu": cpu}
+    if mode.startswith("many-server"):
+        from kernelcache.compile import server_link
+        from kernelcache.compile.workers import pool
+
+        out |= {"socket": server_link.socket_path(), "adopted": pool().adopted}
     print(json.dumps(out))
 
 
@@ -118,6 +125,8 @@ def workers_cpu(mode: str) -> float:
 
 def spawn(mode: str, root: str, sources_file: str, start_at: float = 0.0) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    # The compile server only where a mode says so, in this run's own directory (main sets it).
+    env["KERNELCACHE_COMPILE_SERVER"] = "1" if mode.startswith("many-server") else "0"
     args = [sys.executable, os.path.abspath(__file__), "--child", mode, root, sources_file, repr(start_at)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
 
@@ -162,11 +171,33 @@ def fresh_processes(work: str, modes: list[str], sources_file: str, reps: int) -
     for _ in range(reps):
         for m in modes:
             root = tempfile.mkdtemp(dir=work)
+            _server_as(m, [r.get("socket") for rs in runs.values() for r in rs])
             runs[m].append(collect(spawn(m, root, sources_file)))
             shutil.rmtree(root, ignore_errors=True)
     return {
         m: (statistics.median(r["work"] for r in rs), statistics.median(r["cpu"] for r in rs)) for m, rs in runs.items()
     }
+
+
+def _server_as(mode: str, sockets: list[object]) -> None:
+    """many-server: wait until the server has its idle workers back; many-server-first: stop it."""
+    from kernelcache.compile import server_link
+
+    path = next((s for s in reversed(sockets) if isinstance(s, str)), None)
+    if path is None or not mode.startswith("many-server"):
+        return
+    if mode == "many-server-first":
+        server_link.stop_server(path)
+        deadline = time.monotonic() + 10
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = server_link.server_status(path)
+        if status and status["idle"] >= status["target"]:
+            return
+        time.sleep(0.05)
 
 
 def fleet(work: str, mode: str, sources_file: str, procs: int) -> tuple[float, int]:
@@ -218,6 +249,15 @@ def warm_hit_us(work: str) -> tuple[float, float]:
     return min(ours_us), min(theirs_us)
 
 
+def _stop_servers(runtime: str) -> None:
+    from kernelcache.compile import server_link
+
+    folder = os.path.join(runtime, "kernelcache")
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        if name.endswith(".sock"):
+            server_link.stop_server(os.path.join(folder, name))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-P", "--procs", type=int, default=4, help="processes in the fleet (c)")
@@ -229,6 +269,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     P, K, reps = args.procs, args.kernels, args.reps
     work = tempfile.mkdtemp(prefix="kc-bench-cold-")
+    os.environ["XDG_RUNTIME_DIR"] = os.path.join(work, "rt")  # this run's compile server, stopped at the end
+    os.mkdir(os.environ["XDG_RUNTIME_DIR"], 0o700)
     rows: list[tuple[str, float, float, float | None, str]] = []
 
     def row(name: str, ours: float, theirs: float, plain: float | None = None, unit: str = "ms") -> None:
@@ -251,10 +293,12 @@ def main() -> None:
             row("(a) one miss, CUB kernel", o * 1e3, t * 1e3, p * 1e3)
         if "b" in args.only:
             modes = ["loop-theirs", "loop-ours", "many-ours", "many-procs", "many-threads"]
+            modes += ["many-server-first", "many-server"]
             got = fresh_processes(work, modes, variants, reps)
             theirs, theirs_cpu = got["loop-theirs"]
             labels = {"loop-ours": "our loop", "many-ours": "compile_many, default"}
             labels |= {"many-procs": "compile_many, processes=True", "many-threads": "compile_many, threads"}
+            labels |= {"many-server-first": "server, its first process", "many-server": "server, warm"}
             for m, label in labels.items():
                 row(f"(b) fresh process, K={K}: {label}", got[m][0], theirs, unit="s")
             for m, label in labels.items():  # what the wall time is made of on a loaded machine
@@ -276,6 +320,7 @@ def main() -> None:
             ours_us, theirs_us = warm_hit_us(work)
             row("(e) warm process: a hit, full call", ours_us, theirs_us, unit="us")
     finally:
+        _stop_servers(os.environ["XDG_RUNTIME_DIR"])
         shutil.rmtree(work, ignore_errors=True)
     print(f"{'measure':<52} {'kernelcache':>12} {'cuda.core':>12} {'plain NVRTC':>12} {'ours/cuda.core':>15}")
     for name, a, b, c, unit in rows:

@@ -41,7 +41,7 @@ with warnings.catch_warnings(record=True) as caught:
 print(json.dumps({"adopted": pool().adopted, "compiles": cache.stats()["compiles"], "pids": pool().pids(),
     "sha": [hashlib.sha256(bytes(o.code)).hexdigest() for o in objs], "socket": server_link.socket_path(),
     "warnings": [str(w.message) for w in caught]}))
-""" % ARCH
+""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
 
 
 @pytest.fixture
