@@ -42,7 +42,8 @@ def _private_default_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch
     monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path_factory.mktemp("default-cache")))
     monkeypatch.delenv("KERNELCACHE_DISABLE", raising=False)
     # Workers are this process's own unless a test asks for the node's compile server
-    # (test_compile_server.py), which then runs in a directory of the test's.
+    # (test_compile_server.py), which then runs in a directory of the test's: also where a
+    # user's environment or config file turns it on.
     monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER", "0")
 
 

@@ -298,6 +298,8 @@ def test_settings_are_checked(monkeypatch) -> None:
         config.compile_server()
     monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER", "auto")
     assert config.compile_server() is os.path.exists("/dev/nvidiactl")
+    monkeypatch.delenv("KERNELCACHE_COMPILE_SERVER")
+    assert config.compile_server() is False  # off unless asked for
     for bad in ("-1", "0", "soon", "nan", "1e9"):
         monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER_IDLE", bad)
         with pytest.raises(config.ConfigError, match="KERNELCACHE_COMPILE_SERVER_IDLE"):
