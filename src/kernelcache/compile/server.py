@@ -152,7 +152,9 @@ class Server:
         if self.broken:
             self._reply(conn, {"worker": False, "why": self.broken})
         elif self.idle:
-            self._give(conn, self.idle.pop())
+            worker = self.idle.pop()
+            if not self._give(conn, worker):
+                self.idle.append(worker)  # that process is gone: the worker waits for the next
         else:
             self.waiting.append(conn)
             if len(self.starting) < len(self.waiting):
@@ -191,15 +193,14 @@ class Server:
             self._drop(worker)  # nothing else may come from a worker that has not been given a compile
 
     def _give(self, conn: socket.socket, worker: _Starting) -> bool:
-        """Hand ``worker`` to the client on ``conn``; False (the worker still ours) if it has gone."""
+        """Hand ``worker`` to the client on ``conn``; False if that client has gone: the worker
+        is then still ours, and the caller keeps it (in ``idle`` once, never twice)."""
         fds = [worker.to.fileno(), worker.replies.fileno(), worker.pidfd]
         payload = json.dumps({"worker": True, "pid": worker.proc.pid}).encode() + b"\n"
         try:
             socket.send_fds(conn, [payload], fds)
         except OSError:
             conn.close()
-            if worker not in self.idle:
-                self.idle.append(worker)
             return False
         conn.close()
         # Our copies go now: the client holds the only writing end of its request pipe.

@@ -38,6 +38,7 @@ __all__ = ["adopt_worker", "server_status", "socket_path", "stop_server"]
 PROTOCOL = "kernelcache-compile-server-1"
 _CONNECT_S = 3.0  # how long a process that started the server waits for it to listen
 _REPLY_S = 10.0  # a worker's start on a loaded host is well under it; past it the server counts as stuck
+_QUEUE_S = 1.0  # a server whose queue stays full this long is stuck (or swamped): not used
 _SUN_PATH_MAX = 107  # sockaddr_un's sun_path, less its NUL
 
 _warned = WarnOnce()
@@ -239,12 +240,28 @@ def _connect(path: str, start: bool) -> socket.socket | None:
 
 
 def _try_connect(path: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        sock.connect(path)
-    except OSError:  # no socket, nobody listening (ECONNREFUSED), a full backlog (EAGAIN)
-        sock.close()
-        return None
+    """A connection to a listener at ``path``, None where none listens; _Unusable where it is
+    another uid's or its queue stays full."""
+    deadline = time.monotonic() + _QUEUE_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        # Race: a blocking connect to a listener whose queue is full waits for room, and that
+        # is forever when the server is stopped or stuck: its queue keeps the connection of
+        # every process that gave up on it until it accepts. So the connect never blocks: a
+        # full queue (EAGAIN) is retried for a moment (a busy server drains it in milliseconds).
+        sock.setblocking(False)
+        try:
+            sock.connect(path)
+            break
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise _Unusable(f"{path}: the server accepts no connection (its queue is full)") from None
+            time.sleep(0.01)
+        except OSError:  # no socket, nobody listening (ECONNREFUSED)
+            sock.close()
+            return None
+    sock.setblocking(True)
     uid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
     if uid != os.geteuid():
         sock.close()

@@ -1,0 +1,76 @@
+"""The compile server against clients that misbehave: processes that ask for a worker and go
+away, a server whose queue fills while it is stopped, clients that connect and send nothing.
+Real servers, real sockets, real child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from test_compile_server import CHILD, alive, child, wait_for
+from test_compile_server import server_dir as server_dir  # the fixture: a runtime dir of the test's
+
+from kernelcache.compile import server_link
+
+pytestmark = pytest.mark.usefixtures("server_dir")
+
+
+def _status(path: str) -> dict:
+    return wait_for(lambda: server_link.server_status(path))
+
+
+def test_processes_that_ask_and_go_away_leave_every_worker_to_one_taker(tmp_path) -> None:
+    first = server_link.adopt_worker()  # starts the server; right after a hand-over it has no idle worker
+    assert first is not None
+    path = server_link.socket_path()
+    server = _status(path)["pid"]
+    for _ in range(4):  # each asks for a worker, then is gone before the server has one for it
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(path)
+            sock.sendall(b"worker\n")
+    status = wait_for(lambda: (s := server_link.server_status(path)) and not s["starting"] and s["idle"] >= 4 and s)
+    assert len(set(status["workers"])) == len(status["workers"]), status  # never the same worker twice
+    taken = [server_link.adopt_worker() for _ in range(status["idle"] + 1)]
+    try:
+        assert all(taken) and len({w.pid for w in taken} | {first.pid}) == len(taken) + 1
+        assert server_link.server_status(path)["pid"] == server  # still serving
+    finally:
+        for worker in [first, *(w for w in taken if w)]:
+            worker.close()
+
+
+def test_a_stopped_server_whose_queue_is_full_never_hangs_a_process(tmp_path) -> None:
+    started = child(str(tmp_path / "a"), 0, 2)
+    path = started["socket"]
+    server = _status(path)["pid"]
+    os.kill(server, signal.SIGSTOP)
+    try:
+        # Processes that gave up on it: their connections stay in its queue until it accepts.
+        queued = []
+        while len(queued) < 1000:
+            sock = socket.socket(socket.AF_UNIX)
+            sock.setblocking(False)
+            try:
+                sock.connect(path)
+            except BlockingIOError:
+                sock.close()
+                break
+            queued.append(sock)
+        for sock in queued:
+            sock.close()
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(tmp_path / "b"), "10", "2"], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert out.returncode == 0, out.stderr
+
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (result["adopted"], result["compiles"]) == (0, 2)
+    assert len([w for w in result["warnings"] if "compile server not used from now on" in w]) == 1
+    assert alive(server)
