@@ -74,3 +74,22 @@ def test_a_stopped_server_whose_queue_is_full_never_hangs_a_process(tmp_path) ->
     assert (result["adopted"], result["compiles"]) == (0, 2)
     assert len([w for w in result["warnings"] if "compile server not used from now on" in w]) == 1
     assert alive(server)
+
+
+def test_clients_that_connect_and_send_nothing_do_not_hold_up_the_others(tmp_path) -> None:
+    started = child(str(tmp_path / "a"), 0, 2)
+    path = started["socket"]
+    server = _status(path)["pid"]
+    wait_for(lambda: server_link.server_status(path)["idle"] == 2)
+    silent = []  # probes that connect and never ask: more of them than a process waits seconds for
+    for _ in range(int(server_link._REPLY_S) + 4):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(path)
+        silent.append(sock)
+    try:
+        out = child(str(tmp_path / "b"), 10, 2)
+    finally:
+        for sock in silent:
+            sock.close()
+    assert (out["adopted"], out["compiles"], out["warnings"]) == (2, 2, [])
+    assert server_link.server_status(path)["pid"] == server

@@ -15,6 +15,8 @@ The rules (ccache's and sccache's hazards, named):
 - one server per socket path, i.e. per user and fingerprint (server_link.py says what goes
   into it); a flock on ``<socket>.lock``, held for the server's life, makes it the only one;
 - peers of another uid are refused (SO_PEERCRED), in a directory closed to others anyway;
+- nothing waits on one client: a request is read when it is there, and a connection without
+  one after a second is hung up on, so a stopped process or a silent probe holds up nobody;
 - workers start on demand while a process waits for them, and the server tops itself up to
   ``target`` idle workers only after a quiet second with nothing handed out, so it does not
   compete for the cores with the compiles of the process it just served;
@@ -42,6 +44,7 @@ from typing import Any
 QUIET_S = 1.0  # after a hand-over, this long without one before idle workers are topped up
 _TICK_S = 0.25
 _START_FAILURES = 3  # workers in a row that die before they are warm: workers cannot run here
+_REQUEST_S = 1.0  # a client sends its request as it connects; one without a request this long is hung up on
 _LOCK_WAIT_S = 2.0  # a server that is exiting still holds the lock for a moment
 
 
@@ -78,6 +81,13 @@ class _Starting:
         os.close(self.pidfd)
 
 
+class _Client:
+    """A connection whose request has not (all) arrived yet."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn, self.since, self.data = conn, time.monotonic(), b""
+
+
 class Server:
     def __init__(self, path: str, idle_s: float, target: int) -> None:
         self.path, self.idle_s, self.target = path, idle_s, target
@@ -85,6 +95,7 @@ class Server:
         self.idle: list[_Starting] = []
         self.starting: set[_Starting] = set()
         self.waiting: collections.deque[socket.socket] = collections.deque()
+        self.pending: set[_Client] = set()  # connected, request not read yet
         self.given: list[subprocess.Popen[bytes]] = []  # handed over; reaped here when they end
         self.failures = 0
         self.broken = ""  # why workers cannot start here ("" while they can)
@@ -100,6 +111,8 @@ class Server:
                 for key, _ in self.sel.select(_TICK_S):
                     if key.data is None:
                         self._accept()
+                    elif isinstance(key.data, _Client):
+                        self._from_client(key.data)
                     else:
                         self._from_worker(key.data)
                 if self._tick():
@@ -112,19 +125,49 @@ class Server:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        self._answer(conn)
+        self._take(conn)
 
-    def _answer(self, conn: socket.socket) -> None:
-        conn.settimeout(1.0)  # a client sends its request as it connects
+    def _take(self, conn: socket.socket) -> None:
+        """A new connection: refused unless it is our uid's; its request read as it arrives."""
         try:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            if struct.unpack("3i", creds)[1] != os.geteuid():
-                conn.close()
-                return
-            what = conn.recv(64).strip()
+            ours = struct.unpack("3i", creds)[1] == os.geteuid()
         except OSError:
+            ours = False
+        if not ours:
             conn.close()
             return
+        # Race: a client sends its request right after it connects, but a process stopped or
+        # killed in between, or a probe that connects and sends nothing, must not hold up
+        # every other process: this loop is the whole server. So a request is never waited
+        # for: it is read when it is there, and a connection still without one _REQUEST_S
+        # later is hung up on (_tick).
+        conn.setblocking(False)
+        client = _Client(conn)
+        self.pending.add(client)
+        self.sel.register(conn, selectors.EVENT_READ, client)
+        self._from_client(client)  # it is usually there already
+
+    def _from_client(self, client: _Client) -> None:
+        try:
+            chunk = client.conn.recv(64)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        client.data += chunk
+        if chunk and b"\n" not in client.data and len(client.data) < 64:
+            return  # the rest is on its way
+        self._hang_up(client, close=False)
+        self._answer(client.conn, client.data.strip())
+
+    def _hang_up(self, client: _Client, close: bool = True) -> None:
+        self.sel.unregister(client.conn)
+        self.pending.discard(client)
+        if close:
+            client.conn.close()
+
+    def _answer(self, conn: socket.socket, what: bytes) -> None:
         self.last_request = time.monotonic()
         if what == b"worker":
             self._want_worker(conn)
@@ -232,6 +275,8 @@ class Server:
         """Reap, top up, and say whether it is time to exit."""
         self.given = [proc for proc in self.given if proc.poll() is None]
         now = time.monotonic()
+        for client in [c for c in self.pending if now - c.since >= _REQUEST_S]:
+            self._hang_up(client)
         if not self.waiting and now - self.last_request >= self.idle_s:
             return True
         quiet = now - self.last_given >= QUIET_S
@@ -250,7 +295,9 @@ class Server:
                 conn, _ = self.listener.accept()
             except OSError:
                 break
-            self._answer(conn)
+            self._take(conn)
+        for client in list(self.pending):  # their requests are not there yet: nobody waits for them
+            self._hang_up(client)
         self.listener.close()
         for conn in self.waiting:
             self._reply(conn, {"worker": False, "why": "the server is exiting"})
