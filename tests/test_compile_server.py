@@ -319,3 +319,20 @@ def test_the_socket_and_its_lock_are_ours_alone(tmp_path, server_dir) -> None:
     sock.sendall(b"nonsense\n")
     assert sock.recv(10) == b""  # anything but a request it knows: hung up on
     sock.close()
+
+
+def test_the_cli_lists_and_stops_this_users_servers(tmp_path, server_dir) -> None:
+    def cli(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "kernelcache", "compile-server", *args], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert json.loads(cli("--json")) == []
+    first = child(str(tmp_path / "a"), 0, 2)
+    other = child(str(tmp_path / "b"), 0, 2, CUDA_KERNELCACHE_TEST_VARIABLE="1")
+    listed = json.loads(cli("--json"))
+    assert sorted(r["socket"] for r in listed) == sorted([first["socket"], other["socket"]])
+    assert all(r["given"] == 2 and alive(r["pid"]) for r in listed)
+    assert cli("stop").strip() == "stopped 2 compile servers"
+    wait_for(lambda: not any(alive(r["pid"]) for r in listed))
+    assert "no compile server runs" in cli()

@@ -351,3 +351,23 @@ def stop_server(path: str | None = None) -> bool:
         return False
     with sock:
         return bool(_request(sock, "stop")[0].get("stopping"))
+
+
+def list_servers() -> list[tuple[str, dict[str, Any] | None]]:
+    """Every compile server of this user (all fingerprints): ``(socket, status)``, status None
+    for a socket nobody answers on (a server that died; the next one there replaces it)."""
+    root = server_dir()
+    try:
+        names = sorted(n for n in os.listdir(root) if n.endswith(".sock"))
+    except OSError:
+        return []
+    if private_dir() is None:
+        return []  # not ours alone: nothing there is talked to
+    found = []
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            found.append((path, server_status(path)))
+        except _Unusable:
+            found.append((path, None))
+    return found
