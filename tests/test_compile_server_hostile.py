@@ -93,3 +93,20 @@ def test_clients_that_connect_and_send_nothing_do_not_hold_up_the_others(tmp_pat
             sock.close()
     assert (out["adopted"], out["compiles"], out["warnings"]) == (2, 2, [])
     assert server_link.server_status(path)["pid"] == server
+
+
+def test_a_process_that_imports_kernelcache_from_its_cwd_gets_a_server_that_does_too(tmp_path) -> None:
+    # `python -c` in a directory holding the package: found through '' in sys.path, i.e. this
+    # cwd; the server and its workers run in / and must find the very same package.
+    import kernelcache
+
+    here = os.path.dirname(os.path.dirname(kernelcache.__file__))
+    env = {**os.environ, "PYTHONPATH": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "a"), "0", "2"],
+        capture_output=True, text=True, env=env, cwd=here, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (result["adopted"], result["compiles"], result["warnings"]) == (2, 2, [])
+    assert result["sha"] == child(str(tmp_path / "b"), 0, 2)["sha"]

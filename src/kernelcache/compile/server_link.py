@@ -8,7 +8,8 @@ peers of its own uid (SO_PEERCRED), and we check the server's uid the same way.
 
 Which server: the socket is named by a fingerprint of everything a worker takes from the process
 that starts it and does not take per compile (the working directory and the environment travel
-with every compile): the interpreter and its flags, sys.path and the files on it (the mtimes of
+with every compile): the interpreter and its flags, sys.path (its relative entries, '' among
+them, joined to the cwd: the server runs in /) and the files on it (the mtimes of
 its directories change with every install), kernelcache's own files, the variables read at start
 (CUDA_*, NV*, LD_*, PYTHON*, PATH), ids, cgroup and namespaces, CPU affinity, umask, limits,
 niceness. A process that differs in any of them gets a server of its own.
@@ -91,7 +92,7 @@ def fingerprint() -> str:
     parts: dict[str, Any] = {
         "protocol": PROTOCOL,
         "python": [os.path.realpath(sys.executable), sys.version, list(sys.flags), worker_proc.boot_flags()],
-        "path": list(sys.path),
+        "path": _server_sys_path(),
         "installed": _install_stamps(),
         "kernelcache": _package_stamps(),
         "env": sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k == "PATH"),
@@ -107,6 +108,23 @@ def fingerprint() -> str:
 
 
 _ENV_PREFIXES = ("CUDA", "NV", "LD_", "PYTHON")
+
+
+def _server_sys_path() -> list[str]:
+    """sys.path as this process resolves it now: relative entries ('' included: the cwd, for
+    ``python -c`` and the REPL) joined to the working directory, and dropped where it was
+    deleted (nothing resolves there). The server and its workers run in /: given '' they
+    import kernelcache and cuda from / or from further down sys.path, i.e. another copy or
+    none (then no server ever came up, and every process waited for one)."""
+    try:
+        here: str | None = os.getcwd()
+    except OSError:
+        here = None
+    return [
+        p if os.path.isabs(p) else os.path.normpath(os.path.join(here, p))
+        for p in sys.path
+        if here is not None or os.path.isabs(p)
+    ]
 
 
 def _stamp(path: str) -> list[int] | None:
@@ -282,7 +300,7 @@ def _start_server(path: str) -> None:
         "import sys, json; sys.path[:] = json.loads(sys.argv[1])\n"
         "from kernelcache.compile.server import main; main()"
     )
-    args = [sys.executable, *worker_proc.boot_flags(), "-c", boot, json.dumps(sys.path), path]
+    args = [sys.executable, *worker_proc.boot_flags(), "-c", boot, json.dumps(_server_sys_path()), path]
     args += [str(config.compile_server_idle_s()), str(max(2, usable_cores()))]
     with worker_proc.FORK_LOCK:  # Popen's exec-status pipe must not be copied by a fork (Worker.start)
         proc = subprocess.Popen(
