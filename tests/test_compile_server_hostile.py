@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ARCH
 from test_compile_server import CHILD, alive, child, wait_for
 from test_compile_server import server_dir as server_dir  # the fixture: a runtime dir of the test's
 
@@ -110,3 +111,38 @@ def test_a_process_that_imports_kernelcache_from_its_cwd_gets_a_server_that_does
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert (result["adopted"], result["compiles"], result["warnings"]) == (2, 2, [])
     assert result["sha"] == child(str(tmp_path / "b"), 0, 2)["sha"]
+
+
+LTO_CHILD = r"""
+import hashlib, json, sys
+from cuda.core import ProgramOptions
+from kernelcache import FileStreamProgramCache, compile_many
+from kernelcache.compile.workers import pool
+root, processes = sys.argv[1], sys.argv[2] == "1"
+src = 'extern "C" __global__ void l{i}(float* a) {{ a[threadIdx.x] *= {i}.25f; }}\n'
+reqs = [{"code": src.format(i=i), "target_type": "ltoir",
+         "options": ProgramOptions(arch="%s", link_time_optimization=True)} for i in range(2)]
+objs = compile_many(reqs, cache=FileStreamProgramCache(root), processes=processes, max_workers=2)
+print(json.dumps({"adopted": pool().adopted, "sha": [hashlib.sha256(bytes(o.code)).hexdigest() for o in objs]}))
+""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
+
+
+def _lto_child(root: str, processes: bool, **env: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", LTO_CHILD, root, "1" if processes else "0"],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_variable_nvrtc_reads_when_it_loads_gets_a_server_of_its_own(tmp_path) -> None:
+    # libnvrtc's LLVM reads LLVM_OVERRIDE_PRODUCER once, when it is loaded, and writes it into
+    # every LTO-IR it makes: a worker loaded NVRTC in the environment of the server's first
+    # process, and a later compile's environment cannot change what it read then.
+    plain = _lto_child(str(tmp_path / "a"), True)
+    assert plain["adopted"] == 2  # a server runs, its workers loaded NVRTC without the variable
+    here = _lto_child(str(tmp_path / "b"), False, LLVM_OVERRIDE_PRODUCER="kernelcache-test")
+    assert here["sha"] != plain["sha"]  # the variable changes the bytes
+    served = _lto_child(str(tmp_path / "c"), True, LLVM_OVERRIDE_PRODUCER="kernelcache-test")
+    assert served["adopted"] == 2 and served["sha"] == here["sha"]

@@ -11,8 +11,8 @@ that starts it and does not take per compile (the working directory and the envi
 with every compile): the interpreter and its flags, sys.path (its relative entries, '' among
 them, joined to the cwd: the server runs in /) and the files on it (the mtimes of
 its directories change with every install), kernelcache's own files, the variables read at start
-(CUDA_*, NV*, LD_*, PYTHON*, PATH), ids, cgroup and namespaces, CPU affinity, umask, limits,
-niceness. A process that differs in any of them gets a server of its own.
+(CUDA_*, NV*, LD_*, PYTHON*, LLVM_*, LIBNVVM*, PATH, CONDA_PREFIX), ids, cgroup and
+namespaces, CPU affinity, umask, limits, niceness. A process that differs in any of them gets a server of its own.
 
 Every failure here is a fallback, never an error: no usable directory, no server, a server that
 does not answer in time: the pool starts its worker itself, as without a server, with one warning
@@ -95,7 +95,7 @@ def fingerprint() -> str:
         "path": _server_sys_path(),
         "installed": _install_stamps(),
         "kernelcache": _package_stamps(),
-        "env": sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k == "PATH"),
+        "env": sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES),
         "ids": [os.geteuid(), os.getegid(), sorted(os.getgroups())],
         "proc": _proc_facts(),
         "nice": os.nice(0),
@@ -107,7 +107,13 @@ def fingerprint() -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-_ENV_PREFIXES = ("CUDA", "NV", "LD_", "PYTHON")
+# What the interpreter, the loader and cuda.pathfinder read at a worker's start (CONDA_PREFIX
+# picks the libnvrtc loaded where no wheel has one), and what libnvrtc reads once, when it is
+# loaded, rather than per compile (a getenv log of libnvrtc 13.0: NVRTC_*, NV_NVVM_VERSION,
+# LIBNVVM_DISABLE_CONCURRENT_API, LLVM_OVERRIDE_PRODUCER, which goes into every LTO-IR, and
+# AS_SECURE_LOG_FILE). What a compile reads at compile time travels with it.
+_ENV_PREFIXES = ("CUDA", "NV", "LD_", "PYTHON", "LLVM_", "LIBNVVM")
+_ENV_NAMES = ("PATH", "CONDA_PREFIX", "AS_SECURE_LOG_FILE")
 
 
 def _server_sys_path() -> list[str]:
