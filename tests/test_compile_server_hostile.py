@@ -146,3 +146,31 @@ def test_a_variable_nvrtc_reads_when_it_loads_gets_a_server_of_its_own(tmp_path)
     assert here["sha"] != plain["sha"]  # the variable changes the bytes
     served = _lto_child(str(tmp_path / "c"), True, LLVM_OVERRIDE_PRODUCER="kernelcache-test")
     assert served["adopted"] == 2 and served["sha"] == here["sha"]
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] == "Z"
+
+
+def test_a_worker_killed_while_idle_in_the_server_is_never_handed_over(tmp_path) -> None:
+    server_link.adopt_worker().close()  # starts the server
+    path = server_link.socket_path()
+    status = wait_for(lambda: (s := server_link.server_status(path)) and s["idle"] == 2 and not s["starting"] and s)
+    os.kill(status["pid"], signal.SIGSTOP)
+    try:
+        asking = socket.socket(socket.AF_UNIX)  # a process asks; its idle workers die before it is answered
+        asking.connect(path)
+        asking.sendall(b"worker\n")
+        for pid in status["workers"]:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: all(_zombie(pid) for pid in status["workers"]))  # dead: their parent is stopped
+    finally:
+        os.kill(status["pid"], signal.SIGCONT)
+    asking.settimeout(60)
+    data, fds, _, _ = socket.recv_fds(asking, 4096, 3)
+    for fd in fds:
+        os.close(fd)
+    asking.close()
+    assert len(fds) == 3 and json.loads(data)["pid"] not in status["workers"]  # a live one, started for it
+    assert server_link.server_status(path)["pid"] == status["pid"]  # and the server goes on

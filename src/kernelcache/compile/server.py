@@ -194,14 +194,18 @@ class Server:
     def _want_worker(self, conn: socket.socket) -> None:
         if self.broken:
             self._reply(conn, {"worker": False, "why": self.broken})
-        elif self.idle:
+            return
+        while self.idle:
             worker = self.idle.pop()
+            if not _still_idle(worker):
+                self._drop(worker)
+                continue
             if not self._give(conn, worker):
                 self.idle.append(worker)  # that process is gone: the worker waits for the next
-        else:
-            self.waiting.append(conn)
-            if len(self.starting) < len(self.waiting):
-                self._start()
+            return
+        self.waiting.append(conn)
+        if len(self.starting) < len(self.waiting):
+            self._start()
 
     def _start(self) -> None:
         try:
@@ -213,6 +217,8 @@ class Server:
         self.sel.register(worker.replies, selectors.EVENT_READ, worker)
 
     def _from_worker(self, worker: _Starting) -> None:
+        if worker.replies.closed:
+            return  # handed over or dropped earlier in this batch of events
         try:
             message = pickle.loads(worker.replies.recv_bytes())
         except Exception:  # EOFError: it died (killed, out of memory, a broken environment)
@@ -311,6 +317,14 @@ class Server:
         except OSError:
             pass
         conn.close()
+
+
+def _still_idle(worker: _Starting) -> bool:
+    """Alive, and silent as an idle worker is. Race: a worker that died while idle is seen in
+    the loop's next batch of events (EOF on its reply pipe), or later where its exit is slow;
+    a request answered first would get it, and a process given two such in a row would fail
+    that compile (its retry dead too). So its state is looked at when it is handed over."""
+    return worker.proc.poll() is None and not worker.replies.poll(0)
 
 
 def _listen(path: str) -> socket.socket:
