@@ -23,7 +23,6 @@ import errno
 import fcntl
 import json
 import os
-import stat
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from kernelcache.compile.metadata import kernel_names
 from kernelcache.keys.options import options_fingerprint
 from kernelcache.log import WarnOnce
 from kernelcache.memo import remember
+from kernelcache.regular_file import NotRegularFileError, open_regular
 
 if TYPE_CHECKING:
     from kernelcache.compile.request import CompileRequest
@@ -150,16 +150,16 @@ def _json_value(field: str, value: Any) -> Any:
 def _append(path: str, kernel: dict[str, Any]) -> None:
     line = (json.dumps({"kernel": [kernel]}, sort_keys=True, separators=(",", ":")) + "\n").encode()
     try:
-        # O_NONBLOCK: a FIFO (or a device) at the path must not block the compile on open or
-        # on a write no reader takes; only a regular file is written.
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        # A FIFO (or a device) at the path must not block the compile on open or on a write no
+        # reader takes; only a regular file is written (a link to one is followed: the user's).
+        fd, _ = open_regular(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, follow=True)
+    except NotRegularFileError:
+        _warn_once("not-a-file", f"cannot record compile requests in {path}: it is not a regular file")
+        return
     except OSError as exc:
         _warn_once(f"open:{exc.errno}", f"cannot record compile requests in {path}: {exc.strerror or exc}")
         return
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            _warn_once("not-a-file", f"cannot record compile requests in {path}: it is not a regular file")
-            return
         _locked(fd)
         # Race: a writer killed mid-line leaves a line without its end. Checked and repaired
         # under the lock, so the next line starts on its own line and only the torn one is lost.

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import threading
 import time
 from typing import Any
@@ -31,6 +30,7 @@ from kernelcache import forksafe
 from kernelcache.keys.options import as_list
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.memo import remember
+from kernelcache.regular_file import NotRegularFileError, open_regular
 
 _memo_lock = threading.Lock()
 _digest_memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
@@ -96,18 +96,15 @@ def file_digest(path: str) -> str | None:
     return digest
 
 
-# Without O_NONBLOCK an open of a FIFO waits for a writer: a FIFO planted at a header path that
-# a manifest records (another variant's, which this compile would never read) hung every look-up.
-_O_HEADER = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
 def _regular_file_sha256(path: str) -> str | None:
     """SHA-256 hex of the regular file at path (symlinks followed: include trees use them); None
-    for anything else (a FIFO, a device, a directory), never waiting on it."""
-    fd = os.open(path, _O_HEADER)
+    for anything else (a FIFO, a device, a directory), never waiting on it: a FIFO planted at a
+    header path that a manifest records (another variant's) hung every look-up."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
+        fd, _ = open_regular(path, follow=True)
+    except NotRegularFileError:
+        return None
+    try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             return hashlib.sha256(f.read()).hexdigest()
     finally:

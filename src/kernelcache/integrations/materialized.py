@@ -39,6 +39,7 @@ import threading
 import time
 import uuid
 
+from kernelcache.regular_file import open_regular as open_regular_file
 from kernelcache.stores.file.ops import TMP_SUFFIX, make_dirs, open_regular, stage
 
 MATERIALIZED_DIR = "materialized"
@@ -294,9 +295,6 @@ DEFAULT_CAP = 1 << 30  # copies' own cap where the store has none
 SWEEP_EVERY_S = 60.0  # at most this long between sweeps while a process hands out copies
 MIN_AGE_S = 5.0  # a copy younger than this is never taken for the cap: Triton is about to open it
 _STAMP = ".swept"  # its mtime: the last sweep of this root (any process)
-_STAMP_FLAGS = (
-    os.O_WRONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-)
 _pending = {"bytes": 0}
 _pending_lock = threading.Lock()
 os.register_at_fork(after_in_child=lambda: _pending.update(bytes=0))
@@ -323,7 +321,7 @@ def _after_write(root: str, written: int, cap: int | None) -> None:
         with contextlib.suppress(OSError):
             # Never a plain open: a FIFO planted there (whoever can write a team cache's
             # folders can) blocks it forever; a symlink would touch or create its target.
-            fd = os.open(stamp, _STAMP_FLAGS, 0o666)
+            fd, _ = open_regular_file(stamp, os.O_WRONLY | os.O_CREAT, mode=0o666)
             try:
                 os.utime(fd)
             finally:

@@ -17,16 +17,17 @@ A look-up is one binary search in the index (read once, at open) and one ``pread
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
-import stat
 import struct
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from kernelcache.regular_file import NotRegularFileError, open_regular
 from kernelcache.stores import record as rec
 
 MAGIC = b"KCBUNDLE"
@@ -149,19 +150,16 @@ def _refuse_other_file(target: str) -> None:
     the mistyped path (``bundle create notes.txt``), not for a writer racing the command.
     """
     try:
-        # O_NOFOLLOW: a symlink is not a bundle; O_NONBLOCK: a FIFO is refused, not waited on.
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd, st = open_regular(target)  # a symlink is not a bundle; a FIFO is refused, not waited on
     except FileNotFoundError:
         return
+    except NotRegularFileError as exc:
+        why = "a symlink" if exc.errno == errno.ELOOP else "not a regular file"
     except OSError as exc:
-        why = "a symlink" if os.path.islink(target) else exc.strerror or str(exc)
+        why = exc.strerror or str(exc)
     else:
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                why = "not a regular file"
-            else:  # an empty file (mktemp's) holds nothing to lose
-                why = "" if not st.st_size or os.pread(fd, len(MAGIC), 0) == MAGIC else "no bundle header"
+        try:  # an empty file (mktemp's) holds nothing to lose
+            why = "" if not st.st_size or os.pread(fd, len(MAGIC), 0) == MAGIC else "no bundle header"
         finally:
             os.close(fd)
         if not why:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from kernelcache.regular_file import NotRegularFileError, open_regular
 from kernelcache.stores import record as rec
 from kernelcache.stores.base import Meta, RecordStore, ValueLike
 from kernelcache.stores.bundle import format as fmt
@@ -48,9 +49,10 @@ class BundleProgramCache(RecordStore):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         self._secret = as_secret(secret)
         self.path = os.path.realpath(os.fspath(path))
-        # O_NONBLOCK: opening a FIFO read-only would wait for a writer forever; with it the
-        # open returns at once and the fstat in _open refuses what is not a regular file.
-        self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:  # a FIFO is refused, never waited on (the path is resolved: no link is left to follow)
+            self._fd = open_regular(self.path, follow=True)[0]
+        except NotRegularFileError:
+            raise fmt.InvalidBundleError(f"{self.path} is not a regular file") from None
         try:
             self._header, self._index = self._open()
         except BaseException:
@@ -60,8 +62,6 @@ class BundleProgramCache(RecordStore):
 
     def _open(self) -> tuple[fmt.Header, bytes]:
         st = os.fstat(self._fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise fmt.InvalidBundleError(f"{self.path} is not a regular file")
         raw = os.pread(self._fd, fmt.HEADER.size, 0)
         header = fmt.parse_header(raw, self.path, st.st_size)
         self._check_trust(header, st)

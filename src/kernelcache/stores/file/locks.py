@@ -15,31 +15,25 @@ a remover unlinks only while it holds the flock itself, and only the file it loc
 whoever holds the flock of the file *at the path* is the one holder.
 
 Files are opened read-only (flock needs no write access: in a team cache, members lock files
-that another member created), with O_NOFOLLOW (a symlink planted in locks/ must not make
-us create or lock a file elsewhere; such a link is unlinked and replaced by a real file) and
-with O_NONBLOCK (a read-only open of a FIFO waits for a writer forever: a FIFO planted in
-locks/ hung every compile of its key, ``clear`` and ``verify --fix``; it is removed too).
+that another member created) and only as regular files (regular_file.py): a symlink planted
+in locks/ must not make us create or lock a file elsewhere, and a FIFO there hung every
+compile of its key, ``clear`` and ``verify --fix``; either is unlinked and replaced by a real file.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import time
 from functools import partial
 
+from kernelcache.regular_file import NotRegularFileError, open_regular
 from kernelcache.stores.file.ops import path_in
 from kernelcache.stores.file.polling import poll_lock, try_flock
 from kernelcache.stores.file.polling import release as release  # how acquire()'s holder lets go
 
 LOCK_SUFFIX = ".lock"
-_OPEN = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
-_FLAGS = _OPEN | os.O_CREAT
-
-
-def _is_regular(fd: int) -> bool:
-    return stat.S_ISREG(os.fstat(fd).st_mode)
+_FLAGS = os.O_RDONLY | os.O_CREAT
 
 
 def mode_for(locks_dir: str) -> int:
@@ -68,30 +62,19 @@ def _open(path: str, mode: int) -> int:
 def _open_or_create(path: str, mode: int) -> int:
     for attempt in range(2):
         try:
-            fd = os.open(path, _FLAGS, mode)
-        except FileNotFoundError:
-            # locks/ was removed under a live cache: recreate it.
-            path_in(os.path.dirname(path), os.path.basename(path))
-            fd = os.open(path, _FLAGS, mode)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP or attempt:
+            try:
+                return open_regular(path, _FLAGS, mode=mode)[0]
+            except FileNotFoundError:
+                # locks/ was removed under a live cache: recreate it.
+                path_in(os.path.dirname(path), os.path.basename(path))
+                return open_regular(path, _FLAGS, mode=mode)[0]
+        except NotRegularFileError:
+            if attempt:
                 raise
-            # A symlink planted here is not ours: remove the link (never its target).
+            # A symlink, FIFO or socket planted here (never followed, never waited on) is not
+            # a lock of ours: remove it (a link, never its target) and create a real one.
             os.unlink(path)
-            continue
-        try:
-            if _is_regular(fd):
-                return fd
-        except BaseException:
-            os.close(fd)
-            raise
-        # A FIFO or socket planted here (O_NONBLOCK opened it without waiting): not a lock
-        # of ours either; remove it and create a real one.
-        os.close(fd)
-        if attempt:
-            break
-        os.unlink(path)
-    raise OSError(errno.EINVAL, "is not a regular file", path)
+    raise AssertionError("unreachable")
 
 
 def _is_at_path(fd: int, path: str) -> bool:
@@ -130,18 +113,13 @@ def acquire(path: str, timeout: float, *, mode: int = 0o600, poll_s: float = 0.0
 def remove_if_idle(path: str) -> bool:
     """Remove the lock file at path if nobody holds it, under its own lock; True if removed."""
     try:
-        fd = os.open(path, _OPEN)
+        fd, _ = open_regular(path)
     except FileNotFoundError:
         return False
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # a planted symlink: not a lock of ours, remove the link
-            os.unlink(path)
-            return True
-        raise
+    except NotRegularFileError:  # a planted symlink, FIFO or socket: not a lock of ours (a directory: unlink refuses)
+        os.unlink(path)
+        return True
     try:
-        if not _is_regular(fd):  # a planted FIFO or socket (a directory: unlink refuses)
-            os.unlink(path)
-            return True
         if not try_flock(fd):
             return False  # held: its holder is compiling (or evicting) right now
         if not _is_at_path(fd, path):

@@ -25,7 +25,8 @@ import stat as stat_mod
 import uuid
 
 from kernelcache.log import logger
-from kernelcache.stores.file.ops import O_READ_SAFE, starts_with
+from kernelcache.regular_file import open_regular
+from kernelcache.stores.file.ops import starts_with
 
 __all__ = [
     "FORMAT_DIR",
@@ -91,12 +92,10 @@ def holds_only_ours(root: str) -> bool:
 def has_marker(root: str) -> bool:
     """Whether ``root`` holds kernelcache's marker (a regular file, read without following links)."""
     try:
-        fd = os.open(os.path.join(root, MARKER_NAME), O_READ_SAFE)
+        fd, _ = open_regular(os.path.join(root, MARKER_NAME))
     except OSError:
         return False
     try:
-        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
-            return False
         head = os.read(fd, _MAX_MARKER + 1)
     except OSError:
         return False

@@ -16,14 +16,12 @@ import uuid
 from collections.abc import Iterator
 from functools import partial
 
+from kernelcache.regular_file import NotRegularFileError as NotRegularFileError  # stores.file.ops.NotRegularFileError
+from kernelcache.regular_file import open_regular as open_regular_file
 from kernelcache.stores.file.polling import poll_lock, release, try_flock
 
 O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-# Files in the tree are opened without following a symlink (an entry linked to /dev/zero or
-# to another user's file is not ours) and without blocking (open() of a FIFO with no writer
-# waits forever; with O_NONBLOCK it returns, and the regular-file check below refuses it).
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-O_READ_SAFE = O_RDONLY | O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
 _O_NOATIME = getattr(os, "O_NOATIME", 0)
 TMP_SUFFIX = ".tmp"
 # One read() returns at most about 2 GiB on Linux (0x7ffff000 bytes), whatever is asked:
@@ -40,10 +38,6 @@ PAIR_LOCK_WAIT_S = 5.0  # the most a writer or remover waits for a shard's pair 
 StatKey = tuple[int, int, int]
 
 
-class NotRegularFileError(OSError):
-    """A path in the tree is a FIFO, device, directory or symlink where a file was expected."""
-
-
 def stat_key(st: os.stat_result) -> StatKey:
     """Identity of one version of a file: a writer's os.replace changes the inode."""
     return (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -57,26 +51,12 @@ def open_regular(path: str, keep_atime: bool = False) -> tuple[int, os.stat_resu
     open with O_NOATIME where the kernel allows it (the file's owner), since a relatime mount
     moves the atime of a plain read when it is older than the mtime.
     """
-    try:
+    if keep_atime and _O_NOATIME:
         try:
-            fd = os.open(path, O_READ_SAFE | (_O_NOATIME if keep_atime else 0))
+            return open_regular_file(path, os.O_RDONLY | _O_NOATIME)
         except PermissionError:
-            if not keep_atime or not _O_NOATIME:
-                raise
-            fd = os.open(path, O_READ_SAFE)  # not the owner: O_NOATIME is refused, read plainly
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise NotRegularFileError(errno.ELOOP, "is a symlink, not a regular file", path) from None
-        raise
-    try:
-        st = os.fstat(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not stat_mod.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise NotRegularFileError(errno.EINVAL, f"is not a regular file ({stat_mod.filemode(st.st_mode)})", path)
-    return fd, st
+            pass  # not the owner: O_NOATIME is refused, read plainly
+    return open_regular_file(path)
 
 
 def read_fd(fd: int, size: int, chunk: int = READ_CHUNK) -> bytes:
@@ -303,7 +283,7 @@ def sweep_dead_temps(tmp_dir: str, max_age_s: float, *, remove: bool = True) -> 
 
 def _take_if_dead(path: str, remove: bool) -> bool:
     """Whether the staged file at path has no live writer (and unlink it if ``remove``)."""
-    fd = os.open(path, O_READ_SAFE)
+    fd, _ = open_regular_file(path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

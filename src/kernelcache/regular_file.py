@@ -1,0 +1,51 @@
+"""Opening a file that somebody else may have put there: only a regular file, never waiting.
+
+Every file kernelcache opens at a path it does not fully control (entries, locks and markers in
+a cache tree, bundles, recorded header paths, the lockfile) is opened here, by one rule:
+- O_NONBLOCK: open() of a FIFO waits for the other end (forever, if nobody comes); with it the
+  open returns at once, and the fstat below refuses what is not a regular file. A device, a
+  socket or a directory is refused the same way. On a regular file O_NONBLOCK changes nothing.
+- O_NOFOLLOW unless ``follow``: inside a tree of ours a symlink is not ours (an entry linked to
+  /dev/zero or to another user's file); paths a user names (a header, a bundle) may be links.
+- O_CLOEXEC: no child process inherits the descriptor.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+__all__ = ["NotRegularFileError", "open_regular"]
+
+_ALWAYS = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class NotRegularFileError(OSError):
+    """A FIFO, device, directory, socket or (without ``follow``) symlink where a file was expected."""
+
+
+def open_regular(
+    path: str, flags: int = os.O_RDONLY, *, follow: bool = False, mode: int = 0o600
+) -> tuple[int, os.stat_result]:
+    """``(fd, fstat)`` of the regular file at ``path``, opened with ``flags`` (O_CREAT with ``mode``).
+
+    NotRegularFileError (errno ELOOP for a symlink, EINVAL for anything else) for what is not a
+    regular file, closed again; other OSErrors (FileNotFoundError, PermissionError) as open raises them.
+    """
+    try:
+        fd = os.open(path, flags | _ALWAYS | (0 if follow else _NOFOLLOW), mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise NotRegularFileError(errno.ELOOP, "is a symlink, not a regular file", path) from None
+        raise
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFileError(errno.EINVAL, f"is not a regular file ({stat.filemode(st.st_mode)})", path)
+    return fd, st
