@@ -45,6 +45,20 @@ def test_processes_that_ask_and_go_away_leave_every_worker_to_one_taker(tmp_path
             worker.close()
 
 
+
+def test_workers_started_for_processes_that_left_are_not_kept_idle(tmp_path) -> None:
+    server_link.adopt_worker().close()  # starts the server (target: 2 idle workers here)
+    path = server_link.socket_path()
+    for _ in range(6):  # each asks, and is gone before its worker is warm
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(path)
+            sock.sendall(b"worker\n")
+    started = wait_for(lambda: (s := server_link.server_status(path)) and len(s["workers"]) >= 6 and s)
+    status = wait_for(lambda: (s := server_link.server_status(path)) and not s["starting"] and s["idle"] <= 2 and s)
+    assert len(status["workers"]) == status["target"] == 2
+    wait_for(lambda: not any(alive(pid) for pid in set(started["workers"]) - set(status["workers"])))
+
+
 def test_a_stopped_server_whose_queue_is_full_never_hangs_a_process(tmp_path) -> None:
     started = child(str(tmp_path / "a"), 0, 2)
     path = started["socket"]

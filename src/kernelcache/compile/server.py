@@ -286,6 +286,11 @@ class Server:
         if not self.waiting and now - self.last_request >= self.idle_s:
             return True
         quiet = now - self.last_given >= QUIET_S
+        if quiet and not self.waiting:
+            # Workers started for processes that left before theirs was warm (killed,
+            # interrupted, past their wait) stay idle: ``target`` are kept, not one per such.
+            for worker in self.idle[: max(0, len(self.idle) - self.target)]:
+                self._drop(worker)
         if quiet and not self.broken and not self.waiting:
             for _ in range(self.target - len(self.idle) - len(self.starting)):
                 self._start()
