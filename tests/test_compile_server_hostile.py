@@ -188,3 +188,31 @@ def test_a_worker_killed_while_idle_in_the_server_is_never_handed_over(tmp_path)
     asking.close()
     assert len(fds) == 3 and json.loads(data)["pid"] not in status["workers"]  # a live one, started for it
     assert server_link.server_status(path)["pid"] == status["pid"]  # and the server goes on
+
+
+def test_workers_that_could_not_start_for_a_while_do_not_end_the_servers_use(tmp_path) -> None:
+    # A checkout away for a moment (a deploy, a branch switch): workers started meanwhile die
+    # before they are ready. Once it is back, the server hands out workers again.
+    import shutil
+
+    import kernelcache
+
+    copy = tmp_path / "src"
+    shutil.copytree(os.path.dirname(kernelcache.__file__), copy / "kernelcache")
+    env = {"PYTHONPATH": str(copy)}
+    first = child(str(tmp_path / "a"), 0, 2, **env)
+    path = first["socket"]
+    wait_for(lambda: server_link.server_status(path)["idle"] == 2)
+    os.rename(copy / "kernelcache", copy / "away")
+    try:
+        for _ in range(2):  # take the warm ones; the next ones cannot import kernelcache
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(path)
+                sock.sendall(b"worker\n")
+                for fd in socket.recv_fds(sock, 4096, 3)[1]:
+                    os.close(fd)
+        wait_for(lambda: server_link.server_status(path)["broken"])
+    finally:
+        os.rename(copy / "away", copy / "kernelcache")
+    wait_for(lambda: (s := server_link.server_status(path)) and not s["broken"] and s["idle"] == 2, timeout=60)
+    assert child(str(tmp_path / "b"), 10, 2, **env)["adopted"] == 2

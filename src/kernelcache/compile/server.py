@@ -20,6 +20,8 @@ The rules (ccache's and sccache's hazards, named):
 - workers start on demand while a process waits for them, and the server tops itself up to
   ``target`` idle workers only after a quiet second with nothing handed out, so it does not
   compete for the cores with the compiles of the process it just served;
+- where workers die before they are warm (3 in a row), it answers "none" and starts none,
+  for _BROKEN_S; then it tries one, and gives them out again once one gets warm;
 - it exits after ``idle`` seconds without a request (KERNELCACHE_COMPILE_SERVER_IDLE), taking its
   idle workers with it; stdin, stdout and stderr are /dev/null and it has its own session, so it
   holds no terminal, pipe or job of whoever started it.
@@ -44,6 +46,7 @@ from typing import Any
 QUIET_S = 1.0  # after a hand-over, this long without one before idle workers are topped up
 _TICK_S = 0.25
 _START_FAILURES = 3  # workers in a row that die before they are warm: workers cannot run here
+_BROKEN_S = 10.0  # for this long after that; then the server tries again
 _REQUEST_S = 1.0  # a client sends its request as it connects; one without a request this long is hung up on
 _LOCK_WAIT_S = 2.0  # a server that is exiting still holds the lock for a moment
 
@@ -99,6 +102,7 @@ class Server:
         self.given: list[subprocess.Popen[bytes]] = []  # handed over; reaped here when they end
         self.failures = 0
         self.broken = ""  # why workers cannot start here ("" while they can)
+        self.broken_at = 0.0
         self.last_request = self.last_given = time.monotonic()
         self.handed = 0
         self.listener = _listen(path)
@@ -192,9 +196,6 @@ class Server:
         }
 
     def _want_worker(self, conn: socket.socket) -> None:
-        if self.broken:
-            self._reply(conn, {"worker": False, "why": self.broken})
-            return
         while self.idle:
             worker = self.idle.pop()
             if not _still_idle(worker):
@@ -202,6 +203,9 @@ class Server:
                 continue
             if not self._give(conn, worker):
                 self.idle.append(worker)  # that process is gone: the worker waits for the next
+            return
+        if self.broken:
+            self._reply(conn, {"worker": False, "why": self.broken})
             return
         self.waiting.append(conn)
         if len(self.starting) < len(self.waiting):
@@ -271,7 +275,7 @@ class Server:
     def _failed(self, why: str) -> None:
         self.failures += 1
         if self.failures >= _START_FAILURES:
-            self.broken = why
+            self.broken, self.broken_at = why, time.monotonic()
             while self.waiting:
                 self._reply(self.waiting.popleft(), {"worker": False, "why": why})
         elif len(self.starting) < len(self.waiting):
@@ -285,6 +289,11 @@ class Server:
             self._hang_up(client)
         if not self.waiting and now - self.last_request >= self.idle_s:
             return True
+        if self.broken and now - self.broken_at >= _BROKEN_S:
+            # What kept workers from starting may have passed (memory, processes or files
+            # short for a moment, a checkout away): one more try, once in a while. The
+            # failures stay counted until a worker gets warm: one more is broken again.
+            self.broken = ""
         quiet = now - self.last_given >= QUIET_S
         if quiet and not self.waiting:
             # Workers started for processes that left before theirs was warm (killed,
@@ -292,8 +301,9 @@ class Server:
             for worker in self.idle[: max(0, len(self.idle) - self.target)]:
                 self._drop(worker)
         if quiet and not self.broken and not self.waiting:
-            for _ in range(self.target - len(self.idle) - len(self.starting)):
-                self._start()
+            wanted = self.target - len(self.idle) - len(self.starting)
+            for _ in range(min(wanted, 1 - len(self.starting)) if self.failures else wanted):
+                self._start()  # after failures, one at a time until one gets warm
         return False
 
     def _shut(self) -> None:
