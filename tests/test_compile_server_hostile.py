@@ -216,3 +216,57 @@ def test_workers_that_could_not_start_for_a_while_do_not_end_the_servers_use(tmp
         os.rename(copy / "away", copy / "kernelcache")
     wait_for(lambda: (s := server_link.server_status(path)) and not s["broken"] and s["idle"] == 2, timeout=60)
     assert child(str(tmp_path / "b"), 10, 2, **env)["adopted"] == 2
+
+
+INCLUDE_CHILD = r"""
+import hashlib, json, sys
+from cuda.core import ProgramOptions
+from kernelcache import FileStreamProgramCache, compile_many
+from kernelcache.compile.workers import pool
+root, processes, header = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+code = '#include "%%s"\nextern "C" __global__ void v{i}(float* a) {{ a[0] = VALUE + {i}; }}\n' %% header
+reqs = [{"code": code.format(i=i), "options": ProgramOptions(arch="%s")} for i in range(2)]
+objs = compile_many(reqs, cache=FileStreamProgramCache(root), processes=processes, max_workers=2)
+print(json.dumps({"adopted": pool().adopted, "sha": [hashlib.sha256(bytes(o.code)).hexdigest() for o in objs]}))
+""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
+
+
+def test_a_process_in_a_chroot_gets_a_server_of_its_own(tmp_path) -> None:
+    # Its files are not the server's: a header at the same path with other contents, say.
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount and chroot")
+    header = tmp_path / "inc" / "value.h"
+    header.parent.mkdir()
+    header.write_text("#define VALUE 1\n")
+
+    def run(root: str, processes: bool, jail: str | None) -> dict:
+        def enter() -> None:  # the chroot, and the same working directory in it
+            here = os.getcwd()
+            os.chroot(jail)
+            os.chdir(here)
+
+        argv = [sys.executable, "-c", INCLUDE_CHILD, root, "1" if processes else "0", str(header)]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, preexec_fn=enter if jail else None)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    outside = run(str(tmp_path / "a"), True, None)
+    assert outside["adopted"] == 2  # the server runs, outside the chroot
+    jail = tmp_path / "jail"
+    jail.mkdir()
+    mounted: list[str] = []
+    try:
+        for *how, where in (["--bind", "/", jail], ["--bind", "/proc", f"{jail}/proc"],
+                            ["--bind", "/dev", f"{jail}/dev"], ["-t", "tmpfs", "tmpfs", f"{jail}{header.parent}"]):  # fmt: skip
+            if subprocess.run(["mount", *how, str(where)], capture_output=True).returncode != 0:
+                pytest.skip("cannot mount here")
+            mounted.append(str(where))
+        with open(f"{jail}{header}", "w") as f:
+            f.write("#define VALUE 2\n")  # the same path in the chroot, other contents
+        here = run(str(tmp_path / "b"), False, str(jail))
+        served = run(str(tmp_path / "c"), True, str(jail))
+    finally:
+        for where in reversed(mounted):
+            subprocess.run(["umount", "-l", where], capture_output=True)
+    assert here["sha"] != outside["sha"]
+    assert served["adopted"] == 2 and served["sha"] == here["sha"]

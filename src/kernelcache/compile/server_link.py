@@ -11,8 +11,9 @@ that starts it and does not take per compile (the working directory and the envi
 with every compile): the interpreter and its flags, sys.path (its relative entries, '' among
 them, joined to the cwd: the server runs in /) and the files on it (the mtimes of
 its directories change with every install), kernelcache's own files, the variables read at start
-(CUDA_*, NV*, LD_*, PYTHON*, LLVM_*, LIBNVVM*, PATH, CONDA_PREFIX), ids, cgroup and
-namespaces, CPU affinity, umask, limits, niceness. A process that differs in any of them gets a server of its own.
+(CUDA_*, NV*, LD_*, PYTHON*, LLVM_*, LIBNVVM*, PATH, CONDA_PREFIX), ids, cgroup,
+namespaces and root directory (a chroot), CPU affinity, umask, limits, niceness. A process
+that differs in any of them gets a server of its own.
 
 Every failure here is a fallback, never an error: no usable directory, no server, a server that
 does not answer in time: the pool starts its worker itself, as without a server, with one warning
@@ -185,7 +186,7 @@ _PACKAGE: list[Any] | None = None
 
 
 def _proc_facts() -> list[str]:
-    """cgroup, namespaces, umask and limits, as /proc shows them (what a started process inherits)."""
+    """cgroup, namespaces, umask, root and limits, as /proc shows them (what a started process inherits)."""
     import resource
 
     facts = []
@@ -199,9 +200,26 @@ def _proc_facts() -> list[str]:
         facts += [line for line in _read("/proc/self/status").splitlines() if line.startswith("Umask:")]
     except OSError:
         pass
+    facts.append(_root())
     for limit in ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_NPROC"):
         facts.append(f"{limit}={resource.getrlimit(getattr(resource, limit))}")
     return facts
+
+
+def _root() -> str:
+    """Which root directory this process sees. A chroot has the same namespaces and paths
+    but other files at them (headers, libraries): the mount its / is (a bind mount of the
+    real / is another mount) and that directory's inode."""
+    st = os.stat("/")
+    mount = ""
+    try:
+        for line in _read("/proc/self/mountinfo").splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) > 4 and fields[4] == "/":
+                mount = fields[0]  # the last one listed is the one on top
+    except OSError:
+        pass
+    return f"root={st.st_dev}:{st.st_ino}:{mount}"
 
 
 def _read(path: str) -> str:
