@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ARCH
@@ -270,3 +271,34 @@ def test_a_process_in_a_chroot_gets_a_server_of_its_own(tmp_path) -> None:
             subprocess.run(["umount", "-l", where], capture_output=True)
     assert here["sha"] != outside["sha"]
     assert served["adopted"] == 2 and served["sha"] == here["sha"]
+
+
+def test_a_flood_of_silent_connections_does_not_exhaust_the_servers_files(tmp_path) -> None:
+    import resource
+
+    def low_limit() -> None:  # the server inherits it (and its fingerprint says so)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "a"), "0", "2"],
+        capture_output=True, text=True, timeout=120, preexec_fn=low_limit,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    path = json.loads(out.stdout.strip().splitlines()[-1])["socket"]
+    server = _status(path)["pid"]
+    silent = []
+    try:
+        for _ in range(300):  # more than it may hold open
+            sock = socket.socket(socket.AF_UNIX)
+            sock.setblocking(False)
+            try:
+                sock.connect(path)
+            except BlockingIOError:  # its queue is full: it is taking them in
+                sock.close()
+                time.sleep(0.01)
+                continue
+            silent.append(sock)
+        assert server_link.server_status(path)["pid"] == server
+    finally:
+        for sock in silent:
+            sock.close()

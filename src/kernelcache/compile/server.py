@@ -48,6 +48,7 @@ _TICK_S = 0.25
 _START_FAILURES = 3  # workers in a row that die before they are warm: workers cannot run here
 _BROKEN_S = 10.0  # for this long after that; then the server tries again
 _REQUEST_S = 1.0  # a client sends its request as it connects; one without a request this long is hung up on
+_PENDING_MAX = 32  # connections held open at once waiting for their request (each an fd)
 _LOCK_WAIT_S = 2.0  # a server that is exiting still holds the lock for a moment
 
 
@@ -147,6 +148,8 @@ class Server:
         # for: it is read when it is there, and a connection still without one _REQUEST_S
         # later is hung up on (_tick).
         conn.setblocking(False)
+        if len(self.pending) >= _PENDING_MAX:  # a flood of them: room for this one, files for the rest
+            self._hang_up(min(self.pending, key=lambda c: c.since))
         client = _Client(conn)
         self.pending.add(client)
         self.sel.register(conn, selectors.EVENT_READ, client)
