@@ -302,3 +302,35 @@ def test_a_flood_of_silent_connections_does_not_exhaust_the_servers_files(tmp_pa
     finally:
         for sock in silent:
             sock.close()
+
+
+FORK_CHILD = r"""
+import os, signal, sys, threading, time
+from kernelcache.compile import server_link
+starting = threading.Thread(target=server_link.adopt_worker)  # starts a server: it never comes up
+starting.start()
+while not server_link._start_lock.locked():
+    time.sleep(0.001)
+pid = os.fork()  # while that thread waits for it, holding the start's lock
+if pid == 0:
+    signal.alarm(30)  # a child that hangs ends here (SIGALRM), not with the test
+    worker = server_link.adopt_worker()
+    os._exit(0 if worker is None else 3)
+starting.join()
+_, status = os.waitpid(pid, 0)
+print(status)
+"""
+
+
+def test_a_child_forked_while_a_server_starts_does_not_wait_forever(tmp_path) -> None:
+    started = child(str(tmp_path / "a"), 0, 2)
+    path = started["socket"]
+    server = _status(path)["pid"]
+    os.kill(server, signal.SIGSTOP)  # stuck, holding its lock; and its socket is gone (a tmp cleaner)
+    os.unlink(path)
+    try:
+        out = subprocess.run([sys.executable, "-c", FORK_CHILD], capture_output=True, text=True, timeout=120)
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0"]  # the child went on without a server

@@ -53,6 +53,16 @@ _started: set[str] = set()  # sockets this process started a server for (once ea
 _broken: dict[str, str] = {}  # socket -> why this process stopped asking it
 
 
+def _reset_in_child() -> None:
+    # Race: a thread waiting for the server it started holds _start_lock for seconds; a
+    # child forked meanwhile has the lock held by nobody, and would wait for it forever.
+    global _start_lock
+    _start_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
 def server_dir() -> str:
     """The directory of this user's compile servers (not created, not checked)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
