@@ -6,14 +6,8 @@ directory of ours that nobody else can enter (mode 0700): whoever can create a s
 could hand us a worker of theirs. We use one only after checking that; the server answers only
 peers of its own uid (SO_PEERCRED), and we check the server's uid the same way.
 
-Which server: the socket is named by a fingerprint of everything a worker takes from the process
-that starts it and does not take per compile (the working directory and the environment travel
-with every compile): the interpreter and its flags, sys.path (its relative entries, '' among
-them, joined to the cwd: the server runs in /) and the files on it (the mtimes of
-its directories change with every install), kernelcache's own files, the variables read at start
-(CUDA_*, NV*, LD_*, PYTHON*, LLVM_*, LIBNVVM*, PATH, CONDA_PREFIX), ids, cgroup,
-namespaces and root directory (a chroot), CPU affinity, umask, limits, niceness. A process
-that differs in any of them gets a server of its own.
+Which server: the socket is named by fingerprint.fingerprint() (what a worker takes from the
+process that starts it rather than per compile): a process that differs gets a server of its own.
 
 Every failure here is a fallback, never an error: no usable directory, no server, a server that
 does not answer in time: the pool starts its worker itself, as without a server, with one warning
@@ -22,7 +16,6 @@ for a server that failed (not for one that is merely absent or busy).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -33,11 +26,11 @@ import time
 from typing import Any
 
 from kernelcache.compile import worker_proc
+from kernelcache.compile.fingerprint import fingerprint, server_sys_path
 from kernelcache.log import WarnOnce
 
 __all__ = ["adopt_worker", "server_status", "socket_path", "stop_server"]
 
-PROTOCOL = "kernelcache-compile-server-1"
 _CONNECT_S = 3.0  # how long a process that started the server waits for it to listen
 _REPLY_S = 10.0  # a worker's start on a loaded host is well under it; past it the server counts as stuck
 _QUEUE_S = 1.0  # a server whose queue stays full this long is stuck (or swamped): not used
@@ -100,141 +93,6 @@ def private_dir() -> str | None:
         )
         return None
     return path
-
-
-def fingerprint() -> str:
-    """24 hex digits naming the server whose workers this process may use (module docstring)."""
-    parts: dict[str, Any] = {
-        "protocol": PROTOCOL,
-        "python": [os.path.realpath(sys.executable), sys.version, list(sys.flags), worker_proc.boot_flags()],
-        "path": _server_sys_path(),
-        "installed": _install_stamps(),
-        "kernelcache": _package_stamps(),
-        "env": sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES),
-        "ids": [os.geteuid(), os.getegid(), sorted(os.getgroups())],
-        "proc": _proc_facts(),
-        "nice": os.nice(0),
-    }
-    try:
-        parts["cpus"] = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        parts["cpus"] = os.cpu_count()
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-# What the interpreter, the loader and cuda.pathfinder read at a worker's start (CONDA_PREFIX
-# picks the libnvrtc loaded where no wheel has one), and what libnvrtc reads once, when it is
-# loaded, rather than per compile (a getenv log of libnvrtc 13.0: NVRTC_*, NV_NVVM_VERSION,
-# LIBNVVM_DISABLE_CONCURRENT_API, LLVM_OVERRIDE_PRODUCER, which goes into every LTO-IR, and
-# AS_SECURE_LOG_FILE). What a compile reads at compile time travels with it.
-_ENV_PREFIXES = ("CUDA", "NV", "LD_", "PYTHON", "LLVM_", "LIBNVVM")
-_ENV_NAMES = ("PATH", "CONDA_PREFIX", "AS_SECURE_LOG_FILE")
-
-
-def _server_sys_path() -> list[str]:
-    """sys.path as this process resolves it now: relative entries ('' included: the cwd, for
-    ``python -c`` and the REPL) joined to the working directory, and dropped where it was
-    deleted (nothing resolves there). The server and its workers run in /: given '' they
-    import kernelcache and cuda from / or from further down sys.path, i.e. another copy or
-    none (then no server ever came up, and every process waited for one)."""
-    try:
-        here: str | None = os.getcwd()
-    except OSError:
-        here = None
-    return [
-        p if os.path.isabs(p) else os.path.normpath(os.path.join(here, p))
-        for p in sys.path
-        if here is not None or os.path.isabs(p)
-    ]
-
-
-def _stamp(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path or ".")
-    except OSError:
-        return None
-    return [st.st_ino, st.st_mtime_ns, st.st_size]
-
-
-def _install_stamps() -> list[Any]:
-    """The directories an install or upgrade of what a worker imports rewrites: site-packages
-    themselves (a new dist-info), cuda's packages, NVIDIA's library wheels. Not the other
-    entries of sys.path: a script's directory (often /tmp, or the cwd) changes all the time."""
-    import importlib.util
-
-    dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
-    # Found through the namespace packages, never an imported module's own __path__ or
-    # origin: cuda.core rewrites its own on import (to cu13/), so they would differ by import.
-    for top, subdirs in (("cuda", ("bindings", "core", "pathfinder")), ("nvidia", None)):
-        try:
-            spec = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
-            continue
-        for location in (spec and spec.submodule_search_locations) or ():
-            if subdirs is None:  # nvidia/<wheel>/lib: libnvrtc and the other libraries
-                with os.scandir(location) as entries:
-                    dirs += [os.path.join(e.path, "lib") for e in entries if e.is_dir()]
-            else:
-                dirs += [os.path.join(location, sub) for sub in subdirs]
-    return [[d, _stamp(d)] for d in dirs]
-
-
-def _package_stamps() -> list[Any]:
-    """(file, mtime, size) of every module of kernelcache: an edited checkout gets a new server."""
-    global _PACKAGE
-    if _PACKAGE is None:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        found = []
-        for top, dirs, files in os.walk(root):
-            dirs.sort()
-            found += [[os.path.join(top, f), _stamp(os.path.join(top, f))] for f in sorted(files) if f.endswith(".py")]
-        _PACKAGE = found
-    return _PACKAGE
-
-
-_PACKAGE: list[Any] | None = None
-
-
-def _proc_facts() -> list[str]:
-    """cgroup, namespaces, umask, root and limits, as /proc shows them (what a started process inherits)."""
-    import resource
-
-    facts = []
-    for name in ("cgroup", "ns/mnt", "ns/pid", "ns/user", "ns/net", "ns/ipc", "ns/uts", "ns/cgroup", "attr/current"):
-        try:
-            path = f"/proc/self/{name}"
-            facts.append(os.readlink(path) if name.startswith("ns/") else _read(path))
-        except OSError:
-            facts.append("")
-    try:
-        facts += [line for line in _read("/proc/self/status").splitlines() if line.startswith("Umask:")]
-    except OSError:
-        pass
-    facts.append(_root())
-    for limit in ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_NPROC"):
-        facts.append(f"{limit}={resource.getrlimit(getattr(resource, limit))}")
-    return facts
-
-
-def _root() -> str:
-    """Which root directory this process sees. A chroot has the same namespaces and paths
-    but other files at them (headers, libraries): the mount its / is (a bind mount of the
-    real / is another mount) and that directory's inode."""
-    st = os.stat("/")
-    mount = ""
-    try:
-        for line in _read("/proc/self/mountinfo").splitlines():
-            fields = line.split(maxsplit=5)
-            if len(fields) > 4 and fields[4] == "/":
-                mount = fields[0]  # the last one listed is the one on top
-    except OSError:
-        pass
-    return f"root={st.st_dev}:{st.st_ino}:{mount}"
-
-
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
 
 
 def socket_path() -> str | None:
@@ -338,7 +196,7 @@ def _start_server(path: str) -> None:
         "import sys, json; sys.path[:] = json.loads(sys.argv[1])\n"
         "from kernelcache.compile.server import main; main()"
     )
-    args = [sys.executable, *worker_proc.boot_flags(), "-c", boot, json.dumps(_server_sys_path()), path]
+    args = [sys.executable, *worker_proc.boot_flags(), "-c", boot, json.dumps(server_sys_path()), path]
     args += [str(config.compile_server_idle_s()), str(min(MAX_IDLE_WORKERS, max(2, usable_cores())))]
     with worker_proc.FORK_LOCK:  # Popen's exec-status pipe must not be copied by a fork (Worker.start)
         proc = subprocess.Popen(
