@@ -334,3 +334,29 @@ def test_a_child_forked_while_a_server_starts_does_not_wait_forever(tmp_path) ->
         os.kill(server, signal.SIGCONT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0"]  # the child went on without a server
+
+
+def _queued(path: str) -> int:
+    """Connections to the listener at ``path`` that it has not accepted (/proc/net/unix lists them under its name)."""
+    with open("/proc/net/unix") as f:
+        return sum(1 for line in f if line.rstrip().endswith(" " + path)) - 1
+
+
+def test_a_server_killed_before_it_read_a_request_leaves_that_process_its_own_workers(tmp_path) -> None:
+    started = child(str(tmp_path / "a"), 0, 2)
+    path = started["socket"]
+    server = _status(path)["pid"]
+    os.kill(server, signal.SIGSTOP)
+    asking = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path / "b"), "10", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: _queued(path) >= 1)  # its request sits unread in the stopped server's queue
+    finally:
+        os.kill(server, signal.SIGKILL)  # the kernel resets that connection (ECONNRESET)
+        os.kill(server, signal.SIGCONT)
+    out, err = asking.communicate(timeout=120)
+    assert asking.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert (result["adopted"], result["compiles"], len(result["pids"]), result["warnings"]) == (0, 2, 2, [])

@@ -215,7 +215,10 @@ def _request(sock: socket.socket, what: str) -> tuple[dict[str, Any], worker_pro
     """Send one request; return the server's reply and the worker that came with it, if one did."""
     import select
 
-    sock.sendall(what.encode() + b"\n")
+    try:
+        sock.sendall(what.encode() + b"\n")
+    except OSError:  # it ended as we connected (killed, or exiting)
+        return _GONE, None
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     if not poller.poll(int(_REPLY_S * 1000)):  # not under FORK_LOCK: no fork waits for this
@@ -224,13 +227,16 @@ def _request(sock: socket.socket, what: str) -> tuple[dict[str, Any], worker_pro
     # copy them into a child that cannot know they are a worker's pipes (Worker.start): both
     # happen in one hold of FORK_LOCK, and fds that are not adopted are closed in it.
     with worker_proc.FORK_LOCK:
-        data, fds, flags, _ = socket.recv_fds(sock, 4096, 3, socket.MSG_CMSG_CLOEXEC)
+        try:
+            data, fds, flags, _ = socket.recv_fds(sock, 4096, 3, socket.MSG_CMSG_CLOEXEC)
+        except OSError:  # ECONNRESET: it ended (killed, say) before it read our request
+            return _GONE, None
         try:
             reply = json.loads(data) if data.endswith(b"\n") and not flags & socket.MSG_CTRUNC else None
         except ValueError:
             reply = None
         if data == b"" and not fds:
-            reply = {"gone": True}  # it exited (idle) as we asked: no server, not a broken one
+            reply = _GONE  # it exited (idle) as we asked: no server, not a broken one
         if isinstance(reply, dict) and reply.get("worker") and len(fds) == 3:
             return reply, worker_proc.Worker.adopt(fds[0], fds[1], int(reply["pid"]), fds[2])
         for fd in fds:
@@ -238,6 +244,9 @@ def _request(sock: socket.socket, what: str) -> tuple[dict[str, Any], worker_pro
     if not isinstance(reply, dict):
         raise _Unusable(f"the server sent {data[:80]!r} in reply to {what!r}")
     return reply, None
+
+
+_GONE: dict[str, Any] = {"gone": True}  # the reply of a server that ended: none runs, none misbehaved
 
 
 def _take_worker(sock: socket.socket, path: str) -> worker_proc.Worker | None:
@@ -254,7 +263,8 @@ def server_status(path: str | None = None) -> dict[str, Any] | None:
     if sock is None:
         return None
     with sock:
-        return _request(sock, "status")[0]
+        reply = _request(sock, "status")[0]
+    return None if reply is _GONE else reply
 
 
 def stop_server(path: str | None = None) -> bool:
