@@ -57,13 +57,23 @@ os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def server_dir() -> str:
-    """The directory of this user's compile servers (not created, not checked)."""
+    """The directory of this user's compile servers (not created, not checked): in
+    $XDG_RUNTIME_DIR where that is this euid's, as the XDG spec has it. Under sudo it may
+    still name the user's: root's servers do not move in there (that user could neither use
+    the directory root made nor remove it)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    if runtime and os.path.isabs(runtime):
+    if runtime and os.path.isabs(runtime) and _owned(runtime):
         return os.path.join(runtime, "kernelcache")
     import tempfile
 
     return os.path.join(tempfile.gettempdir(), f"kernelcache-{os.geteuid()}")
+
+
+def _owned(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def private_dir() -> str | None:
