@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from kernelcache import forksafe
 from kernelcache.compile import worker_proc
 from kernelcache.compile.fingerprint import fingerprint, server_sys_path
 from kernelcache.log import WarnOnce
@@ -53,7 +54,7 @@ def _reset_in_child() -> None:
     _start_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_reset_in_child)
+forksafe.reset_function_in_child(_reset_in_child)
 
 
 def server_dir() -> str:
