@@ -389,3 +389,13 @@ def test_another_users_runtime_dir_is_left_to_that_user(tmp_path, monkeypatch) -
         theirs_used = json.loads(f.read() or "null")
     os.waitpid(pid, 0)
     assert theirs_used == os.path.join(theirs, "kernelcache")
+
+
+@pytest.mark.parametrize("name, value", [("KERNELCACHE_COMPILE_SERVER", "sometimes"),
+                                         ("KERNELCACHE_COMPILE_SERVER_IDLE", "soon")])  # fmt: skip
+def test_a_bad_server_setting_raises_and_names_itself(tmp_path, name, value) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "a"), "0", "2"],
+        capture_output=True, text=True, env={**os.environ, name: value}, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0 and "ConfigError" in out.stderr and f"{name}=" in out.stderr, out.stdout

@@ -33,6 +33,7 @@ import sys
 import threading
 from typing import Any
 
+from kernelcache import config
 from kernelcache.compile import compilers
 from kernelcache.compile.worker_proc import Died, Worker, boot_flags
 
@@ -140,6 +141,8 @@ class WorkerPool:
                 retire.close()
             try:
                 worker = self._new_worker()
+            except config.ConfigError:
+                raise  # a bad setting (the compile server's) is the caller's to fix, not a fallback
             except Exception as exc:  # no interpreter there, no fds left, ...
                 self._give_up(f"cannot start a compiler worker ({sys.executable}): {exc}")
                 raise PoolUnavailable(self.unavailable) from None
