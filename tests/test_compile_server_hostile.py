@@ -399,3 +399,18 @@ def test_a_bad_server_setting_raises_and_names_itself(tmp_path, name, value) -> 
         capture_output=True, text=True, env={**os.environ, name: value}, timeout=120,
     )  # fmt: skip
     assert out.returncode != 0 and "ConfigError" in out.stderr and f"{name}=" in out.stderr, out.stdout
+
+
+def test_an_idle_worker_that_is_stopped_ends_with_its_server(tmp_path) -> None:
+    server_link.adopt_worker().close()
+    path = server_link.socket_path()
+    status = wait_for(lambda: (s := server_link.server_status(path)) and s["idle"] == 2 and not s["starting"] and s)
+    stopped = status["workers"][0]
+    os.kill(stopped, signal.SIGSTOP)  # it cannot see its request pipe hang up
+    try:
+        assert server_link.stop_server(path)
+        wait_for(lambda: not alive(status["pid"]))
+        wait_for(lambda: not any(alive(pid) for pid in status["workers"]))  # none left behind, stopped or not
+    finally:
+        if alive(stopped):
+            os.kill(stopped, signal.SIGKILL)

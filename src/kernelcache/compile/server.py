@@ -35,6 +35,7 @@ import json
 import os
 import pickle
 import selectors
+import signal
 import socket
 import struct
 import subprocess
@@ -83,6 +84,15 @@ class _Starting:
         self.to.close()
         self.replies.close()
         os.close(self.pidfd)
+
+    def end(self) -> None:
+        """End one that was never handed over: killed, since a stopped one would not see its
+        pipe hang up and would outlive the server for good."""
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except OSError:
+            pass  # ended already
+        self.close()
 
 
 class _Client:
@@ -272,7 +282,7 @@ class Server:
         self.starting.discard(worker)
         if worker in self.idle:
             self.idle.remove(worker)
-        worker.close()
+        worker.end()
         self.given.append(worker.proc)  # reaped with the handed-over ones
 
     def _failed(self, why: str) -> None:
@@ -326,7 +336,7 @@ class Server:
         for conn in self.waiting:
             self._reply(conn, {"worker": False, "why": "the server is exiting"})
         for worker in [*self.idle, *self.starting]:
-            worker.close()
+            worker.end()
 
     @staticmethod
     def _reply(conn: socket.socket, message: dict[str, Any]) -> None:
@@ -382,8 +392,6 @@ def _exclusive(path: str) -> int | None:
 
 def main() -> None:
     """``sys.argv[2:]`` = [socket path, idle seconds, target idle workers] (server_link._start_server)."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     path, idle_s, target = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     if _exclusive(path[: -len(".sock")] + ".lock") is None:
