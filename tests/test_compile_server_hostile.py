@@ -1,5 +1,6 @@
-"""The compile server against clients that misbehave: processes that ask for a worker and go
-away, a server whose queue fills while it is stopped, clients that connect and send nothing.
+"""The compile server against processes, servers and workers that misbehave: processes that ask
+and go away, stopped or killed servers, full queues, silent and flooding connections, workers
+that die or stop while idle, forks mid-start, another uid's runtime directory, bad settings.
 Real servers, real sockets, real child processes."""
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import sys
 import time
 
 import pytest
-from conftest import ARCH
 from test_compile_server import CHILD, alive, child, wait_for
 from test_compile_server import server_dir as server_dir  # the fixture: a runtime dir of the test's
 
@@ -44,7 +44,6 @@ def test_processes_that_ask_and_go_away_leave_every_worker_to_one_taker(tmp_path
     finally:
         for worker in [first, *(w for w in taken if w)]:
             worker.close()
-
 
 
 def test_workers_started_for_processes_that_left_are_not_kept_idle(tmp_path) -> None:
@@ -111,58 +110,6 @@ def test_clients_that_connect_and_send_nothing_do_not_hold_up_the_others(tmp_pat
     assert server_link.server_status(path)["pid"] == server
 
 
-def test_a_process_that_imports_kernelcache_from_its_cwd_gets_a_server_that_does_too(tmp_path) -> None:
-    # `python -c` in a directory holding the package: found through '' in sys.path, i.e. this
-    # cwd; the server and its workers run in / and must find the very same package.
-    import kernelcache
-
-    here = os.path.dirname(os.path.dirname(kernelcache.__file__))
-    env = {**os.environ, "PYTHONPATH": ""}
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path / "a"), "0", "2"],
-        capture_output=True, text=True, env=env, cwd=here, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (result["adopted"], result["compiles"], result["warnings"]) == (2, 2, [])
-    assert result["sha"] == child(str(tmp_path / "b"), 0, 2)["sha"]
-
-
-LTO_CHILD = r"""
-import hashlib, json, sys
-from cuda.core import ProgramOptions
-from kernelcache import FileStreamProgramCache, compile_many
-from kernelcache.compile.workers import pool
-root, processes = sys.argv[1], sys.argv[2] == "1"
-src = 'extern "C" __global__ void l{i}(float* a) {{ a[threadIdx.x] *= {i}.25f; }}\n'
-reqs = [{"code": src.format(i=i), "target_type": "ltoir",
-         "options": ProgramOptions(arch="%s", link_time_optimization=True)} for i in range(2)]
-objs = compile_many(reqs, cache=FileStreamProgramCache(root), processes=processes, max_workers=2)
-print(json.dumps({"adopted": pool().adopted, "sha": [hashlib.sha256(bytes(o.code)).hexdigest() for o in objs]}))
-""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
-
-
-def _lto_child(root: str, processes: bool, **env: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", LTO_CHILD, root, "1" if processes else "0"],
-        capture_output=True, text=True, env={**os.environ, **env}, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def test_a_variable_nvrtc_reads_when_it_loads_gets_a_server_of_its_own(tmp_path) -> None:
-    # libnvrtc's LLVM reads LLVM_OVERRIDE_PRODUCER once, when it is loaded, and writes it into
-    # every LTO-IR it makes: a worker loaded NVRTC in the environment of the server's first
-    # process, and a later compile's environment cannot change what it read then.
-    plain = _lto_child(str(tmp_path / "a"), True)
-    assert plain["adopted"] == 2  # a server runs, its workers loaded NVRTC without the variable
-    here = _lto_child(str(tmp_path / "b"), False, LLVM_OVERRIDE_PRODUCER="kernelcache-test")
-    assert here["sha"] != plain["sha"]  # the variable changes the bytes
-    served = _lto_child(str(tmp_path / "c"), True, LLVM_OVERRIDE_PRODUCER="kernelcache-test")
-    assert served["adopted"] == 2 and served["sha"] == here["sha"]
-
-
 def _zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(") ")[1][0] == "Z"
@@ -217,60 +164,6 @@ def test_workers_that_could_not_start_for_a_while_do_not_end_the_servers_use(tmp
         os.rename(copy / "away", copy / "kernelcache")
     wait_for(lambda: (s := server_link.server_status(path)) and not s["broken"] and s["idle"] == 2, timeout=60)
     assert child(str(tmp_path / "b"), 10, 2, **env)["adopted"] == 2
-
-
-INCLUDE_CHILD = r"""
-import hashlib, json, sys
-from cuda.core import ProgramOptions
-from kernelcache import FileStreamProgramCache, compile_many
-from kernelcache.compile.workers import pool
-root, processes, header = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
-code = '#include "%%s"\nextern "C" __global__ void v{i}(float* a) {{ a[0] = VALUE + {i}; }}\n' %% header
-reqs = [{"code": code.format(i=i), "options": ProgramOptions(arch="%s")} for i in range(2)]
-objs = compile_many(reqs, cache=FileStreamProgramCache(root), processes=processes, max_workers=2)
-print(json.dumps({"adopted": pool().adopted, "sha": [hashlib.sha256(bytes(o.code)).hexdigest() for o in objs]}))
-""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
-
-
-def test_a_process_in_a_chroot_gets_a_server_of_its_own(tmp_path) -> None:
-    # Its files are not the server's: a header at the same path with other contents, say.
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount and chroot")
-    header = tmp_path / "inc" / "value.h"
-    header.parent.mkdir()
-    header.write_text("#define VALUE 1\n")
-
-    def run(root: str, processes: bool, jail: str | None) -> dict:
-        def enter() -> None:  # the chroot, and the same working directory in it
-            here = os.getcwd()
-            os.chroot(jail)
-            os.chdir(here)
-
-        argv = [sys.executable, "-c", INCLUDE_CHILD, root, "1" if processes else "0", str(header)]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, preexec_fn=enter if jail else None)
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    outside = run(str(tmp_path / "a"), True, None)
-    assert outside["adopted"] == 2  # the server runs, outside the chroot
-    jail = tmp_path / "jail"
-    jail.mkdir()
-    mounted: list[str] = []
-    try:
-        for *how, where in (["--bind", "/", jail], ["--bind", "/proc", f"{jail}/proc"],
-                            ["--bind", "/dev", f"{jail}/dev"], ["-t", "tmpfs", "tmpfs", f"{jail}{header.parent}"]):  # fmt: skip
-            if subprocess.run(["mount", *how, str(where)], capture_output=True).returncode != 0:
-                pytest.skip("cannot mount here")
-            mounted.append(str(where))
-        with open(f"{jail}{header}", "w") as f:
-            f.write("#define VALUE 2\n")  # the same path in the chroot, other contents
-        here = run(str(tmp_path / "b"), False, str(jail))
-        served = run(str(tmp_path / "c"), True, str(jail))
-    finally:
-        for where in reversed(mounted):
-            subprocess.run(["umount", "-l", where], capture_output=True)
-    assert here["sha"] != outside["sha"]
-    assert served["adopted"] == 2 and served["sha"] == here["sha"]
 
 
 def test_a_flood_of_silent_connections_does_not_exhaust_the_servers_files(tmp_path) -> None:
