@@ -307,3 +307,36 @@ def test_an_idle_worker_that_is_stopped_ends_with_its_server(tmp_path) -> None:
     finally:
         if alive(stopped):
             os.kill(stopped, signal.SIGKILL)
+
+
+def _take_idle(path: str) -> None:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(path)
+        sock.sendall(b"worker\n")
+        for fd in socket.recv_fds(sock, 4096, 3)[1]:
+            os.close(fd)  # the worker ends
+
+
+def test_a_worker_stuck_in_its_start_does_not_keep_processes_waiting(tmp_path) -> None:
+    path = child(str(tmp_path / "a"), 0, 2)["socket"]  # the server of the processes below
+    for _ in range(20):  # catch one of the top-up's workers before it is warm
+        status = wait_for(lambda: (s := server_link.server_status(path)) and s["idle"] == 2 and not s["starting"] and s)
+        for _ in range(2):
+            _take_idle(path)
+        starting = wait_for(lambda: (s := server_link.server_status(path)) and s["starting"] and s, timeout=10)
+        fresh = sorted(set(starting["workers"]) - set(status["workers"]))
+        os.kill(fresh[0], signal.SIGSTOP)  # its start stops here: never warm
+        wait_for(lambda: server_link.server_status(path)["idle"] >= 1)
+        time.sleep(2)  # the other one is warm by now
+        after = server_link.server_status(path)
+        if (after["idle"], after["starting"]) == (1, 1):
+            break
+        os.kill(fresh[0], signal.SIGCONT)  # it was warm already: again
+    else:
+        pytest.skip("could not stop a worker during its start")
+    try:
+        time.sleep(6)  # it has been starting for longer than any start takes
+        out = child(str(tmp_path / "b"), 10, 2)
+    finally:
+        os.kill(fresh[0], signal.SIGKILL)
+    assert (out["adopted"], out["compiles"], out["warnings"]) == (2, 2, [])

@@ -41,58 +41,18 @@ import struct
 import subprocess
 import sys
 import time
-from multiprocessing.connection import Connection
 from typing import Any
+
+from kernelcache.compile.server_worker import HeldWorker, still_idle
 
 QUIET_S = 1.0  # after a hand-over, this long without one before idle workers are topped up
 _TICK_S = 0.25
+_START_S = 5.0  # a worker not warm this long after its start is not counted on (it is far past any start)
 _START_FAILURES = 3  # workers in a row that die before they are warm: workers cannot run here
 _BROKEN_S = 10.0  # for this long after that; then the server tries again
 _REQUEST_S = 1.0  # a client sends its request as it connects; one without a request this long is hung up on
 _PENDING_MAX = 32  # connections held open at once waiting for their request (each an fd)
 _LOCK_WAIT_S = 2.0  # a server that is exiting still holds the lock for a moment
-
-
-class _Starting:
-    """A worker the server started: its pipes, its pidfd, how far it got."""
-
-    def __init__(self) -> None:
-        from kernelcache.compile import worker_proc
-
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        try:
-            self.proc = subprocess.Popen(
-                [*worker_proc.worker_argv(sys.path), str(req_r), str(rep_w)],
-                pass_fds=(req_r, rep_w),
-                stdin=subprocess.DEVNULL,
-            )
-        except BaseException:
-            for fd in (req_w, rep_r):
-                os.close(fd)
-            raise
-        finally:
-            os.close(req_r)
-            os.close(rep_w)
-        self.to = Connection(req_w, readable=False)
-        self.replies = Connection(rep_r, writable=False)
-        self.pidfd = os.pidfd_open(self.proc.pid)
-        self.warm = False  # it said "ready" and answered the warm-up compile
-
-    def close(self) -> None:
-        """Let it go: closing its request pipe ends it (worker_main._end_with_the_parent)."""
-        self.to.close()
-        self.replies.close()
-        os.close(self.pidfd)
-
-    def end(self) -> None:
-        """End one that was never handed over: killed, since a stopped one would not see its
-        pipe hang up and would outlive the server for good."""
-        try:
-            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        except OSError:
-            pass  # ended already
-        self.close()
 
 
 class _Client:
@@ -106,8 +66,8 @@ class Server:
     def __init__(self, path: str, idle_s: float, target: int) -> None:
         self.path, self.idle_s, self.target = path, idle_s, target
         self.sel = selectors.DefaultSelector()
-        self.idle: list[_Starting] = []
-        self.starting: set[_Starting] = set()
+        self.idle: list[HeldWorker] = []
+        self.starting: set[HeldWorker] = set()
         self.waiting: collections.deque[socket.socket] = collections.deque()
         self.pending: set[_Client] = set()  # connected, request not read yet
         self.given: list[subprocess.Popen[bytes]] = []  # handed over; reaped here when they end
@@ -211,7 +171,7 @@ class Server:
     def _want_worker(self, conn: socket.socket) -> None:
         while self.idle:
             worker = self.idle.pop()
-            if not _still_idle(worker):
+            if not still_idle(worker):
                 self._drop(worker)
                 continue
             if not self._give(conn, worker):
@@ -221,19 +181,30 @@ class Server:
             self._reply(conn, {"worker": False, "why": self.broken})
             return
         self.waiting.append(conn)
-        if len(self.starting) < len(self.waiting):
+        self._start_for_waiting()
+
+    def _start_for_waiting(self) -> None:
+        """A start for each waiting process that no worker on its way is for. Race: a start
+        that hangs (stopped, a driver that does not answer) would keep a process waiting
+        until it gives up on the server: one starting for _START_S is written off, once, and
+        so replaced once (a slow host gets a start more, not one per tick)."""
+        now = time.monotonic()
+        for worker in self.starting:
+            worker.written_off = worker.written_off or now - worker.since >= _START_S
+        coming = sum(1 for worker in self.starting if not worker.written_off)
+        for _ in range(len(self.waiting) - coming):
             self._start()
 
     def _start(self) -> None:
         try:
-            worker = _Starting()
+            worker = HeldWorker()
         except Exception as exc:  # no fds left, no interpreter
             self._failed(f"cannot start a compiler worker: {exc}")
             return
         self.starting.add(worker)
         self.sel.register(worker.replies, selectors.EVENT_READ, worker)
 
-    def _from_worker(self, worker: _Starting) -> None:
+    def _from_worker(self, worker: HeldWorker) -> None:
         if worker.replies.closed:
             return  # handed over or dropped earlier in this batch of events
         try:
@@ -258,7 +229,7 @@ class Server:
         else:
             self._drop(worker)  # nothing else may come from a worker that has not been given a compile
 
-    def _give(self, conn: socket.socket, worker: _Starting) -> bool:
+    def _give(self, conn: socket.socket, worker: HeldWorker) -> bool:
         """Hand ``worker`` to the client on ``conn``; False if that client has gone: the worker
         is then still ours, and the caller keeps it (in ``idle`` once, never twice)."""
         fds = [worker.to.fileno(), worker.replies.fileno(), worker.pidfd]
@@ -277,7 +248,7 @@ class Server:
         self.last_given = time.monotonic()
         return True
 
-    def _drop(self, worker: _Starting) -> None:
+    def _drop(self, worker: HeldWorker) -> None:
         self.sel.unregister(worker.replies)
         self.starting.discard(worker)
         if worker in self.idle:
@@ -291,8 +262,8 @@ class Server:
             self.broken, self.broken_at = why, time.monotonic()
             while self.waiting:
                 self._reply(self.waiting.popleft(), {"worker": False, "why": why})
-        elif len(self.starting) < len(self.waiting):
-            self._start()
+        else:
+            self._start_for_waiting()
 
     def _tick(self) -> bool:
         """Reap, top up, and say whether it is time to exit."""
@@ -307,6 +278,8 @@ class Server:
             # short for a moment, a checkout away): one more try, once in a while. The
             # failures stay counted until a worker gets warm: one more is broken again.
             self.broken = ""
+        if self.waiting and not self.broken:
+            self._start_for_waiting()
         quiet = now - self.last_given >= QUIET_S
         if quiet and not self.waiting:
             # Workers started for processes that left before theirs was warm (killed,
@@ -345,14 +318,6 @@ class Server:
         except OSError:
             pass
         conn.close()
-
-
-def _still_idle(worker: _Starting) -> bool:
-    """Alive, and silent as an idle worker is. Race: a worker that died while idle is seen in
-    the loop's next batch of events (EOF on its reply pipe), or later where its exit is slow;
-    a request answered first would get it, and a process given two such in a row would fail
-    that compile (its retry dead too). So its state is looked at when it is handed over."""
-    return worker.proc.poll() is None and not worker.replies.poll(0)
 
 
 def _listen(path: str) -> socket.socket:

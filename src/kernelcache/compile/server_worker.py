@@ -1,0 +1,65 @@
+"""A worker as the compile server (server.py) holds it: started, warmed up, then handed over or
+let go. Its pipes and pidfd are what a process receives when it takes it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+
+__all__ = ["HeldWorker", "still_idle"]
+
+
+class HeldWorker:
+    """A worker the server started: its pipes, its pidfd, how far it got."""
+
+    def __init__(self) -> None:
+        from kernelcache.compile import worker_proc
+
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [*worker_proc.worker_argv(sys.path), str(req_r), str(rep_w)],
+                pass_fds=(req_r, rep_w),
+                stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            for fd in (req_w, rep_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self.to = Connection(req_w, readable=False)
+        self.replies = Connection(rep_r, writable=False)
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        self.warm = False  # it said "ready" and answered the warm-up compile
+        self.since = time.monotonic()
+        self.written_off = False  # starting for so long that the server stopped counting on it
+
+    def close(self) -> None:
+        """Let it go: closing its request pipe ends it (worker_main._end_with_the_parent)."""
+        self.to.close()
+        self.replies.close()
+        os.close(self.pidfd)
+
+    def end(self) -> None:
+        """End one that was never handed over: killed, since a stopped one would not see its
+        pipe hang up and would outlive the server for good."""
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except OSError:
+            pass  # ended already
+        self.close()
+
+
+def still_idle(worker: HeldWorker) -> bool:
+    """Alive, and silent as an idle worker is. Race: a worker that died while idle is seen in
+    the loop's next batch of events (EOF on its reply pipe), or later where its exit is slow;
+    a request answered first would get it, and a process given two such in a row would fail
+    that compile (its retry dead too). So its state is looked at when it is handed over."""
+    return worker.proc.poll() is None and not worker.replies.poll(0)
