@@ -110,9 +110,9 @@ def test_clients_that_connect_and_send_nothing_do_not_hold_up_the_others(tmp_pat
     assert server_link.server_status(path)["pid"] == server
 
 
-def _zombie(pid: int) -> bool:
+def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ")[1][0] == "Z"
+        return f.read().split(") ")[1][0]
 
 
 def test_a_worker_killed_while_idle_in_the_server_is_never_handed_over(tmp_path) -> None:
@@ -121,12 +121,13 @@ def test_a_worker_killed_while_idle_in_the_server_is_never_handed_over(tmp_path)
     status = wait_for(lambda: (s := server_link.server_status(path)) and s["idle"] == 2 and not s["starting"] and s)
     os.kill(status["pid"], signal.SIGSTOP)
     try:
+        wait_for(lambda: _state(status["pid"]) == "T")  # stopped before anything below reaches it
         asking = socket.socket(socket.AF_UNIX)  # a process asks; its idle workers die before it is answered
         asking.connect(path)
         asking.sendall(b"worker\n")
         for pid in status["workers"]:
             os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: all(_zombie(pid) for pid in status["workers"]))  # dead: their parent is stopped
+        wait_for(lambda: all(_state(pid) == "Z" for pid in status["workers"]))  # dead: their parent is stopped
     finally:
         os.kill(status["pid"], signal.SIGCONT)
     asking.settimeout(60)
@@ -240,6 +241,7 @@ def test_a_server_killed_before_it_read_a_request_leaves_that_process_its_own_wo
     path = started["socket"]
     server = _status(path)["pid"]
     os.kill(server, signal.SIGSTOP)
+    wait_for(lambda: _state(server) == "T")
     asking = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path / "b"), "10", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
