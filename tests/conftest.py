@@ -75,6 +75,27 @@ def settle_timestamps() -> None:
     time.sleep(0.012)
 
 
+def in_forked_child(run):  # noqa: ANN001, ANN201 - run: a function returning JSON-able data
+    """``(run()'s result, exit code)`` of a real forked child (None as the result if it failed)."""
+    import json
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            os.write(w, json.dumps(run()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    return (json.loads(data) if data else None), os.waitstatus_to_exitcode(status)
+
+
 def remount_read_only(point: str) -> None:
     subprocess.run(["mount", "-o", "remount,ro", point], check=True, capture_output=True)
 

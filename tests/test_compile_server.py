@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from conftest import ARCH
+from conftest import ARCH, in_forked_child
 from cuda.core import ProgramOptions
 from test_compile import HEAVY, needs_bundled_headers
 from test_workers import _kill_when_compiling
@@ -264,21 +264,8 @@ def test_a_forked_child_holds_none_of_the_handed_over_workers(tmp_path, server_d
     assert pool().adopted == adopted + 1
     mine = {os.readlink(f"/proc/self/fd/{end.fileno()}") for w in pool()._all for end in (w._to, w._from)}
     assert len(mine) == 2
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(r)
-            os.write(w, json.dumps(sorted(_pipe_inodes() & mine)).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r) as f:
-        shared = json.loads(f.read() or "null")
-    os.waitpid(pid, 0)
-    assert shared == []  # the child closed its copies: the worker still ends with us alone
+    shared, code = in_forked_child(lambda: sorted(_pipe_inodes() & mine))
+    assert code == 0 and shared == []  # the child closed its copies: the worker still ends with us alone
     compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "p2"), processes=True, max_workers=1)
 
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import ARCH, settle_timestamps
+from conftest import ARCH, in_forked_child, settle_timestamps
 from cuda.core import ProgramOptions
 from test_compile import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
 
@@ -237,26 +237,17 @@ def test_a_forked_child_does_not_inherit_the_pool(tmp_path) -> None:
     compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "parent"), processes=True)
     mine = pool().pids()
     assert mine
-    r, w = os.pipe()
+
+    def in_the_child() -> dict[str, list[int]]:  # still inside the lock: a pool of its own, empty until it compiles
+        inherited = pool().pids()
+        compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "child"), processes=True)
+        return {"inherited": inherited, "own": pool().pids()}
+
     # Forked while the pool's lock is held (as by another thread handing out a worker): the
     # child must not need it.
     with pool()._cond:
-        pid = os.fork()
-        if pid == 0:  # the child, still inside the lock: a pool of its own, empty until it compiles
-            code = 1
-            try:
-                os.close(r)
-                inherited = pool().pids()
-                compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "child"), processes=True)
-                os.write(w, json.dumps({"inherited": inherited, "own": pool().pids()}).encode())
-                code = 0
-            finally:
-                os._exit(code)
-    os.close(w)
-    with os.fdopen(r) as f:
-        seen = json.loads(f.read() or "{}")
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+        seen, code = in_forked_child(in_the_child)
+    assert code == 0
     assert seen["inherited"] == [] and seen["own"] and not set(seen["own"]) & set(mine)
     # The parent's workers were left alone by the child and still serve the parent.
     compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "parent2"), processes=True)
