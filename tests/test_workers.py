@@ -479,3 +479,42 @@ def test_workers_skip_site_when_the_path_alone_finds_their_packages(tmp_path) ->
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "()"
+
+
+def test_a_worker_that_finds_another_kernelcache_is_never_used(tmp_path) -> None:
+    # The checkout this process imported kernelcache from is moved away (a deploy, a branch
+    # switch): a worker started now finds another copy on sys.path (an editable install's) or
+    # none. Either way it must not compile for us: this process compiles, with one warning.
+    import shutil
+
+    import kernelcache
+
+    copy, further = tmp_path / "src", tmp_path / "further"
+    for where in (copy, further):
+        shutil.copytree(os.path.dirname(kernelcache.__file__), where / "kernelcache")
+    code = (
+        "import json, os, sys, warnings\n"
+        "from cuda.core import ProgramOptions\n"
+        "from kernelcache import FileStreamProgramCache, compile_many\n"
+        "from kernelcache.compile.workers import pool\n"
+        "src = 'extern \"C\" __global__ void m(float* a) { a[0] = %d; }'\n"
+        f"many = lambda n: compile_many([{{'code': src % n, 'options': ProgramOptions(arch='{ARCH}')}}],\n"
+        "                               cache=FileStreamProgramCache(sys.argv[2]), processes=True)\n"
+        "many(1)  # a worker of ours: everything the pool needs is imported here\n"
+        "before = pool().compiles\n"
+        "pool().close()\n"
+        "os.rename(sys.argv[1] + '/kernelcache', sys.argv[1] + '/away')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    objs = many(2)\n"
+        "print(json.dumps({'compiled': objs[0] is not None, 'in_workers': pool().compiles - before,\n"
+        "                  'first': before, 'warnings': [str(w.message) for w in caught]}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(copy), str(tmp_path / "c")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": f"{copy}:{further}"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["first"] == 1 and seen["compiled"] and seen["in_workers"] == 0, seen
+    assert [w for w in seen["warnings"] if "compiler workers cannot take compiles" in w]

@@ -44,6 +44,7 @@ import time
 from typing import Any
 
 from kernelcache.compile.server_worker import HeldWorker, still_idle
+from kernelcache.compile.worker_proc import hello, package_dir
 
 QUIET_S = 1.0  # after a hand-over, this long without one before idle workers are topped up
 _TICK_S = 0.25
@@ -214,7 +215,10 @@ class Server:
             if not worker.warm:
                 self._failed(f"compiler worker {worker.proc.pid} ended before it was ready")
             return
-        if not worker.warm and message == ("ready", worker.proc.pid):
+        if not worker.warm and message[:2] == ("ready", worker.proc.pid) and message != hello(worker.proc.pid):
+            self._drop(worker)  # imported another kernelcache than ours (worker_proc.hello): it cannot start here
+            self._failed(f"compiler worker {worker.proc.pid} imported kernelcache from {message[2:]!r}, not ours")
+        elif not worker.warm and message == hello(worker.proc.pid):
             # The one compile a worker runs here: NVRTC initialises the driver in it.
             warm_up = (1, "warm", "/", dict(os.environ), b"")
             worker.to.send_bytes(pickle.dumps(warm_up, pickle.HIGHEST_PROTOCOL))
@@ -233,7 +237,7 @@ class Server:
         """Hand ``worker`` to the client on ``conn``; False if that client has gone: the worker
         is then still ours, and the caller keeps it (in ``idle`` once, never twice)."""
         fds = [worker.to.fileno(), worker.replies.fileno(), worker.pidfd]
-        payload = json.dumps({"worker": True, "pid": worker.proc.pid}).encode() + b"\n"
+        payload = json.dumps({"worker": True, "pid": worker.proc.pid, "kernelcache": package_dir()}).encode() + b"\n"
         try:
             socket.send_fds(conn, [payload], fds)
         except OSError:

@@ -248,12 +248,16 @@ def _request(sock: socket.socket, what: str) -> tuple[dict[str, Any], worker_pro
             reply = None
         if data == b"" and not fds:
             reply = _GONE  # it exited (idle) as we asked: no server, not a broken one
-        if isinstance(reply, dict) and reply.get("worker") and len(fds) == 3:
+        ours = isinstance(reply, dict) and reply.get("kernelcache") == worker_proc.package_dir()
+        if isinstance(reply, dict) and reply.get("worker") and len(fds) == 3 and ours:
             return reply, worker_proc.Worker.adopt(fds[0], fds[1], int(reply["pid"]), fds[2])
         for fd in fds:
             os.close(fd)
     if not isinstance(reply, dict):
         raise _Unusable(f"the server sent {data[:80]!r} in reply to {what!r}")
+    if reply.get("worker") and not ours:  # a server that imported another copy of kernelcache
+        theirs, mine = reply.get("kernelcache"), worker_proc.package_dir()
+        raise _Unusable(f"its workers run kernelcache from {theirs!r}, not {mine!r}")
     return reply, None
 
 

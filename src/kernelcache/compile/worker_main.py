@@ -7,7 +7,7 @@ goes through its Program (debug, lineinfo, PCH), which for C++ -> cubin/LTO-IR n
 
 One compile at a time, in the order received. Each message is one pickled tuple, framed by
 multiprocessing's Connection (a length, then the bytes): a reader gets a whole message or
-EOFError, never part of one. The first thing the worker sends is ``("ready", pid)``, after its
+EOFError, never part of one. The first thing the worker sends is worker_proc.hello(), after its
 imports: a worker that dies before that never started (see WorkerPool in workers.py).
 """
 
@@ -39,7 +39,9 @@ def main() -> None:
 
     nvrtc.nvrtcVersion()  # load libnvrtc now, while the parent is still looking up
     try:
-        outbox.send_bytes(pickle.dumps(("ready", os.getpid())))
+        from kernelcache.compile.worker_proc import hello
+
+        outbox.send_bytes(pickle.dumps(hello(os.getpid())))
         while True:
             try:
                 message = pickle.loads(inbox.recv_bytes())

@@ -67,12 +67,26 @@ def _found_on_path(name: str) -> bool:
 _BOOT_FLAGS: tuple[str, ...] | None = None
 
 
-class Died(Exception):
-    """The worker ended during an exchange (``started``: after it said it was ready)."""
+def package_dir() -> str:
+    """The kernelcache package this process imported."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-    def __init__(self, started: bool, why: str) -> None:
+
+def hello(pid: int) -> tuple[str, int, str]:
+    """What a worker says once its imports are done: ready, its pid, and the kernelcache it
+    imported, which must be the one of whoever started it. A worker finds kernelcache through
+    sys.path when it starts: a checkout moved or deleted since the caller imported its own
+    leaves another copy found further down (an editable install's), whose code is not ours."""
+    return ("ready", pid, package_dir())
+
+
+class Died(Exception):
+    """The worker ended during an exchange (``started``: after it said it was ready;
+    ``foreign``: it runs another kernelcache than ours, so no worker started now can be used)."""
+
+    def __init__(self, started: bool, why: str, foreign: bool = False) -> None:
         super().__init__(why)
-        self.started = started
+        self.started, self.foreign = started, foreign
 
 
 class _Adopted:
@@ -173,9 +187,10 @@ class Worker:
         try:
             self._to.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
             if not self.started:
-                hello = pickle.loads(self._from.recv_bytes())
-                if hello != ("ready", self.pid):
-                    raise Died(False, f"compiler worker {self.pid} said {hello!r} instead of ready")
+                said = pickle.loads(self._from.recv_bytes())
+                if said != hello(self.pid):
+                    foreign = isinstance(said, tuple) and said[:2] == ("ready", self.pid)
+                    raise Died(False, f"compiler worker {self.pid} said {said!r}, not {hello(self.pid)!r}", foreign)
                 self.started = True
             self.compiling = True
             # A whole message or EOFError: a worker killed while writing its reply leaves

@@ -84,6 +84,9 @@ class WorkerPool:
                 reply = worker.exchange(kind, pickled)
             except Died as died:
                 self._drop(worker)
+                if died.foreign:  # our checkout moved or went: compile in the caller from now on
+                    self._give_up(str(died))
+                    raise PoolUnavailable(str(died)) from None
                 with self._cond:
                     self.crashes += 1
                     self.ready = self.ready or died.started
