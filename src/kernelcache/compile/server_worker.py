@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
-from multiprocessing.connection import Connection
 
 __all__ = ["HeldWorker", "still_idle"]
 
@@ -19,23 +17,7 @@ class HeldWorker:
     def __init__(self) -> None:
         from kernelcache.compile import worker_proc
 
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        try:
-            self.proc = subprocess.Popen(
-                [*worker_proc.worker_argv(sys.path), str(req_r), str(rep_w)],
-                pass_fds=(req_r, rep_w),
-                stdin=subprocess.DEVNULL,
-            )
-        except BaseException:
-            for fd in (req_w, rep_r):
-                os.close(fd)
-            raise
-        finally:
-            os.close(req_r)
-            os.close(rep_w)
-        self.to = Connection(req_w, readable=False)
-        self.replies = Connection(rep_r, writable=False)
+        self.proc, self.to, self.replies = worker_proc.spawn(worker_proc.worker_argv(sys.path), None)
         self.pidfd = os.pidfd_open(self.proc.pid)
         self.warm = False  # it said "ready" and answered the warm-up compile
         self.since = time.monotonic()

@@ -80,6 +80,27 @@ def hello(pid: int) -> tuple[str, int, str]:
     return ("ready", pid, package_dir())
 
 
+def spawn(args: list[str], env: dict[str, str] | None) -> tuple[subprocess.Popen[bytes], Connection, Connection]:
+    """Start the worker ``args`` names (worker_argv), its two pipe fds appended: (process, our
+    end of its request pipe, our end of its reply pipe). Where other threads may fork, the
+    caller holds FORK_LOCK (Worker.start says why); the server has no other threads."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    to, from_ = Connection(req_w, readable=False), Connection(rep_r, writable=False)
+    try:
+        proc = subprocess.Popen(
+            [*args, str(req_r), str(rep_w)], pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, env=env
+        )
+    except BaseException:
+        to.close()
+        from_.close()
+        raise
+    finally:
+        os.close(req_r)
+        os.close(rep_w)
+    return proc, to, from_
+
+
 class Died(Exception):
     """The worker ended during an exchange (``started``: after it said it was ready;
     ``foreign``: it runs another kernelcache than ours, so no worker started now can be used)."""
@@ -140,23 +161,7 @@ class Worker:
         # waits for, and the worker is in _LIVE before it is let go: a forked child closes copies.
         args = worker_argv(sys.path)
         with FORK_LOCK:
-            req_r, req_w = os.pipe()
-            rep_r, rep_w = os.pipe()
-            to, from_ = Connection(req_w, readable=False), Connection(rep_r, writable=False)
-            try:
-                proc = subprocess.Popen(
-                    [*args, str(req_r), str(rep_w)],
-                    pass_fds=(req_r, rep_w),
-                    stdin=subprocess.DEVNULL,
-                    env=environ_copy(),
-                )
-            except BaseException:
-                to.close()
-                from_.close()
-                raise
-            finally:
-                os.close(req_r)
-                os.close(rep_w)
+            proc, to, from_ = spawn(args, environ_copy())
             worker = cls(to, from_, proc, started=False)
             _LIVE.add(worker)
         return worker
