@@ -296,9 +296,9 @@ def main() -> None:
             modes += ["many-server-first", "many-server"]
             got = fresh_processes(work, modes, variants, reps)
             theirs, theirs_cpu = got["loop-theirs"]
-            labels = {"loop-ours": "our loop", "many-ours": "compile_many, default"}
+            labels = {"loop-ours": "our loop", "many-ours": "compile_many, no server"}
             labels |= {"many-procs": "compile_many, processes=True", "many-threads": "compile_many, threads"}
-            labels |= {"many-server-first": "server, its first process", "many-server": "server, warm"}
+            labels |= {"many-server-first": "server (the default with a driver), its first process", "many-server": "server (the default with a driver), warm"}
             for m, label in labels.items():
                 row(f"(b) fresh process, K={K}: {label}", got[m][0], theirs, unit="s")
             for m, label in labels.items():  # what the wall time is made of on a loaded machine

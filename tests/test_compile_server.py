@@ -125,6 +125,19 @@ def test_the_next_process_gets_warm_workers_and_the_same_bytes(tmp_path, server_
     assert not os.path.exists(path)
 
 
+def test_unset_means_the_server_where_the_driver_is_and_none_elsewhere(tmp_path, server_dir) -> None:
+    # The default, through a real process: on a GPU host its workers come from a server (the next
+    # process gets them warm); on a host without the driver no server is started at all.
+    env = {k: v for k, v in os.environ.items() if k != "KERNELCACHE_COMPILE_SERVER"}
+    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "a"), "0", "2"], capture_output=True,
+                         text=True, env=env, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    first = json.loads(out.stdout.strip().splitlines()[-1])
+    driver = os.path.exists("/dev/nvidiactl")
+    assert first["adopted"] == (2 if driver else 0) and first["compiles"] == 2 and not first["warnings"]
+    assert bool(_servers_in(os.environ["XDG_RUNTIME_DIR"])) is driver
+
+
 def test_a_process_that_differs_in_what_a_worker_inherits_gets_its_own_server(tmp_path, server_dir) -> None:
     one = child(str(tmp_path / "a"), 0, 2)
     other = child(str(tmp_path / "b"), 0, 2, CUDA_KERNELCACHE_TEST_VARIABLE="1")  # read at a worker's start
@@ -286,7 +299,9 @@ def test_settings_are_checked(monkeypatch) -> None:
     monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER", "auto")
     assert config.compile_server() is os.path.exists("/dev/nvidiactl")
     monkeypatch.delenv("KERNELCACHE_COMPILE_SERVER")
-    assert config.compile_server() is False  # off unless asked for
+    assert config.compile_server() is os.path.exists("/dev/nvidiactl")  # auto unless told
+    monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER", "0")
+    assert config.compile_server() is False
     for bad in ("-1", "0", "soon", "nan", "1e9"):
         monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER_IDLE", bad)
         with pytest.raises(config.ConfigError, match="KERNELCACHE_COMPILE_SERVER_IDLE"):

@@ -22,7 +22,7 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 | KERNELCACHE_BUNDLES           | unset                           | read-only bundles after the memory tier  |
 | KERNELCACHE_BUNDLE_SECRET     | unset                           | the secret those bundles are signed with |
 | KERNELCACHE_BASE_DIR          | unset                           | paths under it enter keys relative to it |
-| KERNELCACHE_COMPILE_SERVER    | off (auto: on with a driver)    | warm compiler workers kept per node/user |
+| KERNELCACHE_COMPILE_SERVER    | auto: on where a driver is      | warm compiler workers kept per node/user |
 | KERNELCACHE_COMPILE_SERVER_IDLE | 300                           | seconds an unused compile server lives   |
 """
 

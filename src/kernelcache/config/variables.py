@@ -22,7 +22,7 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("KERNELCACHE_RECORD", "record", "unset"),
     ("KERNELCACHE_REQUIRE_HIT", "require hit", "off"),
     ("KERNELCACHE_BASE_DIR", "base dir", "unset"),
-    ("KERNELCACHE_COMPILE_SERVER", "compile server", "off (1: on; auto: on where the NVIDIA driver is)"),
+    ("KERNELCACHE_COMPILE_SERVER", "compile server", "auto: on where the NVIDIA driver is (1: on; 0: off)"),
     ("KERNELCACHE_COMPILE_SERVER_IDLE", "compile server idle exit", "300 s"),
     ("KERNELCACHE_CONFIG", "config file", "<user config dir>/kernelcache/config.toml"),
 )
