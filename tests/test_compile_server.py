@@ -47,7 +47,11 @@ print(json.dumps({"adopted": pool().adopted, "compiles": cache.stats()["compiles
 @pytest.fixture
 def server_dir(monkeypatch):
     """A runtime directory of this test's (short: a socket path has ~107 bytes), server use on;
-    every server started in it, and its workers, gone at the end."""
+    every server started in it, and its workers, gone at the end. This process (and so every
+    server and child it starts) runs on 2 CPUs meanwhile: a server keeps one idle worker per CPU,
+    and the tests count on 2 of them whatever the host has (16 on the H200 host)."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(cpus)[:2])
     runtime = tempfile.mkdtemp(prefix="kcs", dir="/tmp")
     monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
     monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER", "1")
@@ -58,6 +62,7 @@ def server_dir(monkeypatch):
     for pid in _servers_in(runtime):
         os.kill(pid, signal.SIGCONT)
         os.kill(pid, signal.SIGKILL)  # its idle workers end with it (their pipes hang up)
+    os.sched_setaffinity(0, cpus)
 
 
 def _servers_in(runtime: str) -> list[int]:
