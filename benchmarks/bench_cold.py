@@ -298,7 +298,8 @@ def main() -> None:
             theirs, theirs_cpu = got["loop-theirs"]
             labels = {"loop-ours": "our loop", "many-ours": "compile_many, no server"}
             labels |= {"many-procs": "compile_many, processes=True", "many-threads": "compile_many, threads"}
-            labels |= {"many-server-first": "server (the default with a driver), its first process", "many-server": "server (the default with a driver), warm"}
+            labels |= {"many-server-first": "server (default with a driver), its first process"}
+            labels |= {"many-server": "server (default with a driver), warm"}
             for m, label in labels.items():
                 row(f"(b) fresh process, K={K}: {label}", got[m][0], theirs, unit="s")
             for m, label in labels.items():  # what the wall time is made of on a loaded machine

@@ -15,7 +15,8 @@ from kernelcache.cli.common import JSON_OPTION, emit
 def compile_server(ctx: click.Context, as_json: bool) -> None:
     """This user's compile servers: sockets, idle and handed-out workers.
 
-    A process with KERNELCACHE_COMPILE_SERVER=1 starts one when none runs for its environment."""
+    A process starts one when none runs for its environment: where the NVIDIA driver is (the
+    default, KERNELCACHE_COMPILE_SERVER unset or auto), or anywhere with KERNELCACHE_COMPILE_SERVER=1."""
     if ctx.invoked_subcommand is None:
         emit(_servers(), as_json, _render)
 
