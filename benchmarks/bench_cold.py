@@ -323,12 +323,13 @@ def main() -> None:
     finally:
         _stop_servers(os.environ["XDG_RUNTIME_DIR"])
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'measure':<52} {'kernelcache':>12} {'cuda.core':>12} {'plain NVRTC':>12} {'ours/cuda.core':>15}")
+    w = max([52, *(len(r[0]) for r in rows)])
+    print(f"{'measure':<{w}} {'kernelcache':>12} {'cuda.core':>12} {'plain NVRTC':>12} {'ours/cuda.core':>15}")
     for name, a, b, c, unit in rows:
         plain = f"{c:>10.2f}{unit:<2}" if c is not None else f"{'':>12}"
         ratio = a / b if b else float("nan")
         extra = f"  (ours/plain {a / c:.2f})" if c else ""
-        print(f"{name:<52} {a:>10.2f}{unit:<2} {b:>10.2f}{unit:<2} {plain} {ratio:>15.3f}{extra}")
+        print(f"{name:<{w}} {a:>10.2f}{unit:<2} {b:>10.2f}{unit:<2} {plain} {ratio:>15.3f}{extra}")
     print(f"(python {sys.version.split()[0]}, arch {ARCH}, {os.cpu_count()} CPUs, medians of {reps} runs)")
 
 
