@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from conftest import ARCH
-from test_compile_server import CHILD, child
+from test_compile_server import CHILD, child, served
 from test_compile_server import server_dir as server_dir  # the fixture: a runtime dir of the test's
 
 pytestmark = pytest.mark.usefixtures("server_dir")
@@ -24,13 +24,17 @@ def test_a_process_that_imports_kernelcache_from_its_cwd_gets_a_server_that_does
 
     here = os.path.dirname(os.path.dirname(kernelcache.__file__))
     env = {**os.environ, "PYTHONPATH": ""}
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path / "a"), "0", "2"],
-        capture_output=True, text=True, env=env, cwd=here, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (result["adopted"], result["compiles"], result["warnings"]) == (2, 2, [])
+
+    def run(root: str) -> dict:
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, root, "0", "2"],
+            capture_output=True, text=True, env=env, cwd=here, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    result = served(run, str(tmp_path / "a"))
+    assert (result["adopted"], result["warnings"]) == (2, [])
     assert result["sha"] == child(str(tmp_path / "b"), 0, 2)["sha"]
 
 
@@ -61,12 +65,12 @@ def test_a_variable_nvrtc_reads_when_it_loads_gets_a_server_of_its_own(tmp_path)
     # libnvrtc's LLVM reads LLVM_OVERRIDE_PRODUCER once, when it is loaded, and writes it into
     # every LTO-IR it makes: a worker loaded NVRTC in the environment of the server's first
     # process, and a later compile's environment cannot change what it read then.
-    plain = _lto_child(str(tmp_path / "a"), True)
+    plain = served(lambda root: _lto_child(root, True), str(tmp_path / "a"))
     assert plain["adopted"] == 2  # a server runs, its workers loaded NVRTC without the variable
     here = _lto_child(str(tmp_path / "b"), False, LLVM_OVERRIDE_PRODUCER="kernelcache-test")
     assert here["sha"] != plain["sha"]  # the variable changes the bytes
-    served = _lto_child(str(tmp_path / "c"), True, LLVM_OVERRIDE_PRODUCER="kernelcache-test")
-    assert served["adopted"] == 2 and served["sha"] == here["sha"]
+    theirs = served(lambda root: _lto_child(root, True, LLVM_OVERRIDE_PRODUCER="kernelcache-test"), str(tmp_path / "c"))
+    assert theirs["adopted"] == 2 and theirs["sha"] == here["sha"]
 
 
 INCLUDE_CHILD = r"""
@@ -101,7 +105,7 @@ def test_a_process_in_a_chroot_gets_a_server_of_its_own(tmp_path) -> None:
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    outside = run(str(tmp_path / "a"), True, None)
+    outside = served(lambda root: run(root, True, None), str(tmp_path / "a"))
     assert outside["adopted"] == 2  # the server runs, outside the chroot
     jail = tmp_path / "jail"
     jail.mkdir()
@@ -115,9 +119,9 @@ def test_a_process_in_a_chroot_gets_a_server_of_its_own(tmp_path) -> None:
         with open(f"{jail}{header}", "w") as f:
             f.write("#define VALUE 2\n")  # the same path in the chroot, other contents
         here = run(str(tmp_path / "b"), False, str(jail))
-        served = run(str(tmp_path / "c"), True, str(jail))
+        inside = served(lambda root: run(root, True, str(jail)), str(tmp_path / "c"))
     finally:
         for where in reversed(mounted):
             subprocess.run(["umount", "-l", where], capture_output=True)
     assert here["sha"] != outside["sha"]
-    assert served["adopted"] == 2 and served["sha"] == here["sha"]
+    assert inside["adopted"] == 2 and inside["sha"] == here["sha"]

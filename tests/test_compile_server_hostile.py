@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from test_compile_server import CHILD, alive, child, wait_for
+from test_compile_server import CHILD, alive, child, serving_here, wait_for
 from test_compile_server import server_dir as server_dir  # the fixture: a runtime dir of the test's
 
 from kernelcache.compile import server_link
@@ -27,9 +27,9 @@ def _status(path: str) -> dict:
 
 
 def test_processes_that_ask_and_go_away_leave_every_worker_to_one_taker(tmp_path) -> None:
-    first = server_link.adopt_worker()  # starts the server; right after a hand-over it has no idle worker
+    path = serving_here()
+    first = server_link.adopt_worker()  # right after a hand-over the server has no idle worker
     assert first is not None
-    path = server_link.socket_path()
     server = _status(path)["pid"]
     for _ in range(4):  # each asks for a worker, then is gone before the server has one for it
         with socket.socket(socket.AF_UNIX) as sock:
@@ -47,8 +47,7 @@ def test_processes_that_ask_and_go_away_leave_every_worker_to_one_taker(tmp_path
 
 
 def test_workers_started_for_processes_that_left_are_not_kept_idle(tmp_path) -> None:
-    server_link.adopt_worker().close()  # starts the server (target: 2 idle workers here)
-    path = server_link.socket_path()
+    path = serving_here()  # target: 2 idle workers (the fixture's 2 CPUs)
     for _ in range(6):  # each asks, and is gone before its worker is warm
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(path)
@@ -116,8 +115,7 @@ def _state(pid: int) -> str:
 
 
 def test_a_worker_killed_while_idle_in_the_server_is_never_handed_over(tmp_path) -> None:
-    server_link.adopt_worker().close()  # starts the server
-    path = server_link.socket_path()
+    path = serving_here()
     status = wait_for(lambda: (s := server_link.server_status(path)) and s["idle"] == 2 and not s["starting"] and s)
     os.kill(status["pid"], signal.SIGSTOP)
     try:
@@ -203,8 +201,8 @@ import os, signal, sys, threading, time
 from kernelcache.compile import server_link
 starting = threading.Thread(target=server_link.adopt_worker)  # starts a server: it never comes up
 starting.start()
-while not server_link._start_lock.locked():
-    time.sleep(0.001)
+while not server_link._start_lock.locked() and starting.is_alive():
+    time.sleep(0.0001)
 pid = os.fork()  # while that thread waits for it, holding the start's lock
 if pid == 0:
     signal.alarm(30)  # a child that hangs ends here (SIGALRM), not with the test
@@ -297,8 +295,7 @@ def test_a_bad_server_setting_raises_and_names_itself(tmp_path, name, value) -> 
 
 
 def test_an_idle_worker_that_is_stopped_ends_with_its_server(tmp_path) -> None:
-    server_link.adopt_worker().close()
-    path = server_link.socket_path()
+    path = serving_here()
     status = wait_for(lambda: (s := server_link.server_status(path)) and s["idle"] == 2 and not s["starting"] and s)
     stopped = status["workers"][0]
     os.kill(stopped, signal.SIGSTOP)  # it cannot see its request pipe hang up
