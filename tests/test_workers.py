@@ -319,19 +319,26 @@ def test_arguments_a_worker_cannot_take_are_compiled_here(tmp_path, monkeypatch)
     class LocalOptions(ProgramOptions):  # defined in a function: it cannot be pickled at all
         pass
 
-    (tmp_path / "late_options.py").write_text(
-        "import dataclasses\nfrom cuda.core import ProgramOptions\n\n"
-        "@dataclasses.dataclass\nclass LateOptions(ProgramOptions):\n    pass\n"
-    )
+    for name in ("late_options", "gone_options"):
+        (tmp_path / f"{name}.py").write_text(
+            "import dataclasses\nfrom cuda.core import ProgramOptions\n\n"
+            "@dataclasses.dataclass\nclass LateOptions(ProgramOptions):\n    pass\n"
+        )
     compile_many(
         [{"code": TEMPLATE, "options": ProgramOptions(arch=ARCH)}],
         cache=FileStreamProgramCache(tmp_path / "w"),
         processes=True,
     )
-    monkeypatch.syspath_prepend(str(tmp_path))  # after the workers started: they cannot import it
+    monkeypatch.syspath_prepend(str(tmp_path))  # after the workers started: each compile brings sys.path
+    from gone_options import LateOptions as GoneOptions
     from late_options import LateOptions
 
-    for n, options in enumerate((LocalOptions(arch=ARCH, lineinfo=True), LateOptions(arch=ARCH, lineinfo=True))):
+    os.unlink(tmp_path / "gone_options.py")  # imported here, and nowhere to be found for a worker
+    reqs = [{"code": TEMPLATE, "options": LateOptions(arch=ARCH, lineinfo=True), "name_expressions": ("axpy<float>",)}]
+    compiled = pool().compiles
+    compile_many(reqs, cache=FileStreamProgramCache(tmp_path / "late"), processes=True)
+    assert pool().compiles == compiled + 1  # found where this process finds it
+    for n, options in enumerate((LocalOptions(arch=ARCH, lineinfo=True), GoneOptions(arch=ARCH, lineinfo=True))):
         reqs = [{"code": TEMPLATE, "options": options, "name_expressions": ("axpy<float>",)}]
         compiled = pool().compiles
         with pytest.warns(KernelCacheWarning, match="compiler workers cannot take this compile"):

@@ -1,10 +1,12 @@
 """The name of a compile server (server.py): which processes may use the same one.
 
 A server's socket is named by a fingerprint of everything a worker takes from the process
-that starts it and does not take per compile (the working directory and the environment travel
-with every compile): the interpreter and its flags, sys.path (its relative entries, '' among
-them, joined to the cwd: the server runs in /) and the files on it (the mtimes of
-its directories change with every install), kernelcache's own files, the variables read at start
+that starts it and does not take per compile (the working directory, the environment and
+sys.path travel with every compile): the interpreter and its flags, the sys.path its start
+imports from (its relative entries, '' among them, joined to the cwd: the server runs in /;
+less the directories that hold nothing it imports then: server_sys_path) and the files on it
+(the mtimes of its directories change with every install), kernelcache's own files, the
+variables read at start
 (CUDA_*, NV*, LD_*, PYTHON*, LLVM_*, LIBNVVM*, PATH, CONDA_PREFIX), ids, cgroup,
 namespaces and root directory (a chroot), CPU affinity, umask, limits, niceness. A process
 that differs in any of them gets a server of its own.
@@ -22,7 +24,7 @@ from kernelcache.compile import worker_proc
 
 __all__ = ["PROTOCOL", "fingerprint", "server_sys_path"]
 
-PROTOCOL = "kernelcache-compile-server-1"
+PROTOCOL = "kernelcache-compile-server-2"
 
 
 def fingerprint() -> str:
@@ -59,16 +61,66 @@ def server_sys_path() -> list[str]:
     ``python -c`` and the REPL) joined to the working directory, and dropped where it was
     deleted (nothing resolves there). The server and its workers run in /: given '' they
     import kernelcache and cuda from / or from further down sys.path, i.e. another copy or
-    none (then no server ever came up, and every process waited for one)."""
+    none (then no server ever came up, and every process waited for one).
+
+    Less the directories that hold nothing a worker imports before its first compile (_inert):
+    a script's directory, usually, so that ``python a/x.py`` and ``python b/y.py`` share a
+    server. What a worker imports later resolves as in the process it serves: each compile
+    brings that process's sys.path (worker_main._take_on)."""
     try:
         here: str | None = os.getcwd()
     except OSError:
         here = None
-    return [
+    resolved = [
         p if os.path.isabs(p) else os.path.normpath(os.path.join(here, p))
         for p in sys.path
         if here is not None or os.path.isabs(p)
     ]
+    return [p for p in resolved if not _inert(p)]
+
+
+# What a worker imports before its first compile, by top-level name: the standard library,
+# kernelcache, cuda's and NVIDIA's packages, what ``site`` runs (where it runs: boot_flags),
+# and private modules (_sysconfigdata_*, import hooks of .pth files). A directory on sys.path
+# that holds none of these names changes nothing a warm worker imported. The test that a real
+# worker imports nothing else: test_compile_server_fingerprint.py.
+_START_NAMES = frozenset(sys.stdlib_module_names) | {"kernelcache", "cuda", "nvidia", "sitecustomize", "usercustomize"}
+_inert_memo: dict[str, tuple[Any, bool]] = {}
+
+
+def _inert(entry: str) -> bool:
+    """``entry`` is a directory in which no module a worker imports at its start could be
+    found: no file or directory named like one (a package, a namespace portion, a module, an
+    extension). Anything that cannot be read counts as not inert."""
+    import importlib.machinery
+
+    try:
+        st = os.stat(entry)
+    except OSError:
+        return False
+    stamp = (st.st_dev, st.st_ino, st.st_mtime_ns)  # a name added or removed changes the mtime
+    memo = _inert_memo.get(entry)
+    if memo is not None and memo[0] == stamp:
+        return memo[1]
+    suffixes = importlib.machinery.all_suffixes()
+    inert = False
+    try:
+        with os.scandir(entry) as found:
+            names = [e.name if e.is_dir() else _module_name(e.name, suffixes) for e in found]
+        inert = not any(n in _START_NAMES or (n.startswith("_") and n != "__pycache__") for n in names if n)
+    except OSError:  # not a directory (a zip), unreadable
+        pass
+    if len(_inert_memo) > 256:
+        _inert_memo.clear()
+    _inert_memo[entry] = (stamp, inert)
+    return inert
+
+
+def _module_name(file: str, suffixes: list[str]) -> str:
+    for suffix in suffixes:
+        if file.endswith(suffix):
+            return file[: -len(suffix)]
+    return ""
 
 
 def _stamp(path: str) -> list[int] | None:

@@ -220,7 +220,7 @@ class Server:
             self._failed(f"compiler worker {worker.proc.pid} imported kernelcache from {message[2:]!r}, not ours")
         elif not worker.warm and message == hello(worker.proc.pid):
             # The one compile a worker runs here: NVRTC initialises the driver in it.
-            warm_up = (1, "warm", "/", dict(os.environ), b"")
+            warm_up = (1, "warm", "/", dict(os.environ), list(sys.path), b"")
             worker.to.send_bytes(pickle.dumps(warm_up, pickle.HIGHEST_PROTOCOL))
         elif not worker.warm and message[:2] == (1, "warm"):
             worker.warm = True

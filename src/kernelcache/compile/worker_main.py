@@ -71,15 +71,15 @@ def _end_with_the_parent(inbox: int) -> None:
 
 
 def answer(message: tuple[Any, ...]) -> tuple[Any, ...]:
-    """One compile: ``(seq, kind, cwd, env, args)`` -> ``(seq, outcome, value, warnings)``."""
-    seq, kind, cwd, env, pickled = message
+    """One compile: ``(seq, kind, cwd, env, sys.path, args)`` -> ``(seq, outcome, value, warnings)``."""
+    seq, kind, cwd, env, path, pickled = message
     if kind == "warm":
         return seq, "warm", _warm_up(), []
+    _take_on(cwd, env, path)  # first: the arguments may name the caller's own modules
     try:
         args = pickle.loads(pickled)
     except Exception as exc:  # a class the parent has and this interpreter cannot import
         return seq, "unreadable", f"{type(exc).__name__}: {exc}", []
-    _take_on(cwd, env)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # the parent's filters decide what is shown
         try:
@@ -107,11 +107,17 @@ def _warm_up() -> float:
     return time.perf_counter() - start
 
 
-def _take_on(cwd: str | None, env: dict[str, str]) -> None:
-    """The caller's working directory and environment, as they are at this compile: quoted
-    includes and relative include paths are read from the cwd, and the compilers read
-    variables at compile time. ``cwd`` None: the caller's was deleted; so is ours then (a
-    fresh empty directory, removed), so that nothing resolves relative to it, as there."""
+def _take_on(cwd: str | None, env: dict[str, str], path: list[str]) -> None:
+    """The caller's working directory, environment and sys.path, as they are at this compile:
+    quoted includes and relative include paths are read from the cwd, the compilers read
+    variables at compile time, and what this worker imports from now on (the caller's classes
+    in the arguments, what a compiler imports late) is found where the caller finds it: a
+    worker of the compile server started without the directories of sys.path that hold
+    nothing it imports at its start (fingerprint.server_sys_path). ``cwd`` None: the caller's
+    was deleted; so is ours then (a fresh empty directory, removed), so that nothing resolves
+    relative to it, as there."""
+    if sys.path != path:
+        sys.path[:] = path
     try:
         here: str | None = os.getcwd()
     except OSError:

@@ -188,7 +188,7 @@ class Worker:
             cwd = None  # deleted: the worker compiles in a deleted directory too (worker_main)
         # Only builtins around the arguments: a worker can always read the sequence number,
         # and answers "unreadable" for arguments it cannot unpickle.
-        message = (self._seq, kind, cwd, environ_copy(), args)
+        message = (self._seq, kind, cwd, environ_copy(), list(sys.path), args)
         try:
             self._to.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
             if not self.started:
