@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 from conftest import ARCH
@@ -40,8 +41,7 @@ def test_a_process_that_imports_kernelcache_from_its_cwd_gets_a_server_that_does
     assert result["sha"] == child(str(tmp_path / "b"), 0, 2)["sha"]
 
 
-LTO_CHILD = (
-    r"""
+LTO_CHILD = r"""
 import hashlib, json, sys
 from cuda.core import ProgramOptions
 from kernelcache import FileStreamProgramCache, compile_many
@@ -52,9 +52,7 @@ reqs = [{"code": src.format(i=i), "target_type": "ltoir",
          "options": ProgramOptions(arch="%s", link_time_optimization=True)} for i in range(2)]
 objs = compile_many(reqs, cache=FileStreamProgramCache(root), processes=processes, max_workers=2)
 print(json.dumps({"adopted": pool().adopted, "sha": [hashlib.sha256(bytes(o.code)).hexdigest() for o in objs]}))
-"""
-    % ARCH
-)  # noqa: UP031 - the kernel source has braces of its own
+""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
 
 
 def _lto_child(root: str, processes: bool, **env: str) -> dict:
@@ -78,8 +76,7 @@ def test_a_variable_nvrtc_reads_when_it_loads_gets_a_server_of_its_own(tmp_path)
     assert theirs["adopted"] == 2 and theirs["sha"] == here["sha"]
 
 
-INCLUDE_CHILD = (
-    r"""
+INCLUDE_CHILD = r"""
 import hashlib, json, sys
 from cuda.core import ProgramOptions
 from kernelcache import FileStreamProgramCache, compile_many
@@ -89,9 +86,7 @@ code = '#include "%%s"\nextern "C" __global__ void v{i}(float* a) {{ a[0] = VALU
 reqs = [{"code": code.format(i=i), "options": ProgramOptions(arch="%s")} for i in range(2)]
 objs = compile_many(reqs, cache=FileStreamProgramCache(root), processes=processes, max_workers=2)
 print(json.dumps({"adopted": pool().adopted, "sha": [hashlib.sha256(bytes(o.code)).hexdigest() for o in objs]}))
-"""
-    % ARCH
-)  # noqa: UP031 - the kernel source has braces of its own
+""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
 
 
 def test_a_process_in_a_chroot_gets_a_server_of_its_own(tmp_path) -> None:
@@ -135,7 +130,7 @@ def test_a_process_in_a_chroot_gets_a_server_of_its_own(tmp_path) -> None:
     assert inside["adopted"] == 2 and inside["sha"] == here["sha"]
 
 
-def _script(where, name: str = "x.py", source: str = CHILD) -> dict:
+def _script(where, name: str = "x.py", source: str = CHILD) -> Callable[[str, int, int], dict]:
     """``python where/name``: its directory is sys.path[0], as for any script."""
 
     def run(root: str, first: int, count: int) -> dict:
@@ -146,7 +141,7 @@ def _script(where, name: str = "x.py", source: str = CHILD) -> dict:
 
     where.mkdir(exist_ok=True)
     (where / name).write_text(source)
-    return run  # type: ignore[return-value]
+    return run
 
 
 def test_scripts_in_directories_that_hold_nothing_a_worker_imports_share_a_server(tmp_path) -> None:
@@ -193,8 +188,7 @@ def test_a_script_directory_that_holds_what_a_worker_imports_gets_a_server_of_it
     assert (second["adopted"], second["compiles"], second["warnings"]) == (2, 2, [])
 
 
-OPTIONS_CHILD = (
-    r"""
+OPTIONS_CHILD = r"""
 import json, sys, warnings
 from kernelcache import FileStreamProgramCache, compile_many
 from kernelcache.compile import server_link
@@ -208,9 +202,7 @@ with warnings.catch_warnings(record=True) as caught:
     compile_many(reqs, cache=FileStreamProgramCache(root), processes=True, max_workers=2)
 print(json.dumps({"adopted": pool().adopted, "in_workers": pool().compiles, "socket": server_link.socket_path(),
     "warnings": [str(w.message) for w in caught]}))
-"""
-    % ARCH
-)  # noqa: UP031 - the kernel source has braces of its own
+""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
 
 
 def test_a_worker_finds_the_modules_of_the_process_it_serves(tmp_path) -> None:
