@@ -249,3 +249,30 @@ def test_a_warm_worker_imported_only_what_its_servers_name_covers(tmp_path) -> N
     names = json.loads((tmp_path / "names.json").read_text())
     assert "kernelcache" in names and "cuda" in names
     assert [n for n in names if n not in fingerprint._START_NAMES and not n.startswith("_")] == []
+PYC_CHILD = r"""
+import json, sys
+from kernelcache.compile.fingerprint import fingerprint
+before = fingerprint()
+import kc_fresh_module  # its first import writes site-packages/__pycache__/, which changes the directory
+print(json.dumps([before, fingerprint()]))
+"""
+
+
+def test_writing_bytecode_into_site_packages_keeps_the_fingerprint(tmp_path) -> None:
+    # A fresh image or venv has no .pyc yet: a process's first imports write __pycache__
+    # directories, which changes their parents' mtimes. No install happened: the same server
+    # must serve before and after (it split once per package directory, in mid-process too).
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "kc_fresh_module.py").write_text("VALUE = 1\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join([env.get("PYTHONPATH", ""), str(site)])
+    out = subprocess.run([sys.executable, "-c", PYC_CHILD], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (site / "__pycache__").is_dir()  # the import did write one
+    before, after = json.loads(out.stdout)
+    assert before == after
+    # An install (a new dist-info) is what changes it.
+    (site / "kc_fresh_module-1.0.dist-info").mkdir()
+    out = subprocess.run([sys.executable, "-c", PYC_CHILD], capture_output=True, text=True, env=env, timeout=60)
+    assert json.loads(out.stdout)[0] != before

@@ -4,9 +4,9 @@ A server's socket is named by a fingerprint of everything a worker takes from th
 that starts it and does not take per compile (the working directory, the environment and
 sys.path travel with every compile): the interpreter and its flags, the sys.path its start
 imports from (its relative entries, '' among them, joined to the cwd: the server runs in /;
-less the directories that hold nothing it imports then: server_sys_path) and the files on it
-(the mtimes of its directories change with every install), kernelcache's own files, the
-variables read at start
+less the directories that hold nothing it imports then: server_sys_path) and what an install
+rewrites on it (site-packages' dist-info entries, the files of cuda's and NVIDIA's packages;
+not bytecode written there), kernelcache's own files, the variables read at start
 (CUDA_*, NV*, LD_*, PYTHON*, LLVM_*, LIBNVVM*, PATH, CONDA_PREFIX), ids, cgroup,
 namespaces and root directory (a chroot), CPU affinity, umask, limits, niceness. A process
 that differs in any of them gets a server of its own.
@@ -132,12 +132,14 @@ def _stamp(path: str) -> list[int] | None:
 
 
 def _install_stamps() -> list[Any]:
-    """The directories an install or upgrade of what a worker imports rewrites: site-packages
-    themselves (a new dist-info), cuda's packages, NVIDIA's library wheels. Not the other
-    entries of sys.path: a script's directory (often /tmp, or the cwd) changes all the time."""
+    """What an install or upgrade of what a worker imports rewrites: the metadata entries of
+    site-packages (a new or renamed dist-info), the files of cuda's packages, NVIDIA's library
+    wheels. Not the other entries of sys.path: a script's directory (often /tmp, or the cwd)
+    changes all the time."""
     import importlib.util
 
-    dirs = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    sites = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    stamps = [[p, _entries(p, _METADATA)] for p in sites]
     # Found through the namespace packages, never an imported module's own __path__ or
     # origin: cuda.core rewrites its own on import (to cu13/), so they would differ by import.
     for top, subdirs in (("cuda", ("bindings", "core", "pathfinder")), ("nvidia", None)):
@@ -146,12 +148,38 @@ def _install_stamps() -> list[Any]:
         except (ImportError, ValueError):
             continue
         for location in (spec and spec.submodule_search_locations) or ():
-            if subdirs is None:  # nvidia/<wheel>/lib: libnvrtc and the other libraries
+            if subdirs is None:  # nvidia/<wheel>/lib: libnvrtc and the other libraries (no bytecode there)
                 with os.scandir(location) as entries:
-                    dirs += [os.path.join(e.path, "lib") for e in entries if e.is_dir()]
+                    stamps += [[e.path, _stamp(os.path.join(e.path, "lib"))] for e in entries if e.is_dir()]
             else:
-                dirs += [os.path.join(location, sub) for sub in subdirs]
-    return [[d, _stamp(d)] for d in dirs]
+                stamps += [[d, _entries(d, None)] for d in (os.path.join(location, sub) for sub in subdirs)]
+    return stamps
+
+
+# Why entries and not a directory's own mtime: a process's first import of a module writes its
+# __pycache__ (a fresh image or venv, pip's --no-compile), which changes the mtime of the
+# directory it is in, while no install happened: the fingerprint changed in mid-process and
+# the node got a second server. An install writes these entries anew (new inodes, mtimes).
+_METADATA = (".dist-info", ".egg-info", ".egg-link", ".pth")
+
+
+def _entries(path: str, suffixes: tuple[str, ...] | None) -> list[Any] | None:
+    """[name, inode, mtime] of the entries of ``path`` (only those ending in ``suffixes`` where
+    given), never __pycache__; None where it cannot be listed."""
+    try:
+        with os.scandir(path) as it:
+            found = []
+            for entry in it:
+                if entry.name == "__pycache__" or (suffixes and not entry.name.endswith(suffixes)):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                found.append([entry.name, st.st_ino, st.st_mtime_ns])
+    except OSError:
+        return None
+    return sorted(found)
 
 
 def _package_stamps() -> list[Any]:
