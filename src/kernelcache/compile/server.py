@@ -179,7 +179,7 @@ class Server:
                 self.idle.append(worker)  # that process is gone: the worker waits for the next
             return
         if self.broken:
-            self._reply(conn, {"worker": False, "why": self.broken})
+            self._reply(conn, {"worker": False, "why": self.broken, "broken": True})
             return
         self.waiting.append(conn)
         self._start_for_waiting()
@@ -265,7 +265,7 @@ class Server:
         if self.failures >= _START_FAILURES:
             self.broken, self.broken_at = why, time.monotonic()
             while self.waiting:
-                self._reply(self.waiting.popleft(), {"worker": False, "why": why})
+                self._reply(self.waiting.popleft(), {"worker": False, "why": why, "broken": True})
         else:
             self._start_for_waiting()
 

@@ -268,6 +268,13 @@ def _take_worker(sock: socket.socket, path: str) -> worker_proc.Worker | None:
     reply, worker = _request(sock, "worker")
     if worker is None and "worker" not in reply and not reply.get("gone"):
         raise _Unusable(f"the server at {path} replied {reply!r} when asked for a worker")
+    if worker is None and reply.get("broken"):
+        # Still asked later: what keeps workers from starting there may pass (it tries again).
+        _warned.warn(
+            f"none-{path}",
+            f"compile server gives no workers now ({reply.get('why')}); this process starts its own",
+            stacklevel=5,
+        )
     return worker  # None: none to spare now (all are out, or workers cannot start there)
 
 
