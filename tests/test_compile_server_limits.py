@@ -9,6 +9,7 @@ import signal
 import threading
 
 import pytest
+from conftest import ARCH
 from test_compile_server import child, wait_for
 from test_compile_server import server_dir as server_dir  # the fixture: a runtime dir of the test's
 
@@ -50,3 +51,63 @@ def test_a_server_whose_workers_cannot_start_costs_one_warning(tmp_path) -> None
     assert (out["socket"], out["adopted"], out["compiles"], len(out["pids"])) == (path, 0, 2, 2)
     said = [w for w in out["warnings"] if "compile server" in w]
     assert len(said) == 1 and "ended before it was ready" in said[0], out["warnings"]
+
+
+PID1 = r"""
+import json, os, sys, time
+from cuda.core import ProgramOptions
+from kernelcache import FileStreamProgramCache, compile_many
+from kernelcache.compile import server_link
+from kernelcache.compile.workers import pool
+root = sys.argv[1]
+src = 'extern "C" __global__ void z{i}(float* a) {{ a[0] = {i}; }}\n'
+def batch(n):
+    compile_many([{"code": src.format(i=n * 10 + j), "options": ProgramOptions(arch="%s")} for j in range(2)],
+                 cache=FileStreamProgramCache(f"{root}/{n}"), processes=True, max_workers=2)
+def zombies():  # this namespace's processes that ended and that nobody reaped
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat.rsplit(") ", 1)[1].startswith("Z"):
+            found.append(int(pid))
+    return found
+batch(0)  # starts the server (this process compiles on workers of its own)
+pool().close()
+deadline = time.monotonic() + 60
+while not ((s := server_link.server_status()) and s["idle"] == s["target"]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+server = s["pid"]
+batch(1)  # on 2 of its workers, which this process keeps past the server's idle time
+while os.path.exists(server_link.socket_path()) and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1)
+pool().close()  # the workers it handed over end now
+time.sleep(2)
+print(json.dumps({"pid": os.getpid(), "server": server, "adopted": pool().adopted, "zombies": zombies()}))
+""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
+
+
+def test_in_a_container_whose_init_never_reaps_a_server_leaves_no_worker_unreaped(tmp_path) -> None:
+    # `docker run image python app.py`: the app is PID 1 of its namespace, and every orphan of
+    # the namespace becomes its child; it waits for none of them. A server (itself an orphan)
+    # that exits before its workers leaves each of them to it, a zombie for the app's life.
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KERNELCACHE_COMPILE_SERVER_IDLE": "2"}
+    argv = ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-c", PID1, str(tmp_path)]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    if out.returncode != 0 and "unshare" in out.stderr and "Operation not permitted" in out.stderr:
+        pytest.skip("cannot make a PID namespace here (needs root)")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["pid"] == 1 and result["adopted"] == 2
+    assert result["zombies"] == [result["server"]]  # the server itself, an orphan: nothing of what it started

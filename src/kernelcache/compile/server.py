@@ -23,8 +23,10 @@ The rules (ccache's and sccache's hazards, named):
 - where workers die before they are warm (3 in a row), it answers "none" and starts none,
   for _BROKEN_S; then it tries one, and gives them out again once one gets warm;
 - it exits after ``idle`` seconds without a request (KERNELCACHE_COMPILE_SERVER_IDLE), taking its
-  idle workers with it; stdin, stdout and stderr are /dev/null and it has its own session, so it
-  holds no terminal, pipe or job of whoever started it.
+  idle workers with it; it stops listening then, but waits for the workers it handed over to end
+  (their processes let them go), so that none is left to an init that never reaps; stdin,
+  stdout and stderr are /dev/null and it has its own session, so it holds no terminal, pipe or
+  job of whoever started it.
 """
 
 from __future__ import annotations
@@ -363,6 +365,24 @@ def main() -> None:
     """``sys.argv[2:]`` = [socket path, idle seconds, target idle workers] (server_link._start_server)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     path, idle_s, target = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-    if _exclusive(path[: -len(".sock")] + ".lock") is None:
+    lock = _exclusive(path[: -len(".sock")] + ".lock")
+    if lock is None:
         return  # another server runs (or is about to exit and will be replaced on the next request)
     Server(path, idle_s, target).serve()
+    # Its socket is gone: a process that asks now starts a new server, which takes the lock
+    # once it is let go here (it waits _LOCK_WAIT_S for it), while this one waits for its children.
+    os.close(lock)
+    _reap_children()
+
+
+def _reap_children() -> None:
+    """Wait for every process this server started: the idle workers it just ended, and the
+    handed-over ones, which serve their process until it lets them go. One that outlived the
+    server would go to the PID namespace's init, which in a container is often the user's own
+    program (``docker run image python app.py``): it reaps none, and each would stay a zombie
+    for that program's life."""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return  # none left
