@@ -276,3 +276,28 @@ def test_writing_bytecode_into_site_packages_keeps_the_fingerprint(tmp_path) -> 
     (site / "kc_fresh_module-1.0.dist-info").mkdir()
     out = subprocess.run([sys.executable, "-c", PYC_CHILD], capture_output=True, text=True, env=env, timeout=60)
     assert json.loads(out.stdout)[0] != before
+
+
+PATHLIB_CHILD = r"""
+import json, pathlib, sys, warnings
+sys.path.append(pathlib.Path(sys.argv[2]))  # common, and ignored by imports: they use str entries only
+from cuda.core import ProgramOptions
+from kernelcache import FileStreamProgramCache, compile_many
+from kernelcache.compile.workers import pool
+warnings.simplefilter("always")
+src = 'extern "C" __global__ void p{i}(float* a) {{ a[0] = {i}; }}\n'
+reqs = [{"code": src.format(i=i), "options": ProgramOptions(arch="%s")} for i in range(2)]
+with warnings.catch_warnings(record=True) as caught:
+    compile_many(reqs, cache=FileStreamProgramCache(sys.argv[1]), processes=True, max_workers=2)
+print(json.dumps({"in_workers": pool().compiles, "warnings": [str(w.message) for w in caught]}))
+""" % ARCH  # noqa: UP031 - the kernel source has braces of its own
+
+
+@pytest.mark.parametrize("server", ["0", "1"])
+def test_a_path_object_on_sys_path_does_not_keep_workers_from_starting(tmp_path, server) -> None:
+    for n in range(2):  # with the server: the first process starts it, the second is served
+        argv = [sys.executable, "-c", PATHLIB_CHILD, str(tmp_path / f"c{n}"), str(tmp_path)]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "KERNELCACHE_COMPILE_SERVER": server})  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == {"in_workers": 2, "warnings": []}

@@ -74,7 +74,7 @@ def server_sys_path() -> list[str]:
     resolved = [
         p if os.path.isabs(p) else os.path.normpath(os.path.join(here, p))
         for p in sys.path
-        if here is not None or os.path.isabs(p)
+        if isinstance(p, str) and (here is not None or os.path.isabs(p))  # imports skip the others
     ]
     return [p for p in resolved if not _inert(p)]
 

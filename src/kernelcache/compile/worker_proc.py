@@ -33,7 +33,9 @@ def worker_argv(sys_path: list[str]) -> list[str]:
     """The command line of a worker that imports from ``sys_path`` (its two fds follow it)."""
     import json
 
-    return [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps(sys_path)]
+    # Imports look in str entries only: a pathlib.Path appended to sys.path is skipped there,
+    # and here (JSON has no such type: it kept every worker from starting).
+    return [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps([p for p in sys_path if isinstance(p, str)])]
 
 
 def boot_flags() -> tuple[str, ...]:
