@@ -14,7 +14,8 @@
     Program.compile(cache=...); time after imports (workers start inside it unless the server
     had them), and the CPU seconds spent, this process's compiler workers included;
 (c) P processes each needing the same K variants, one cache dir, started together: wall
-    and compiles (ours: compile_many, and our loop for reference; cuda.core: its loop);
+    and compiles (ours: compile_many without the server, with it (the burst that starts it,
+    and one that finds it warm), and our loop for reference; cuda.core: its loop);
 (d) the first hit in a fresh process, after imports (imports themselves shown apart);
 (e) a hit in a warm process, the full call (best of alternating batches of 100 calls).
 Every other figure is a median of --reps runs; children run with bytecode caches as installed
@@ -202,12 +203,17 @@ def _server_as(mode: str, sockets: list[object]) -> None:
 
 def fleet(work: str, mode: str, sources_file: str, procs: int) -> tuple[float, int]:
     """(wall seconds, compiles) for ``procs`` processes started together on one empty dir."""
+    if mode == "many-server-first":
+        _stop_servers(os.environ["XDG_RUNTIME_DIR"])  # the burst finds none: its processes start one
+    else:
+        _server_as(mode, _FLEET_SOCKETS)  # many-server: the one the last burst left, topped up
     root = tempfile.mkdtemp(dir=work)
     start_at = time.time() + 3.0 + 0.3 * procs  # after every interpreter imported cuda.core
     children = [spawn(mode, root, sources_file, start_at) for _ in range(procs)]
     results = [collect(c) for c in children]
+    _FLEET_SOCKETS.extend(r.get("socket") for r in results)
     wall = max(r["end"] for r in results) - start_at
-    if mode.endswith("ours"):
+    if mode.endswith("ours") or mode.startswith("many-server"):
         from kernelcache import FileStreamProgramCache
 
         compiles = int(FileStreamProgramCache(root).stats()["compiles"])
@@ -215,6 +221,9 @@ def fleet(work: str, mode: str, sources_file: str, procs: int) -> tuple[float, i
         compiles = int(sum(r["compiles"] for r in results))
     shutil.rmtree(root, ignore_errors=True)
     return wall, compiles
+
+
+_FLEET_SOCKETS: list[object] = []  # the compile servers' sockets that fleets' processes used
 
 
 def first_hit(work: str, which: str, sources_file: str, reps: int) -> tuple[float, float]:
@@ -307,10 +316,15 @@ def main() -> None:
         if "c" in args.only:
             w_many, c_many = fleet(work, "many-ours", variants, P)
             w_loop, c_loop = fleet(work, "loop-ours", variants, P)
+            w_first, c_first = fleet(work, "many-server-first", variants, P)
+            w_server, c_server = fleet(work, "many-server", variants, P)
             w_theirs, c_theirs = fleet(work, "loop-theirs", variants, P)
             row(f"(c) P={P} x K={K}, one dir: wall, compile_many", w_many, w_theirs, unit="s")
+            row(f"(c) P={P} x K={K}, one dir: wall, compile_many, server's first burst", w_first, w_theirs, unit="s")
+            row(f"(c) P={P} x K={K}, one dir: wall, compile_many, server warm", w_server, w_theirs, unit="s")
             row(f"(c) P={P} x K={K}, one dir: wall, our loop", w_loop, w_theirs, unit="s")
             row(f"(c) P={P} x K={K}, one dir: compiles, compile_many", c_many, c_theirs, unit="")
+            row(f"(c) P={P} x K={K}, one dir: compiles, compile_many, server warm", c_server, c_theirs, unit="")
             row(f"(c) P={P} x K={K}, one dir: compiles, our loop", c_loop, c_theirs, unit="")
         if "d" in args.only:
             oi, oh = first_hit(work, "ours", single, reps)
