@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 from conftest import ARCH
@@ -111,3 +112,39 @@ def test_in_a_container_whose_init_never_reaps_a_server_leaves_no_worker_unreape
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["pid"] == 1 and result["adopted"] == 2
     assert result["zombies"] == [result["server"]]  # the server itself, an orphan: nothing of what it started
+
+
+def _listeners(path: str) -> int:
+    """Sockets bound to ``path`` (/proc/net/unix names each by the path it was bound to, even
+    once that file is gone): with nobody connecting, the servers listening there."""
+    with open("/proc/net/unix") as f:
+        return sum(1 for line in f if line.rstrip().endswith(" " + path))
+
+
+def test_a_server_that_exits_leaves_no_file_and_starts_racing_its_exit_make_one_server(tmp_path, monkeypatch) -> None:
+    # Every environment (an install, an edited checkout, a PID namespace) names a server of its
+    # own: one that left its lock file behind at exit left a file per environment, for good.
+    # Race: a server that removes its lock file as it exits, while others start, must never
+    # let two of them think they hold it (one on the removed file, one on a new one).
+    from test_compile_server import alive
+
+    monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER_IDLE", "1")
+    first = child(str(tmp_path / "a"), 0, 2)
+    path = first["socket"]
+    server = wait_for(lambda: server_link.server_status(path))["pid"]
+    wait_for(lambda: not alive(server), timeout=30)
+    assert os.listdir(os.path.dirname(path)) == []
+    most = 0
+    for _ in range(3):  # each round: a server, and starts racing its idle exit
+        server_link._start_server(path)
+        wait_for(lambda: server_link.server_status(path))
+        for _ in range(12):
+            server_link._start_server(path)
+            most = max(most, _listeners(path))
+            time.sleep(0.1)
+        most = max(most, _listeners(path))
+    assert most == 1
+    stopped = [s for s in server_link.list_servers() if s[1]]
+    assert len(stopped) == 1 and server_link.stop_server(path)
+    wait_for(lambda: not os.path.exists(path) and _listeners(path) == 0, timeout=30)
+    wait_for(lambda: os.listdir(os.path.dirname(path)) == [], timeout=10)

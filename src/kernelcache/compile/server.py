@@ -347,30 +347,54 @@ def _unlink_if_ours(path: str, inode: int) -> None:
 
 
 def _exclusive(path: str) -> int | None:
-    """The lock fd that makes this the only server for ``path``, or None when another holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """The lock fd that makes this the only server for ``path``, or None when another holds it.
+
+    Race: a server removes its lock file as it exits, holding the lock (main), so that no file
+    is left per environment. A server started meanwhile may have opened that file before it
+    went, and gets the lock on it once it is let go: a lock on a removed file, while the next
+    one locks a new file at the path, and both would serve. So a lock counts only on the very
+    file the path names now; on any other, it is opened anew."""
     deadline = time.monotonic() + _LOCK_WAIT_S
     while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
+            if _names(path, fd):
+                return fd
         except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.02)
+            pass
+        os.close(fd)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+
+
+def _names(path: str, fd: int) -> bool:
+    """``path`` is the file open at ``fd``."""
+    try:
+        st, at = os.stat(path, follow_symlinks=False), os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino)
 
 
 def main() -> None:
     """``sys.argv[2:]`` = [socket path, idle seconds, target idle workers] (server_link._start_server)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     path, idle_s, target = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-    lock = _exclusive(path[: -len(".sock")] + ".lock")
+    lock_path = path[: -len(".sock")] + ".lock"
+    lock = _exclusive(lock_path)
     if lock is None:
         return  # another server runs (or is about to exit and will be replaced on the next request)
     Server(path, idle_s, target).serve()
     # Its socket is gone: a process that asks now starts a new server, which takes the lock
-    # once it is let go here (it waits _LOCK_WAIT_S for it), while this one waits for its children.
+    # once it is let go here (it waits _LOCK_WAIT_S for it), while this one waits for its
+    # children. The file goes first, still locked (_exclusive says why that is safe).
+    try:
+        if _names(lock_path, lock):  # not another's, were it removed and made anew meanwhile
+            os.unlink(lock_path)
+    except OSError:
+        pass
     os.close(lock)
     _reap_children()
 
