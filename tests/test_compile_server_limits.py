@@ -1,6 +1,7 @@
-"""The compile server where workers cannot start in it (a limit it inherited, a host short of
-processes or files): never a failed compile; the process starts its workers itself, with one
-warning that says why. Real servers, real kills, real child processes."""
+"""The compile server where the host is short of something or keeps what is left behind: workers
+that cannot start in it (a limit it inherited, a host short of processes or files), an init that
+reaps nothing (a container's app as PID 1), servers that exit or are killed while others start.
+Never a failed compile, never a file or process left for good. Real servers, kills, namespaces."""
 
 from __future__ import annotations
 
@@ -148,3 +149,22 @@ def test_a_server_that_exits_leaves_no_file_and_starts_racing_its_exit_make_one_
     assert len(stopped) == 1 and server_link.stop_server(path)
     wait_for(lambda: not os.path.exists(path) and _listeners(path) == 0, timeout=30)
     wait_for(lambda: os.listdir(os.path.dirname(path)) == [], timeout=10)
+
+
+def test_the_files_of_a_killed_server_are_cleared_by_the_next_and_a_live_ones_are_not(tmp_path) -> None:
+    # A PID namespace's end kills its processes, its server too: its socket and lock file stay.
+    # The next server to start in the directory (any environment's) clears them; a live
+    # server's, whose lock is held, it leaves alone.
+    live = child(str(tmp_path / "a"), 0, 2)
+    killed = child(str(tmp_path / "b"), 0, 2, CUDA_KERNELCACHE_TEST_VARIABLE="1")
+    victim = wait_for(lambda: server_link.server_status(killed["socket"]))["pid"]
+    wait_for(lambda: server_link.server_status(live["socket"]))
+    os.kill(victim, signal.SIGKILL)
+    folder = os.path.dirname(live["socket"])
+    dead = {os.path.basename(killed["socket"]), os.path.basename(killed["socket"])[:-5] + ".lock"}
+    wait_for(lambda: dead <= set(os.listdir(folder)) and not server_link.server_status(killed["socket"]))
+    third = child(str(tmp_path / "c"), 0, 2, CUDA_KERNELCACHE_TEST_VARIABLE="2")  # starts a server of its own
+    wait_for(lambda: server_link.server_status(third["socket"]))
+    assert not dead & set(os.listdir(folder))
+    assert server_link.server_status(live["socket"])["idle"] >= 0  # still there, still serving
+    assert os.path.basename(live["socket"]) in os.listdir(folder)

@@ -32,7 +32,6 @@ The rules (ccache's and sccache's hazards, named):
 from __future__ import annotations
 
 import collections
-import fcntl
 import json
 import os
 import pickle
@@ -45,6 +44,7 @@ import sys
 import time
 from typing import Any
 
+from kernelcache.compile import server_files
 from kernelcache.compile.server_worker import HeldWorker, still_idle
 from kernelcache.compile.worker_proc import hello, package_dir
 
@@ -55,7 +55,6 @@ _START_FAILURES = 3  # workers in a row that die before they are warm: workers c
 _BROKEN_S = 10.0  # for this long after that; then the server tries again
 _REQUEST_S = 1.0  # a client sends its request as it connects; one without a request this long is hung up on
 _PENDING_MAX = 32  # connections held open at once waiting for their request (each an fd)
-_LOCK_WAIT_S = 2.0  # a server that is exiting still holds the lock for a moment
 
 
 class _Client:
@@ -79,7 +78,7 @@ class Server:
         self.broken_at = 0.0
         self.last_request = self.last_given = time.monotonic()
         self.handed = 0
-        self.listener = _listen(path)
+        self.listener = server_files.listen(path)
         self.inode = os.stat(path).st_ino  # the socket's file: unlinked at exit only if still this one
         self.sel.register(self.listener, selectors.EVENT_READ, None)
 
@@ -301,7 +300,7 @@ class Server:
     def _shut(self) -> None:
         """Stop listening first (a new process then starts a new server), answer who is already
         queued, then let the idle workers go."""
-        _unlink_if_ours(self.path, self.inode)
+        server_files.unlink_if_ours(self.path, self.inode)
         self.listener.setblocking(False)
         while True:
             try:
@@ -326,76 +325,19 @@ class Server:
         conn.close()
 
 
-def _listen(path: str) -> socket.socket:
-    try:
-        os.unlink(path)  # a dead server's: we hold the lock, so no live server listens there
-    except FileNotFoundError:
-        pass
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.bind(path)
-    os.chmod(path, 0o600)
-    sock.listen(128)
-    return sock
-
-
-def _unlink_if_ours(path: str, inode: int) -> None:
-    try:
-        if os.stat(path).st_ino == inode:
-            os.unlink(path)
-    except OSError:
-        pass
-
-
-def _exclusive(path: str) -> int | None:
-    """The lock fd that makes this the only server for ``path``, or None when another holds it.
-
-    Race: a server removes its lock file as it exits, holding the lock (main), so that no file
-    is left per environment. A server started meanwhile may have opened that file before it
-    went, and gets the lock on it once it is let go: a lock on a removed file, while the next
-    one locks a new file at the path, and both would serve. So a lock counts only on the very
-    file the path names now; on any other, it is opened anew."""
-    deadline = time.monotonic() + _LOCK_WAIT_S
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if _names(path, fd):
-                return fd
-        except BlockingIOError:
-            pass
-        os.close(fd)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.02)
-
-
-def _names(path: str, fd: int) -> bool:
-    """``path`` is the file open at ``fd``."""
-    try:
-        st, at = os.stat(path, follow_symlinks=False), os.fstat(fd)
-    except OSError:
-        return False
-    return (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino)
-
-
 def main() -> None:
     """``sys.argv[2:]`` = [socket path, idle seconds, target idle workers] (server_link._start_server)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     path, idle_s, target = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
     lock_path = path[: -len(".sock")] + ".lock"
-    lock = _exclusive(lock_path)
+    lock = server_files.exclusive(lock_path)
     if lock is None:
         return  # another server runs (or is about to exit and will be replaced on the next request)
+    server_files.clear_dead(os.path.dirname(path), os.path.basename(lock_path))
     Server(path, idle_s, target).serve()
     # Its socket is gone: a process that asks now starts a new server, which takes the lock
-    # once it is let go here (it waits _LOCK_WAIT_S for it), while this one waits for its
-    # children. The file goes first, still locked (_exclusive says why that is safe).
-    try:
-        if _names(lock_path, lock):  # not another's, were it removed and made anew meanwhile
-            os.unlink(lock_path)
-    except OSError:
-        pass
-    os.close(lock)
+    # once it is let go here (it waits LOCK_WAIT_S for it), while this one waits for its children.
+    server_files.let_go(lock_path, lock)
     _reap_children()
 
 
