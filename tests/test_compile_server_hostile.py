@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from conftest import in_forked_child
 from test_compile_server import CHILD, alive, child, serving_here, wait_for
 from test_compile_server import server_dir as server_dir  # the fixture: a runtime dir of the test's
 
@@ -268,20 +269,14 @@ def test_another_users_runtime_dir_is_left_to_that_user(tmp_path, monkeypatch) -
     monkeypatch.setenv("XDG_RUNTIME_DIR", theirs)
     mine = server_link.private_dir()
     assert mine is not None and not mine.startswith(theirs + "/") and os.listdir(theirs) == []
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the user whose directory it is finds it usable
-        try:
-            os.setgid(4242)
-            os.setuid(4242)
-            os.write(w, json.dumps(server_link.private_dir()).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        theirs_used = json.loads(f.read() or "null")
-    os.waitpid(pid, 0)
-    assert theirs_used == os.path.join(theirs, "kernelcache")
+
+    def as_that_user() -> str | None:  # the user whose directory it is finds it usable
+        os.setgid(4242)
+        os.setuid(4242)
+        return server_link.private_dir()
+
+    theirs_used, code = in_forked_child(as_that_user)
+    assert code == 0 and theirs_used == os.path.join(theirs, "kernelcache")
 
 
 @pytest.mark.parametrize("name, value", [("KERNELCACHE_COMPILE_SERVER", "sometimes"),
