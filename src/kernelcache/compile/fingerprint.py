@@ -73,8 +73,8 @@ def server_sys_path() -> list[str]:
         here = None
     resolved = [
         p if os.path.isabs(p) else os.path.normpath(os.path.join(here, p))
-        for p in sys.path
-        if isinstance(p, str) and (here is not None or os.path.isabs(p))  # imports skip the others
+        for p in worker_proc.import_entries(sys.path)
+        if here is not None or os.path.isabs(p)
     ]
     return [p for p in resolved if not _inert(p)]
 

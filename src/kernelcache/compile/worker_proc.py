@@ -33,9 +33,14 @@ def worker_argv(sys_path: list[str]) -> list[str]:
     """The command line of a worker that imports from ``sys_path`` (its two fds follow it)."""
     import json
 
-    # Imports look in str entries only: a pathlib.Path appended to sys.path is skipped there,
-    # and here (JSON has no such type: it kept every worker from starting).
-    return [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps([p for p in sys_path if isinstance(p, str)])]
+    return [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps(import_entries(sys_path))]
+
+
+def import_entries(sys_path: list[Any]) -> list[str]:
+    """The entries of ``sys_path`` that imports look in: str ones. A pathlib.Path appended to
+    sys.path is skipped by imports, and must be here too (JSON has no such type: it kept every
+    worker, and the compile server, from starting)."""
+    return [p for p in sys_path if isinstance(p, str)]
 
 
 def boot_flags() -> tuple[str, ...]:
