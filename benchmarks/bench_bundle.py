@@ -40,7 +40,7 @@ def compile_one(triton_dir: str) -> dict[str, bytes]:
     """The files of one real Triton kernel (compiled for sm_90 without a GPU), by name."""
     env = {**os.environ, "TRITON_CACHE_DIR": triton_dir, "TRITON_DEFAULT_FP_FUSION": "1"}
     env.pop("TRITON_CACHE_MANAGER", None)
-    child = os.path.join(os.path.dirname(__file__), "..", "tests", "_integration_gpu_child.py")
+    child = os.path.join(os.path.dirname(__file__), "..", "tests", "support", "_integration_gpu_child.py")
     subprocess.run([sys.executable, child, "triton-cpu-own"], env=env, check=True, capture_output=True)
     (key,) = os.listdir(triton_dir)
     folder = os.path.join(triton_dir, key)

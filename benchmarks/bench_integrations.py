@@ -9,7 +9,7 @@ a finished result (compile or cache load included; interpreter and import time e
 Cold: empty caches. Warm: a second process on the caches the cold one filled. The ratios
 compare kernelcache with the tool's own cache (below 1: kernelcache is faster). For Triton,
 the disk each cache holds after a cold and a warm process of one kernel, counted as ``du``
-counts it, each inode once (tests/_triton_disk_child.usage, the measure of
+counts it, each inode once (tests/support/_triton_disk_child.usage, the measure of
 bench_triton_disk.py): inodes (files + directories), apparent bytes (``du -sb``), and of
 those the files alone. One kernel's figures include each cache's own tree; bench_triton_disk.py
 also prints what each further kernel adds.
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support")
 CHILD = os.path.join(TESTS, "_integration_gpu_child.py")
 sys.path.insert(0, TESTS)
 

@@ -22,7 +22,7 @@ import time
 
 from _timing import median_us
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "support"))
 
 from bench_compile import HEAVY, heavy_options  # noqa: E402
 from redis_servers import RedisServer  # noqa: E402

@@ -6,7 +6,7 @@ For each TRITON_STORE_BINARY_ONLY setting (unset: Triton's default, which keeps 
 both managers get the same calls, in fresh processes: a cold process compiles kernels (the
 group of stage files, its metadata JSON, put_group, then its launcher .so and cuda_utils.so as
 runtime/build.py caches them) and a warm process loads them again. The disk is counted as
-``du`` counts it, each inode once (tests/_triton_disk_child.usage): files + directories
+``du`` counts it, each inode once (tests/support/_triton_disk_child.usage): files + directories
 (inodes), apparent bytes (``du -sb``; file_bytes: the files' alone) and allocated bytes
 (``du -sB1``). "one kernel": the
 whole tree after the first kernel (its own files and the tree's); "per kernel": what each of
@@ -14,7 +14,7 @@ the next kernels added (the tree's fixed files excluded). Ratios are kernelcache
 
 Default: the calls with a small kernel's file sizes (no compiler). ``--real``: real
 triton.compile for sm_90 on CPU (launchers still as calls: no driver). ``--gpu``: also one
-real kernel launched on the GPU (tests/_integration_gpu_child.py), both caches, cold then warm.
+real kernel launched on the GPU (tests/support/_integration_gpu_child.py), both caches, cold then warm.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support")
 sys.path.insert(0, TESTS)
 
 from _triton_disk_child import usage  # noqa: E402

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_python
+from helpers import SUPPORT, run_python
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = SUPPORT
 
 
 def _fork_hits(env: dict[str, str], children: int = 40) -> dict[str, int]:

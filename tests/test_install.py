@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ARCH
+from helpers import ARCH, REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 CODE = f"""
 from cuda.core import ProgramOptions

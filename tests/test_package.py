@@ -6,7 +6,7 @@ import importlib
 import importlib.util
 
 import pytest
-from conftest import run_python
+from helpers import run_python
 
 import kernelcache
 

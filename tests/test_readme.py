@@ -14,8 +14,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 README = os.path.join(ROOT, "README.md")
 _BLOCK = re.compile(r"(?:<!-- readme-test: (\w+) -->\n)?```python\n(.*?)```", re.S)
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ARCH
+from helpers import ARCH
 
 KERNEL = 'extern "C" __global__ void k%d(float* a) { a[threadIdx.x] = %d.0f; }\n'
 

@@ -1,0 +1,314 @@
+"""make_program_cache_key / explain_program_cache_key: what goes in, what raises, what is stable."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from cuda.core import ProgramOptions
+from helpers import ARCH, run_python
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernelcache import explain_program_cache_key, make_program_cache_key
+from kernelcache.keys import derive as keys_mod
+from kernelcache.keys import options as options_mod
+from kernelcache.keys import toolchain
+
+SRC = 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = 1.0f; }'
+
+
+def key(**overrides: object) -> bytes:
+    args: dict[str, object] = {
+        "code": SRC,
+        "code_type": "c++",
+        "options": ProgramOptions(arch=ARCH),
+        "target_type": "cubin",
+    }
+    args.update(overrides)
+    return make_program_cache_key(**args)  # type: ignore[arg-type]
+
+
+def test_fixed_length_and_deterministic() -> None:
+    assert len(key()) == 32
+    assert key() == key()
+
+
+def test_deterministic_across_processes() -> None:
+    code = (
+        "from cuda.core import ProgramOptions\n"
+        "from kernelcache import make_program_cache_key as m\n"
+        f"print(m(code={SRC!r}, code_type='c++', options=ProgramOptions(arch={ARCH!r}), "
+        "target_type='cubin').hex())"
+    )
+    assert run_python(code).strip() == key().hex()
+
+
+def test_case_insensitive_kinds() -> None:
+    assert key(code_type="C++", target_type="CUBIN") == key()
+    ptx = ".version 8.0\n.target sm_90\n"
+    assert key(code=ptx, code_type="PTX", target_type="Cubin") == key(code=ptx, code_type="ptx")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"code_type": "cuda"}, "unknown code_type"),
+        ({"target_type": "elf"}, "unknown target_type"),
+        ({"code_type": "ptx", "target_type": "ltoir"}, "cannot compile ptx to ltoir"),
+        ({"target_type": "fatbin"}, "unknown target_type 'fatbin'"),
+        ({"code_type": "nvvm", "target_type": "cubin"}, "cannot compile nvvm to cubin"),
+    ],
+)
+def test_unknown_or_impossible_kinds_raise_value_error(overrides: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        key(**overrides)
+
+
+def test_wrong_argument_types_raise_type_error() -> None:
+    with pytest.raises(TypeError):
+        key(code=123)
+    with pytest.raises(TypeError):
+        key(code_type=None)
+    with pytest.raises(TypeError, match="ProgramOptions"):
+        key(options={"arch": ARCH})
+    with pytest.raises(TypeError):
+        key(name_expressions="single")
+    with pytest.raises(TypeError):
+        key(name_expressions=[1])
+
+
+def test_bytes_source_is_hashed_as_is() -> None:
+    latin1 = ("// caf\xe9\n" + SRC).encode("latin-1")
+    with pytest.raises(UnicodeDecodeError):
+        latin1.decode("utf-8")
+    assert len(key(code=latin1)) == 32
+    assert key(code=latin1) != key(code=("// caf\xe9\n" + SRC).encode("utf-8"))
+    assert key(code=SRC.encode()) == key(code=SRC)  # UTF-8 text and its bytes agree
+
+
+# Every hashed field changing the key (all of them, no silent skips):
+# tests/keys/test_keys_equivalence.py::test_every_hashed_field_changes_the_key
+
+
+def test_list_order_is_kept_where_the_compiler_cares() -> None:
+    a = key(options=ProgramOptions(arch=ARCH, ptxas_options=["-O3", "-O0"]))
+    b = key(options=ProgramOptions(arch=ARCH, ptxas_options=["-O0", "-O3"]))
+    assert a != b
+    m1 = key(options=ProgramOptions(arch=ARCH, define_macro=["N=1", "N=2"]))
+    m2 = key(options=ProgramOptions(arch=ARCH, define_macro=["N=2", "N=1"]))
+    assert m1 != m2
+
+
+def test_ignored_options_do_not_change_the_key() -> None:
+    assert key(options=ProgramOptions(arch=ARCH, no_cache=True)) == key()
+    # split_compile is a thread count, but NVRTC writes "-split-compile N" into the cubin.
+    assert key(options=ProgramOptions(arch=ARCH, split_compile=4)) != key()
+
+
+def test_policy_table_classifies_every_program_options_field() -> None:
+    fields = {f.name for f in dataclasses.fields(ProgramOptions)}
+    unclassified = fields - set(options_mod.OPTION_POLICY)
+    assert not unclassified, f"classify these new ProgramOptions fields in OPTION_POLICY: {unclassified}"
+    stale = set(options_mod.OPTION_POLICY) - fields
+    assert not stale, f"OPTION_POLICY names fields ProgramOptions no longer has: {stale}"
+    assert set(options_mod.OPTION_POLICY.values()) <= {
+        options_mod.HASH,
+        options_mod.IGNORE,
+        options_mod.TRACKED,
+        options_mod.NEEDS_DIGEST,
+        options_mod.REJECT,
+    }
+
+
+@pytest.mark.parametrize(
+    "opts", [{"include_path": ["/usr/include"]}, {"pre_include": "x.h"}, {"pch": True}, {"use_pch": "a.pch"}]
+)
+def test_unseen_file_inputs_need_extra_digest(opts: dict) -> None:
+    with pytest.raises(ValueError, match="extra_digest"):
+        key(options=ProgramOptions(arch=ARCH, **opts))
+    with_digest = key(options=ProgramOptions(arch=ARCH, **opts), extra_digest=b"headers-v1")
+    assert with_digest != key(options=ProgramOptions(arch=ARCH, **opts), extra_digest=b"headers-v2")
+
+
+@pytest.mark.parametrize("opts", [{"create_pch": "x.pch"}, {"time": "t.csv"}, {"fdevice_time_trace": "t.json"}])
+def test_side_effect_options_are_rejected(opts: dict) -> None:
+    with pytest.raises(ValueError, match="side effect"):
+        key(options=ProgramOptions(arch=ARCH, **opts))
+
+
+@pytest.mark.parametrize("bad", [0, "", b"", "str", bytearray()])
+def test_extra_digest_must_be_non_empty_bytes(bad: object) -> None:
+    with pytest.raises(ValueError, match="extra_digest"):
+        key(extra_digest=bad)
+
+
+def test_extra_digest_and_name_expressions_enter_the_key() -> None:
+    assert key(extra_digest=b"a") != key(extra_digest=b"b") != key()
+    assert key(name_expressions=("f<int>",)) != key()
+    assert key(name_expressions=("f<int>",)) != key(name_expressions=(b"f<int>",))
+
+
+def test_options_none_without_a_gpu_says_what_to_do() -> None:
+    try:
+        ProgramOptions()
+    except Exception:
+        with pytest.raises(ValueError, match="arch="):
+            key(options=None)
+    else:  # pragma: no cover - on a GPU machine the default arch works
+        assert len(key(options=None)) == 32
+
+
+def test_toolchain_identity_is_down_to_the_patch_release() -> None:
+    ident = toolchain.nvrtc_identity()
+    from importlib import metadata
+
+    assert f"nvidia-cuda-nvrtc=={metadata.version('nvidia-cuda-nvrtc')}" in ident
+    assert "libnvrtc.so" in ident
+    assert toolchain.ptx_linker_identity().startswith("nvJitLink:nvidia-nvjitlink==")
+    # NVVM comes as a wheel here; elsewhere (a CUDA toolkit install) it is asked directly.
+    assert toolchain.nvvm_identity().startswith(("nvidia-nvvm==", "system-nvvm=="))
+
+
+def test_each_compiler_has_its_own_toolchain_component() -> None:
+    assert toolchain.toolchain_for("c++").compiler == toolchain.nvrtc_identity()
+    assert toolchain.toolchain_for("ptx").compiler == toolchain.ptx_linker_identity()
+    assert toolchain.toolchain_for("nvvm").compiler == toolchain.nvvm_identity()
+
+
+def test_failed_probe_is_a_stable_distinct_component(monkeypatch) -> None:
+    good = key()
+
+    def broken(*_: object) -> str:
+        raise OSError("library vanished")
+
+    monkeypatch.setattr(toolchain, "_wheel_identity", broken)
+    toolchain.nvrtc_identity.cache_clear()
+    toolchain.toolchain_for.cache_clear()
+    try:
+        failed1 = key()
+        assert toolchain.nvrtc_identity() == "probe-failed:OSError"
+        toolchain.nvrtc_identity.cache_clear()
+        toolchain.toolchain_for.cache_clear()
+        failed2 = key()
+    finally:
+        monkeypatch.undo()
+        toolchain.nvrtc_identity.cache_clear()
+        toolchain.toolchain_for.cache_clear()
+    assert failed1 == failed2 != good
+    assert key() == good
+
+
+def test_probes_run_once_per_process(monkeypatch) -> None:
+    calls = 0
+    real = toolchain._wheel_identity
+
+    def counting(*args: str) -> str | None:
+        nonlocal calls
+        calls += 1
+        return real(*args)
+
+    monkeypatch.setattr(toolchain, "_wheel_identity", counting)
+    toolchain.nvrtc_identity.cache_clear()
+    toolchain.toolchain_for.cache_clear()
+    try:
+        for _ in range(5):
+            key()
+        assert calls == 1
+    finally:
+        monkeypatch.undo()
+        toolchain.nvrtc_identity.cache_clear()
+        toolchain.toolchain_for.cache_clear()
+
+
+def test_key_derivation_does_not_load_nvrtc() -> None:
+    code = (
+        "from cuda.core import ProgramOptions\n"
+        "from kernelcache import make_program_cache_key as m\n"
+        f"m(code='x', code_type='c++', options=ProgramOptions(arch={ARCH!r}), target_type='cubin')\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print('libnvrtc' in maps)  # the compiler library itself, not the bindings module\n"
+    )
+    assert run_python(code).strip() == "False"
+
+
+def test_explain_names_the_differing_component() -> None:
+    a = explain_program_cache_key(code=SRC, code_type="c++", options=ProgramOptions(arch=ARCH), target_type="cubin")
+    b = explain_program_cache_key(code=SRC, code_type="c++", options=ProgramOptions(arch="sm_80"), target_type="cubin")
+    assert a["key"] == key().hex()
+    differing = {name for name in a.keys() | b.keys() if a.get(name) != b.get(name)}
+    assert differing == {"options.arch", "key"}
+    assert a["toolchain.compiler"] == toolchain.nvrtc_identity()
+
+
+# -- properties ------------------------------------------------------------------------
+
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.text(max_size=4),
+    st.binary(max_size=4),
+    st.lists(st.text(max_size=3), max_size=3),
+)
+
+
+@given(a=_values, b=_values)
+@settings(max_examples=300, deadline=None)
+def test_encoding_is_injective(a: object, b: object) -> None:
+    if a == b and type(a) is type(b):
+        assert options_mod.encode(a) == options_mod.encode(b)
+    elif not (isinstance(a, list) and isinstance(b, list) and a == b):
+        assert options_mod.encode(a) != options_mod.encode(b)
+
+
+@given(parts=st.lists(st.binary(max_size=6), min_size=2, max_size=4), cut=st.integers(0, 6))
+@settings(max_examples=300, deadline=None)
+def test_component_boundaries_cannot_shift(parts: list[bytes], cut: int) -> None:
+    # Moving bytes from one component to its neighbour must change the digest.
+    names = [f"c{i}" for i in range(len(parts))]
+    moved = list(parts)
+    n = min(cut, len(moved[0]))
+    if n == 0:
+        return
+    moved[1] = moved[0][-n:] + moved[1]
+    moved[0] = moved[0][:-n]
+    assert keys_mod.digest_components(list(zip(names, parts))) != keys_mod.digest_components(list(zip(names, moved)))
+
+
+@given(code=st.text(max_size=50), macro=st.text(max_size=10))
+@settings(max_examples=100, deadline=None)
+def test_distinct_sources_and_macros_give_distinct_keys(code: str, macro: str) -> None:
+    k1 = key(code=code)
+    k2 = key(code=code + " ")
+    assert k1 != k2
+    with_macro = key(code=code, options=ProgramOptions(arch=ARCH, define_macro=macro or "X"))
+    assert with_macro != k1
+
+
+def test_repeated_derivations_stay_exact_about_value_types() -> None:
+    # The per-process encoding memo must not confuse values that compare equal.
+    a = key(options=ProgramOptions(arch=ARCH, max_register_count=1))
+    b = key(options=ProgramOptions(arch=ARCH, max_register_count=True))
+    c = key(options=ProgramOptions(arch=ARCH, define_macro=[("N", "1")]))
+    d = key(options=ProgramOptions(arch=ARCH, define_macro=[("N", "1")]))
+    assert a != b and c == d
+    assert key(options=ProgramOptions(arch=ARCH, max_register_count=1)) == a
+
+
+def test_define_macro_keys_follow_the_macros_nvrtc_receives() -> None:
+    from cuda.core import ProgramOptions
+
+    from kernelcache import make_program_cache_key
+
+    def key(macros: object) -> bytes:
+        options = ProgramOptions(arch="sm_90", define_macro=macros)
+        return make_program_cache_key(
+            code="__global__ void k() {}", code_type="c++", options=options, target_type="cubin"
+        )
+
+    # ("N", "M") is -DN=M; ["N", "M"] is -DN -DM: two compiles, two keys.
+    assert key(("N", "M")) != key(["N", "M"])
+    # One macro however it is spelled: one key.
+    assert key(("N", "4")) == key("N=4") == key(["N=4"]) == key([("N", "4")])
+    assert key([("N", "4"), "M"]) == key(["N=4", "M"]) != key(["M", "N=4"])  # order kept
