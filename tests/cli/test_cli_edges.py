@@ -1,4 +1,4 @@
-"""The command line's rough edges (issue 15 section 4), each through the real `kernelcache` command."""
+"""The command line's rough edges, each through the real `kernelcache` command."""
 
 from __future__ import annotations
 

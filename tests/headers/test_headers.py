@@ -94,7 +94,7 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-# -- issue 13 #1: a header edited while the compile runs ------------------------------------
+# -- a header edited while the compile runs --------------------------------------------------
 
 
 def test_header_edited_during_the_compile_is_not_stored(tmp_path, monkeypatch) -> None:
@@ -187,7 +187,7 @@ def test_a_probed_header_created_during_the_compile_is_not_stored(tmp_path, monk
     assert any("changed during the compile" in str(w.message) for w in caught)
 
 
-# -- issue 13 #2: what the trace cannot see ---------------------------------------------------
+# -- what the trace cannot see -----------------------------------------------------------------
 
 
 HAS_INCLUDE = r"""
@@ -283,7 +283,7 @@ def test_extra_digest_adds_to_the_key_and_keeps_header_tracking(tmp_path, monkey
 
 @contextlib.contextmanager
 def mounted_ext3_128() -> Iterator[str]:
-    """A real ext3 with 128-byte inodes: whole-second timestamps, as the issue measured."""
+    """A real ext3 with 128-byte inodes: whole-second timestamps, as ext3 keeps them."""
     image = f"/tmp/kc-ext3-{uuid.uuid4().hex[:8]}.img"
     point = image[:-4]
     with open(image, "wb") as f:
@@ -521,7 +521,7 @@ def test_a_full_cache_disk_with_headers_still_compiles(tmp_path) -> None:
         assert run_python(script, code).strip() == "True"
 
 
-# -- issue 14 goal 1: no trace where the source cannot name a file ------------------------------
+# -- no trace where the source cannot name a file --------------------------------------------
 
 
 def _traces_written(cache: FileStreamProgramCache, code: str, **kw) -> int:

@@ -1,5 +1,5 @@
 """KernelCache loading on real GPUs: get_kernels, a wrong kernel name, a driver that cannot load
-a good entry, and the caller's current context (issue 13 #5, #6; issue 14 get_kernels)."""
+a good entry, and the caller's current context."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_get_kernels_reports_each_failure_and_loads_the_rest(tmp_path) -> None:
 
 
 def test_wrong_kernel_name_is_a_clear_error_and_keeps_the_shared_entry(tmp_path) -> None:
-    # Issue 13 #5: the typo used to be read as a corrupt artifact: a warning, the valid
+    # The typo used to be read as a corrupt artifact: a warning, the valid
     # shared entry evicted and recompiled, and only then the driver's NOT_FOUND.
     store = FileStreamProgramCache(tmp_path)
     KernelCache(store).get_kernel(SRC, "scale", options=_options(0), device=0)
@@ -85,7 +85,7 @@ def test_wrong_kernel_name_is_a_clear_error_and_keeps_the_shared_entry(tmp_path)
 
 
 def test_a_driver_that_cannot_load_a_good_entry_keeps_it(tmp_path) -> None:
-    # Issue 13 #5: PTX newer than this driver (as a peer with a newer driver may share) is
+    # PTX newer than this driver (as a peer with a newer driver may share) is
     # not bad bytes; the entry stays for the hosts that can load it, nothing recompiles.
     import re
 
@@ -131,7 +131,7 @@ def _load(kc: KernelCache, how: str, device: int):  # noqa: ANN202 - a cuda.core
 
 @pytest.mark.parametrize("how", ["get_kernel", "get_kernels"])
 def test_a_load_leaves_a_thread_without_a_context_without_one(tmp_path, how) -> None:
-    # Issue 13 #6 on one GPU: a fresh thread has no current context; get_kernel(device=0)
+    # On one GPU: a fresh thread has no current context; get_kernel(device=0)
     # used to leave device 0's context current in it.
     kc = KernelCache(FileStreamProgramCache(tmp_path))
 
@@ -145,7 +145,7 @@ def test_a_load_leaves_a_thread_without_a_context_without_one(tmp_path, how) -> 
 
 @pytest.mark.parametrize("how", ["get_kernel", "get_kernels"])
 def test_loading_on_device_1_keeps_the_callers_device_0(tmp_path, how) -> None:
-    # Issue 13 #6: a thread working on device 0 asks for a kernel on device 1; its next
+    # A thread working on device 0 asks for a kernel on device 1; its next
     # allocation or launch must still go to device 0.
     if _devices() < 2:
         pytest.skip("needs two GPUs (run on the nvidia-h200-x2 kind)")

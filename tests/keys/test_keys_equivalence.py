@@ -1,4 +1,4 @@
-"""Key equivalences and refusals shared with cuda.core's own key (issue 11 #3, #4).
+"""Key equivalences and refusals shared with cuda.core's own key.
 
 Where cuda.core's make_program_cache_key proves two inputs compile to the same output,
 kernelcache's key is the same too; where cuda.core refuses (a side effect a hit would skip,
@@ -43,7 +43,7 @@ def ptx_key(**kw: Any) -> bytes:
     return key(code=".version 8.0\n.target sm_90\n", code_type="ptx", options=opts(**kw))
 
 
-# -- every hashed field changes the key (issue 10: was 12 of ~45, skipping on RuntimeError) --
+# -- every hashed field changes the key (each field, none skipped on RuntimeError) ------------
 
 # One value per hashed field that differs from "unset"; a field the table hashes but this
 # dict lacks fails the test below, so a new cuda.core field cannot go untested.
@@ -136,7 +136,7 @@ def test_every_linker_field_changes_a_ptx_key_and_no_other_does() -> None:
             assert changed == base, field
 
 
-# -- equivalences (issue 11 #3) --------------------------------------------------------------
+# -- equivalences ----------------------------------------------------------------------------
 
 
 def test_name_expressions_order_does_not_count_but_their_type_does() -> None:
@@ -240,7 +240,7 @@ def test_nvvm_use_libdevice_needs_extra_digest_only_where_no_wheel_pins_it() -> 
     keys_mod.key_components(**common, toolchain=system, extra_digest=b"libdevice-digest")
 
 
-# -- refusals (issue 11 #4) ------------------------------------------------------------------
+# -- refusals --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("field", ["create_pch", "time", "fdevice_time_trace"])

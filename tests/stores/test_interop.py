@@ -1,4 +1,4 @@
-"""Drop-in for cuda.core, both directions (issue 11 #1, #2).
+"""Drop-in for cuda.core, both directions.
 
 kernelcache's stores are cuda.core ProgramCacheResources (``Program.compile(cache=...)``
 takes them: miss, then hit), and compile_program takes cuda.core's own stores with
@@ -178,8 +178,8 @@ def test_compile_program_takes_cuda_core_stores_miss_then_hit(tmp_path) -> None:
         assert store.get(cuda_core.meta_key(infos[0].key)) is not None
 
 
-def test_the_issue_snippets(tmp_path) -> None:
-    """Both snippets of the issue: our store into Program.compile, cuda.core's into compile_program."""
+def test_the_readme_snippets(tmp_path) -> None:
+    """Both directions as the README shows them: our store into Program.compile, cuda.core's into compile_program."""
     program = Program(SRC, "c++", options=ProgramOptions(arch=ARCH))
     ours = FileStreamProgramCache(str(tmp_path / "ours"))
     assert program.compile("cubin", cache=ours).code == program.compile("cubin", cache=ours).code

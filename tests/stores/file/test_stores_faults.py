@@ -1,4 +1,4 @@
-"""FileStreamProgramCache under faults and hostile neighbours (issue 10: 4, 5, 6, 12, 14, 16, 18).
+"""FileStreamProgramCache under faults and hostile neighbours.
 
 Everything here is provoked for real: immutable directories (chattr +i: root ignores mode
 bits, not that), FIFOs and symlinks planted in the tree, racing processes, a read-only mount.

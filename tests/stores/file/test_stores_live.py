@@ -1,7 +1,7 @@
 """The file store under live maintenance and load: real writer processes, a real CLI, real files.
 
-Issue 10 #1 (verify --fix on a live cache), #7 (writers outrun eviction: the tracker's
-invariant), #8 (leftovers of killed writers, lock files). Exact counts only, no timings.
+verify --fix on a live cache, writers that outrun eviction (the tracker's invariant), and the
+leftovers of killed writers (lock files). Exact counts only, no timings.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _lost(root: Path, written: list[str], size: int) -> list[str]:
     return lost
 
 
-# -- issue 10 #1: verify --fix on a live cache --------------------------------------------------
+# -- verify --fix on a live cache ----------------------------------------------------------------
 
 
 def test_verify_fix_during_writes_loses_nothing(tmp_path: Path) -> None:
@@ -112,7 +112,7 @@ def test_verify_fix_still_removes_old_damage(tmp_path: Path) -> None:
     assert not [p for p in root.rglob("*") if p.is_file() and "entries" in p.parts]
 
 
-# -- issue 10 #7: writers outrun eviction ---------------------------------------------------------
+# -- writers outrun eviction -----------------------------------------------------------------------
 
 
 def _stats_path(root: Path) -> str:
@@ -158,7 +158,7 @@ def test_tracked_size_never_exceeds_cap_by_more_than_one_value_per_writer(tmp_pa
     assert _disk_bytes(root) <= cap + nwriters * per_writer
 
 
-# -- issue 10 #8: leftovers --------------------------------------------------------------------
+# -- leftovers ----------------------------------------------------------------------------------
 
 
 def _tmp_files(root: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""The cache tree and real second users (issue 10 #13, issue 15 §1): attacks and a team cache.
+"""The cache tree and real second users: attacks and a team cache.
 
 Root creates the users and a group here; code runs as them in forked children (setgroups,
 setgid, setuid, umask). Skipped when not root or without useradd.
@@ -145,7 +145,7 @@ def _wait_for(path: Path, timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
-# -- issue 10 #13: the symlinked-root swap -------------------------------------------------------
+# -- the symlinked-root swap ---------------------------------------------------------------------
 
 GOOD, EVIL = b"the victim's own kernel", b"planted by another user"
 
@@ -211,7 +211,7 @@ def test_a_symlinked_root_cannot_be_swapped_under_a_live_store(users: dict[str, 
     assert got == GOOD
 
 
-# -- issue 10 #13: every directory of the tree is checked ------------------------------------
+# -- every directory of the tree is checked --------------------------------------------------
 
 
 def test_private_mode_checks_every_directory_of_the_tree(users: dict[str, User], tmp_path: Path) -> None:
@@ -249,7 +249,7 @@ def test_private_mode_checks_every_directory_of_the_tree(users: dict[str, User],
     assert FileStreamProgramCache(root).get("k") == b"v"
 
 
-# -- issue 15 §1: a team cache for two real members --------------------------------------------
+# -- a team cache for two real members ----------------------------------------------------------
 
 
 def _team_dir(base: Path) -> Path:

@@ -1,6 +1,6 @@
-"""Redis under faults, single flight across hosts, and counting (issue 10 #9, #11, #17, #19;
-issue 15 §3 Redis). Real redis-server processes stopped and killed, real compiling processes
-killed with SIGKILL; counts are exact, time bounds are generous."""
+"""Redis under faults, single flight across hosts, and counting. Real redis-server processes
+stopped and killed, real compiling processes killed with SIGKILL; counts are exact, time bounds
+are generous."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Who may read, write and delete what in a shared Redis (issue 10 #2, #3; issue 13 #3 for Redis).
+"""Who may read, write and delete what in a shared Redis.
 
 Real redis-server, real clients with and without the team's secret; the entries are looked
 at with a raw redis client, never through the code under test.
