@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ARCH
+from uids import User, unique
 
 from kernelcache import FileStreamProgramCache
 
@@ -142,8 +143,8 @@ def _files(root: str) -> list[str]:
 
 # -- kernelcache init --team --------------------------------------------------------------------
 
-_TEAM, _A, _B = "kcfleet_team", "kcfleet_a", "kcfleet_b"
-_OTHER = "kcfleet_other"
+_TEAM, _A, _B = unique("kcfleet_team"), unique("kcfleet_a"), unique("kcfleet_b")
+_OTHER = unique("kcfleet_other")
 _as_root = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("useradd") is None,
     reason="needs root and useradd to create real second users",
@@ -173,8 +174,6 @@ def team_users():
 
 
 def _member(name: str):  # noqa: ANN202 - test_stores_uids.User
-    from test_stores_uids import User
-
     pw = pwd.getpwnam(name)
     return User(name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(name, pw.pw_gid)))
 

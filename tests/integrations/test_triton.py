@@ -465,7 +465,6 @@ def test_a_damaged_local_group_falls_through_to_the_complete_remote_one(tmp_path
 BOUNDED = r"""
 import os, sys
 from triton.runtime.cache import get_cache_manager
-from helpers import support_script
 first, count, size = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 for i in range(first, first + count):
     m = get_cache_manager(f"{i:064x}")

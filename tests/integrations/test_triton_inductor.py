@@ -180,7 +180,6 @@ def test_a_hit_under_inductor_hands_triton_copies_a_peer_in_tritons_directory_ca
 CHILD = r"""
 import json, torch
 from torch._dynamo.utils import counters
-from helpers import support_script
 
 @torch.compile
 def f(x, y):

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from _bundle_child import compile_item
 from helpers import support_script
+from uids import unique
 
 import kernelcache
 from kernelcache.stores.bundle import format as fmt
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs root and useradd to create a real second user",
 )
 
-USER = "kcbundle_reader"
+USER = unique("kcbundle_reader")
 CHILD = support_script("_bundle_child.py")
 SPEC = [
     {"code": 'extern "C" __global__ void one(float* x) { x[0] = 1.0f; }', "arch": "sm_90"},

@@ -17,11 +17,11 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from uids import User, unique
 
 from kernelcache import FileStreamProgramCache, UnsafeCacheDirError
 from kernelcache.compile.flight import SingleFlight
@@ -32,17 +32,10 @@ pytestmark = pytest.mark.skipif(
     reason="needs root and useradd to create real second users",
 )
 
-GROUP = "kctrust_team"
-MEMBERS = ("kctrust_a", "kctrust_b")
-OUTSIDER = "kctrust_c"
-
-
-@dataclass(frozen=True)
-class User:
-    name: str
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
+GROUP = unique("kctrust_team")
+MEMBERS = (unique("kctrust_a"), unique("kctrust_b"))
+OUTSIDER = unique("kctrust_c")
+A, B, C = (*MEMBERS, OUTSIDER)
 
 
 def _run(*argv: str) -> None:
@@ -177,7 +170,7 @@ def test_a_symlinked_root_cannot_be_swapped_under_a_live_store(users: dict[str, 
     """Another user points a symlinked root at the victim's own cache (the check passes),
     then re-points it at a tree with a planted artifact and a valid sidecar. The victim's
     store must keep using the directory it checked: the root is resolved once."""
-    victim, attacker = users["kctrust_a"], users["kctrust_c"]
+    victim, attacker = users[A], users[C]
     home = base / "victim-cache"
 
     def fill() -> None:
@@ -217,7 +210,7 @@ def test_a_symlinked_root_cannot_be_swapped_under_a_live_store(users: dict[str, 
 def test_private_mode_checks_every_directory_of_the_tree(users: dict[str, User], tmp_path: Path) -> None:
     """A subdirectory that others can write, that another uid owns, or that is a symlink is
     refused (before: only the root was looked at)."""
-    other = users["kctrust_c"]
+    other = users[C]
     root = tmp_path / "cache"
     FileStreamProgramCache(root)["k"] = b"v"
     entries = root / FORMAT_DIR / "entries"
@@ -300,7 +293,7 @@ def _try_key(root: str, key_hex: str) -> str:
 def test_team_cache_serves_every_member(users: dict[str, User], base: Path) -> None:
     """Member A writes (umask 002), member B (umask 022) reads A's entries, writes its own,
     evicts A's under the cap, shares the counters and the single-flight locks."""
-    a, b = users["kctrust_a"], users["kctrust_b"]
+    a, b = users[A], users[B]
     team = str(_team_dir(base))
     value = {f"a{i}": bytes([i]) * 4000 for i in range(4)}
     as_user(a, _write, team, 40_000, value, umask=0o002)
@@ -336,7 +329,7 @@ def test_team_cache_serves_every_member(users: dict[str, User], base: Path) -> N
 
 def test_team_mode_refuses_what_the_team_does_not_own(users: dict[str, User], base: Path) -> None:
     """A team cache still refuses a directory others can write, or that an outsider owns."""
-    a, outsider = users["kctrust_a"], users["kctrust_c"]
+    a, outsider = users[A], users[C]
     team = _team_dir(base)
     as_user(a, _write, str(team), None, {"k": b"v"}, umask=0o002)
     entries = team / FORMAT_DIR / "entries"
@@ -394,7 +387,7 @@ def test_every_command_opens_a_team_cache_for_a_second_member(users: dict[str, U
     # imported before forking, and --json asks for no rich tables.
     _import_all_of_kernelcache()
 
-    a, b = users["kctrust_a"], users["kctrust_b"]
+    a, b = users[A], users[B]
     team = str(_team_dir(base))
     as_user(a, _write, team, None, {"k": b"v" * 100}, umask=0o002)
     for argv, env in (
