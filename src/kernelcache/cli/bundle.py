@@ -166,7 +166,7 @@ def ls_cmd(path: str, secret_env: str | None, as_json: bool) -> None:
             created = head.get("created")
             when = float(created) if isinstance(created, (int, float)) else 0.0  # a bundle has no last use
             info = EntryInfo(name, store.path, int(head.get("size") or 0), when, head)
-            if ent.is_manifest(info) or not isinstance(head.get("meta"), dict):
+            if ent.is_manifest(info) or not isinstance(head.get("meta"), dict) or head["meta"].get("kind") == "blob":
                 others += 1
                 continue
             rows.append(ent.entry_row(info))
