@@ -71,9 +71,13 @@ class Loaded:
 
 
 def _counts(info: object) -> dict[str, int]:
-    """Artifacts per kind of a torch CacheInfo (its ``artifacts``: kind -> keys)."""
+    """Artifacts per kind of a torch CacheInfo: its ``artifacts`` (kind -> keys), or in older
+    versions one ``<kind>_artifacts`` list each."""
     found = getattr(info, "artifacts", None)
-    return {str(k): len(v) for k, v in found.items()} if isinstance(found, dict) else {}
+    if isinstance(found, dict):
+        return {str(k): len(v) for k, v in found.items() if v}
+    fields = {k.removesuffix("_artifacts"): v for k, v in vars(info).items()} if hasattr(info, "__dict__") else {}
+    return {k: len(v) for k, v in fields.items() if isinstance(v, list) and v}
 
 
 def save(name: str = MEGA_CACHE, *, cache_dir: str | os.PathLike[str] | None = None) -> Saved | None:
