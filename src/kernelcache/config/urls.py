@@ -133,16 +133,20 @@ def split_bundle_list(raw: str, sep: str) -> list[str]:
     """KERNELCACHE_BUNDLES split at ``sep`` (os.pathsep), keeping each ``oci://`` reference whole.
 
     An OCI reference holds colons of its own (a port, a tag, ``sha256:``): after ``oci`` +
-    ``//...``, every piece that does not start a path (``/`` or ``~``) belongs to it. File
+    ``//...``, every piece that does not start a path (``/`` or ``~``) or another reference belongs to it. File
     entries must be absolute paths, so the split is never ambiguous for a valid value.
     """
     pieces = raw.split(sep)
+
+    def starts_ref(i: int) -> bool:
+        return sep == ":" and pieces[i] == "oci" and i + 1 < len(pieces) and pieces[i + 1].startswith("//")
+
     out: list[str] = []
     i = 0
     while i < len(pieces):
-        if sep == ":" and pieces[i] == "oci" and i + 1 < len(pieces) and pieces[i + 1].startswith("//"):
+        if starts_ref(i):
             ref, i = pieces[i] + sep + pieces[i + 1], i + 2
-            while i < len(pieces) and pieces[i] and not pieces[i].startswith(("/", "~")):
+            while i < len(pieces) and pieces[i] and not pieces[i].startswith(("/", "~")) and not starts_ref(i):
                 ref, i = ref + sep + pieces[i], i + 1
             out.append(ref)
         else:

@@ -186,7 +186,10 @@ def _forget(home: str, layer: str) -> None:
     """Remove the pulled bundle of ``layer`` once no reference names it.
 
     Race: a process resolving another reference to this layer right now may find it gone and
-    pull it again: a download more, never a half file (it is only ever renamed into place)."""
+    pull it again: a download more, never a half file (it is only ever renamed into place). A
+    process that read the old record of this same reference just before it changed may find
+    the file gone when it opens it: that process goes without the bundle (one warning), never
+    reads another file under its name. A process that has it open keeps reading it."""
     for name in glob.glob(os.path.join(home, "refs", "*.json")):
         try:
             with open(name, "rb") as f:
