@@ -3,12 +3,17 @@ each with its own config and storage directory, started and stopped by the tests
 
 from __future__ import annotations
 
+import base64
+import http.server
+import json
 import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -75,9 +80,17 @@ class RegistryServer:
     """One registry on 127.0.0.1:port, storing blobs under its own directory.
 
     ``htpasswd``: (user, password) for basic auth; ``tls``: serve https with a self-signed
-    certificate (``self.cert`` is the file a client trusts, through SSL_CERT_FILE)."""
+    certificate (``self.cert`` is the file a client trusts, through SSL_CERT_FILE); ``token``:
+    the token scheme, with that service issuing the tokens the registry checks."""
 
-    def __init__(self, workdir: str, *, htpasswd: tuple[str, str] | None = None, tls: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        htpasswd: tuple[str, str] | None = None,
+        tls: bool = False,
+        token: TokenService | None = None,
+    ) -> None:
         assert REGISTRY is not None
         self.port = free_port()
         self.dir = os.path.join(workdir, f"registry-{self.port}")
@@ -107,6 +120,15 @@ class RegistryServer:
             with open(path, "w") as f:
                 f.write(bcrypt_line(*htpasswd))
             lines += ["auth:", "  htpasswd:", "    realm: kernelcache-tests", f"    path: {path}"]
+        if token is not None:
+            lines += [
+                "auth:",
+                "  token:",
+                f"    realm: {token.realm}",
+                f"    service: {token.service}",
+                f"    issuer: {token.issuer}",
+                f"    rootcertbundle: {token.cert}",
+            ]
         self.config = os.path.join(self.dir, "config.yml")
         with open(self.config, "w") as f:
             f.write("\n".join(lines) + "\n")
@@ -173,3 +195,86 @@ class RegistryServer:
                 self.proc.wait(10)
             self.proc = None
         self.log.close()
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class TokenService:
+    """A token service on loopback as the distribution spec describes one: ``GET /token?service=&scope=``
+    with basic credentials answers ``{"token": JWT}``, an RS256 JWT signed (by the openssl command)
+    with a key whose self-signed certificate the registry trusts (its ``x5c`` header carries it).
+    Grants what is asked to ``user``/``password``; refuses anything else with 401. Counts what it issued."""
+
+    service, issuer = "kc-test-registry", "kc-test-issuer"
+
+    def __init__(self, workdir: str, user: str, password: str) -> None:
+        self.dir = os.path.join(workdir, f"token-{os.getpid()}-{time.monotonic_ns()}")
+        os.makedirs(self.dir)
+        self.cert, self.key = self_signed(self.dir)
+        der = subprocess.run([OPENSSL, "x509", "-in", self.cert, "-outform", "DER"], capture_output=True, check=True)
+        self._x5c = base64.b64encode(der.stdout).decode()
+        self._basic = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.issued: list[str] = []  # the scope of each token issued
+        self.refused = 0
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.realm = f"http://127.0.0.1:{self._server.server_address[1]}/token"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _jwt(self, scope: str) -> str:
+        header = {"typ": "JWT", "alg": "RS256", "x5c": [self._x5c]}
+        access = []
+        if scope:
+            kind, name, actions = scope.split(":", 2)
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        now = int(time.time())
+        claims = {
+            "iss": self.issuer,
+            "sub": "kc",
+            "aud": self.service,
+            "exp": now + 300,
+            "nbf": now - 10,
+            "iat": now,
+            "jti": f"{now}-{len(self.issued)}",
+            "access": access,
+        }
+        signing = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+        signed = subprocess.run(
+            [OPENSSL, "dgst", "-sha256", "-sign", self.key],
+            input=signing.encode(),
+            capture_output=True,
+            check=True,
+            timeout=30,
+        )
+        return f"{signing}.{_b64url(signed.stdout)}"
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        service = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                if self.headers.get("Authorization") != service._basic:
+                    service.refused += 1
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                scope = (query.get("scope") or [""])[0]
+                body = json.dumps({"token": service._jwt(scope)}).encode()
+                service.issued.append(scope)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

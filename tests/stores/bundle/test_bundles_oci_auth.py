@@ -101,3 +101,36 @@ def test_another_client_moves_a_pushed_bundle_and_it_still_pulls_byte_identical(
     out = tmp_path / "mirrored.kcb"
     assert oci.pull(registry.ref("mirror/kernels"), str(out))["entries"] == 3
     assert out.read_bytes() == bundle_file.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory):
+    """A registry that wants bearer tokens (the scheme of Docker Hub, GHCR, ECR...), and their service."""
+    from registry_servers import RegistryServer, TokenService, need_registry
+
+    need_registry()
+    work = str(tmp_path_factory.mktemp("token-registry"))
+    service = TokenService(work, USER, PASSWORD)
+    server = RegistryServer(work, token=service)
+    yield server, service
+    server.stop()
+    service.stop()
+
+
+def test_the_token_scheme_gets_a_token_per_scope_with_the_credentials(tokens, bundle_file, tmp_path):
+    server, service = tokens
+    ref = server.ref("team/tok")
+    none = {"DOCKER_CONFIG": str(tmp_path / "none")}
+    refused = _cli("bundle", "push", str(bundle_file), ref, env=none)
+    assert refused.returncode == 2 and "refused a token" in refused.stderr and service.refused == 1
+    creds = {**none, "KERNELCACHE_OCI_USERNAME": USER, "KERNELCACHE_OCI_PASSWORD": PASSWORD}
+    assert _cli("bundle", "push", str(bundle_file), ref, env=creds).returncode == 0
+    assert service.issued == ["repository:team/tok:pull,push"]  # one token, kept for the whole push
+    config = {"DOCKER_CONFIG": _docker_config(tmp_path, server.host, USER, PASSWORD)}
+    pulled = _cli("bundle", "pull", ref, str(tmp_path / "out.kcb"), env=config)
+    assert pulled.returncode == 0, pulled.stderr
+    assert (tmp_path / "out.kcb").read_bytes() == bundle_file.read_bytes()
+    assert service.issued[1:] == ["repository:team/tok:pull"]
+    wrong = {**none, "KERNELCACHE_OCI_USERNAME": USER, "KERNELCACHE_OCI_PASSWORD": "nope"}
+    proc = _cli("bundle", "pull", ref, str(tmp_path / "again.kcb"), env=wrong)
+    assert proc.returncode == 2 and "refused a token" in proc.stderr and "KERNELCACHE_OCI_USERNAME" in proc.stderr

@@ -180,7 +180,10 @@ class Registry:
 
     def _token(self, params: dict[str, str], scope: str, creds: Credentials) -> str:
         realm = params["realm"]
-        wanted = {"service": params.get("service", ""), "scope": params.get("scope") or scope}
+        # The scope this request's operation needs (a push: pull,push), so one token serves all
+        # its requests; the challenge's own only where it asks for more than that.
+        scopes = [scope] + [s for s in params.get("scope", "").split(" ") if s and not _covers(scope, s)]
+        wanted = {"service": params.get("service", ""), "scope": " ".join(scopes)}
         if creds.identity_token is not None or creds.basic is not None:
             self._refuse_plain_http(realm)
         if creds.identity_token is not None:
@@ -190,7 +193,8 @@ class Registry:
             )
         else:
             sep = "&" if "?" in realm else "?"
-            request = urllib.request.Request(f"{realm}{sep}{urllib.parse.urlencode(wanted)}")
+            query = [("service", wanted["service"]), *(("scope", s) for s in scopes)]
+            request = urllib.request.Request(f"{realm}{sep}{urllib.parse.urlencode(query)}")
             if creds.basic is not None:
                 request.add_unredirected_header("Authorization", creds.basic)
         try:
@@ -213,6 +217,13 @@ class Registry:
         where = urllib.parse.urlsplit(url)
         if where.scheme != "https" and not is_loopback(where.netloc):
             raise RegistryError(f"kernelcache sends no credentials over plain http ({url}): use https")
+
+
+def _covers(mine: str, asked: str) -> bool:
+    """Whether the scope ``mine`` (``repository:NAME:pull,push``) grants all the scope ``asked`` does."""
+    resource, _, actions = mine.rpartition(":")
+    their_resource, _, their_actions = asked.rpartition(":")
+    return resource == their_resource and set(their_actions.split(",")) <= set(actions.split(","))
 
 
 def credentials_for(host: str) -> Credentials:
