@@ -304,3 +304,14 @@ def test_a_pulled_bundle_lives_in_a_directory_only_its_user_can_write(registry, 
     os.chmod(path.parent, 0o777)
     with pytest.raises(kernelcache.UnsafeCacheDirError, match="only you can write"):
         pulled_bundle(registry.ref("team/private"), str(root))
+
+
+def test_a_cache_directory_first_made_by_a_pull_is_a_cache_root_the_tools_maintain(registry, built, tmp_path):
+    root = tmp_path / "node"
+    pulled = Path(pulled_bundle(oci.push(str(built), registry.ref("team/first"))["reference"], str(root)))
+    with kernelcache.FileStreamProgramCache(root) as cache:
+        cache[b"an entry"] = b"bytes"
+    for args in (("prune", "--max-size", "0"), ("clear", "--yes")):
+        proc = _cli(*args, "--cache-dir", str(root))
+        assert proc.returncode == 0, proc.stderr
+    assert pulled.read_bytes() == built.read_bytes()  # the tools remove entries, never the pulled bundles

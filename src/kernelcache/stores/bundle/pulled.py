@@ -34,7 +34,8 @@ from kernelcache.config.urls import OciReference, oci_reference
 from kernelcache.log import WarnOnce
 from kernelcache.stores.bundle import oci
 from kernelcache.stores.bundle.registry import Registry
-from kernelcache.stores.file.treesafety import TreeCheck, UnsafeCacheDirError, make_dir, make_root
+from kernelcache.stores.file.marker import holds_only_ours
+from kernelcache.stores.file.treesafety import UnsafeCacheDirError, make_root, make_tree
 
 _warned = WarnOnce()
 
@@ -85,11 +86,11 @@ def pulled_bundle(
 def pull_dir(root: str, team: bool) -> str:
     """``<root>/oci/u<uid>``: created where missing, checked (yours, nobody else can write it)."""
     real = make_root(root, team)
-    tree = TreeCheck(real, team)
-    tree.check(real)
     shared = os.path.join(real, "oci")
-    make_dir(shared, team)
-    tree.check(shared)
+    # The root is marked a cache root as the file store marks it (when it holds only kernelcache's
+    # files): a directory whose first user is a pull is then one clear and prune maintain.
+    fresh = not os.path.lexists(shared) and holds_only_ours(real)
+    make_tree(real, [shared], team, mark=fresh)
     home = os.path.join(shared, f"u{os.getuid()}")
     with contextlib.suppress(FileExistsError):
         os.mkdir(home, 0o700)
