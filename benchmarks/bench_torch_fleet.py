@@ -31,7 +31,8 @@ import sys
 import tempfile
 import time
 
-CHILD = r"""
+# The model every torch benchmark compiles (bench_torch_bundle.py too): two attention + MLP blocks.
+MODEL = r"""
 import json, os, sys, time
 t0 = time.perf_counter()
 import torch
@@ -53,6 +54,9 @@ class Block(torch.nn.Module):
 
 model = torch.nn.Sequential(Block(), Block()).cuda()
 x = torch.randn(8, 128, 256, device="cuda")
+"""
+
+CHILD = MODEL + r"""
 imported = time.perf_counter()
 compiled = torch.compile(model)
 with torch.no_grad():

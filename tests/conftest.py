@@ -49,3 +49,15 @@ def s3():
     s = S3Server()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """A real OCI registry (Debian's docker-registry, tests/support/registry_servers.py) on loopback, plain
+    http, shared by the tests of one module; skips without one."""
+    from registry_servers import RegistryServer, need_registry
+
+    need_registry()
+    r = RegistryServer(str(tmp_path_factory.mktemp("registry")))
+    yield r
+    r.stop()

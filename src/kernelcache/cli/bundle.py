@@ -166,7 +166,7 @@ def ls_cmd(path: str, secret_env: str | None, as_json: bool) -> None:
             created = head.get("created")
             when = float(created) if isinstance(created, (int, float)) else 0.0  # a bundle has no last use
             info = EntryInfo(name, store.path, int(head.get("size") or 0), when, head)
-            if ent.is_manifest(info) or not isinstance(head.get("meta"), dict):
+            if ent.is_manifest(info) or not isinstance(head.get("meta"), dict) or head["meta"].get("kind") == "blob":
                 others += 1
                 continue
             rows.append(ent.entry_row(info))
@@ -252,3 +252,45 @@ def import_cmd(
     emit(report, as_json, render)
     if damaged or dropped:
         sys.exit(1)
+
+
+# -- bundles as OCI artifacts (stores/bundle/oci.py) -------------------------------------------
+
+
+@bundle.command(name="push")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.argument("reference", metavar="oci://REGISTRY/REPO:TAG")
+@SECRET_ENV_OPTION
+@JSON_OPTION
+def push_cmd(path: str, reference: str, secret_env: str | None, as_json: bool) -> None:
+    """Push the bundle PATH to a registry as one OCI artifact (checked first: a damaged one is not pushed)."""
+    from kernelcache.stores.bundle.oci import push
+
+    if not os.path.isfile(path):
+        raise UserError(f"no bundle at {path}")
+    report = push(path, reference, secret=secret_from_env(secret_env))
+
+    def render(r: dict[str, Any]) -> None:
+        archs = ", ".join(r["archs"]) or "no arch named"
+        click.echo(f"pushed {path} to {r['reference']}: {r['entries']} entries, {r['bytes']} bytes ({archs})")
+        click.echo(f"manifest {r['digest']}, layer {r['layer']}")
+
+    emit(report, as_json, render)
+
+
+@bundle.command(name="pull")
+@click.argument("reference", metavar="oci://REGISTRY/REPO:TAG")
+@click.argument("out", type=click.Path(dir_okay=False))
+@SECRET_ENV_OPTION
+@JSON_OPTION
+def pull_cmd(reference: str, out: str, secret_env: str | None, as_json: bool) -> None:
+    """Pull the bundle REFERENCE names into the file OUT, checked (digests, then every record) before it is written."""
+    from kernelcache.stores.bundle.oci import pull
+
+    report = pull(reference, out, secret=secret_from_env(secret_env))
+
+    def render(r: dict[str, Any]) -> None:
+        signed = "signed" if r["signed"] else "unsigned"
+        click.echo(f"pulled {r['reference']} into {r['path']}: {r['entries']} entries, {r['bytes']} bytes, {signed}")
+
+    emit(report, as_json, render)

@@ -38,10 +38,10 @@ def is_manifest(entry: EntryInfo) -> bool:
 
 
 def is_listed(entry: EntryInfo) -> bool:
-    """Whether ``ls`` lists the entry: not bookkeeping (manifests, CuPy's index) nor one of a
+    """Whether ``ls`` lists the entry: not bookkeeping (manifests, CuPy's index, named blobs) nor one of a
     Triton kernel's files, for which its group's one row stands (``show`` lists them)."""
     meta = (entry.meta or {}).get("meta") or {}
-    return not is_manifest(entry) and meta.get("kind") not in ("cupy-index", "triton")
+    return not is_manifest(entry) and meta.get("kind") not in ("cupy-index", "triton", "blob")
 
 
 def _text(value: Any, default: str = "?") -> str:

@@ -14,7 +14,13 @@ from kernelcache.cli.common import CACHE_DIR_OPTION, JSON_OPTION, UserError, emi
 from kernelcache.config import file as configfile
 from kernelcache.stores.file import dircap
 
-_SECRETS = ("KERNELCACHE_REDIS_SECRET", "KERNELCACHE_OBJECT_STORE_SECRET", "KERNELCACHE_BUNDLE_SECRET")
+_SECRETS = (
+    "KERNELCACHE_REDIS_SECRET",
+    "KERNELCACHE_OBJECT_STORE_SECRET",
+    "KERNELCACHE_BUNDLE_SECRET",
+    "KERNELCACHE_OCI_PASSWORD",
+    "KERNELCACHE_OCI_TOKEN",
+)
 
 
 def settings(cache_dir: str | None) -> list[dict[str, str]]:

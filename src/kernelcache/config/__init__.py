@@ -21,6 +21,7 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 | KERNELCACHE_REQUIRE_HIT       | off                             | a miss raises (1) or warns (warn)        |
 | KERNELCACHE_BUNDLES           | unset                           | read-only bundles after the memory tier  |
 | KERNELCACHE_BUNDLE_SECRET     | unset                           | the secret those bundles are signed with |
+| KERNELCACHE_OCI_USERNAME / _PASSWORD / _TOKEN | unset           | credentials for OCI registries           |
 | KERNELCACHE_BASE_DIR          | unset                           | paths under it enter keys relative to it |
 | KERNELCACHE_COMPILE_SERVER    | auto: on where a driver is      | warm compiler workers kept per node/user |
 | KERNELCACHE_COMPILE_SERVER_IDLE | 300                           | seconds an unused compile server lives   |
@@ -32,7 +33,8 @@ import math
 import os
 
 from kernelcache.config import file as configfile
-from kernelcache.config import urls
+from kernelcache.config import oci, urls
+from kernelcache.config.oci import oci_password, oci_token, oci_username  # noqa: F401 - config.oci_token
 from kernelcache.config.sizes import format_size as format_size  # re-exported: config.format_size
 from kernelcache.config.sizes import parse_size, shown
 from kernelcache.config.variables import KNOWN, VARIABLES  # noqa: F401 - VARIABLES: config.VARIABLES
@@ -280,12 +282,15 @@ _ENCODED = {name: os.fsencode(name) for name in KNOWN}
 
 
 def bundles() -> tuple[str, ...]:
-    """``KERNELCACHE_BUNDLES`` (``a.kcb:b.kcb``): bundle files read right after the memory tier."""
+    """``KERNELCACHE_BUNDLES`` (``a.kcb:oci://registry/repo:tag``): bundles read after the memory tier."""
     raw = _env("KERNELCACHE_BUNDLES")
     if not raw.strip():
         return ()
-    paths = raw.split(os.pathsep)
+    paths = urls.split_bundle_list(raw, os.pathsep)
     for path in paths:
+        if path.startswith(urls.OCI_SCHEME):  # pulled when the default cache is made (stores/bundle/pulled.py)
+            oci.check_bundle_reference(path)
+            continue
         if not path.strip() or path != path.strip():
             raise ConfigError(
                 f"KERNELCACHE_BUNDLES={shown(raw)} has an empty or space-padded entry: "
@@ -301,7 +306,7 @@ def bundles() -> tuple[str, ...]:
                 f"KERNELCACHE_BUNDLES: {path!r} is not a file: build it with `kernelcache bundle create`, "
                 "fix the path, or unset the variable"
             )
-    return tuple(os.path.expanduser(p) for p in paths)
+    return tuple(p if p.startswith(urls.OCI_SCHEME) else os.path.expanduser(p) for p in paths)
 
 
 def bundle_secret() -> str | None:

@@ -1,4 +1,4 @@
-"""Which Redis and object-store URLs kernelcache accepts: pure checks, no connection made.
+"""Which Redis and object-store URLs and OCI references kernelcache accepts: pure checks, no connection made.
 
 The environment's ``KERNELCACHE_REDIS_URL`` / ``KERNELCACHE_OBJECT_STORE_URL`` and the stores'
 own ``url=`` arguments are checked by these same functions, so a URL is accepted or refused
@@ -7,6 +7,8 @@ the same way wherever it is given.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -70,3 +72,84 @@ def check_object_store_url(url: object) -> str:
             "file:///directory or memory:///"
         )
     return url
+
+
+OCI_SCHEME = "oci://"
+# The OCI distribution spec's grammar: a repository is path components of lowercase
+# alphanumerics joined by separators; a tag is at most 128 word characters, dots and dashes.
+_OCI_REPO = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
+_OCI_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_OCI_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
+_OCI_HOST = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
+)
+
+
+@dataclass(frozen=True)
+class OciReference:
+    """``oci://REGISTRY/REPO:TAG`` or ``oci://REGISTRY/REPO@sha256:HEX`` (or both), parsed."""
+
+    registry: str  # host[:port], as written
+    repository: str
+    tag: str | None
+    digest: str | None
+
+    def __str__(self) -> str:
+        tag = f":{self.tag}" if self.tag else ""
+        digest = f"@{self.digest}" if self.digest else ""
+        return f"{OCI_SCHEME}{self.registry}/{self.repository}{tag}{digest}"
+
+
+def oci_reference(text: str) -> OciReference:
+    """``text`` (``oci://REGISTRY/REPO:TAG``, ``...@sha256:HEX``) parsed; ValueError naming the form.
+
+    The registry is always written out (no default registry: ``oci://docker.io/team/kernels:v1``
+    for Docker Hub); a tag or a digest is required (no implicit ``latest``)."""
+    if not isinstance(text, str) or not text.startswith(OCI_SCHEME):
+        raise ValueError(f"{text!r} is not an OCI reference: write oci://REGISTRY/REPO:TAG")
+    rest = text[len(OCI_SCHEME) :]
+    rest, _, digest = rest.partition("@")
+    registry, _, path = rest.partition("/")
+    repo, tag = path, ""
+    if ":" in path.rsplit("/", 1)[-1]:
+        repo, _, tag = path.rpartition(":")
+    problems = []
+    if not _OCI_HOST.fullmatch(registry):
+        problems.append(f"{registry!r} is not a registry host[:port]")
+    if not _OCI_REPO.fullmatch(repo):
+        problems.append(f"{repo!r} is not a repository (lowercase path components, e.g. team/kernels)")
+    if tag and not _OCI_TAG.fullmatch(tag):
+        problems.append(f"{tag!r} is not a tag (letters, digits, _ . -; at most 128)")
+    if digest and not _OCI_DIGEST.fullmatch(digest):
+        problems.append(f"{digest!r} is not a digest (sha256: and 64 lowercase hex digits)")
+    if not tag and not digest:
+        problems.append("it names no tag or digest (...:TAG or ...@sha256:HEX)")
+    if problems:
+        raise ValueError(f"OCI reference {text!r}: " + "; ".join(problems))
+    return OciReference(registry, repo, tag or None, digest or None)
+
+
+def split_bundle_list(raw: str, sep: str) -> list[str]:
+    """KERNELCACHE_BUNDLES split at ``sep`` (os.pathsep), keeping each ``oci://`` reference whole.
+
+    An OCI reference holds colons of its own (a port, a tag, ``sha256:``): after ``oci`` +
+    ``//...``, every piece that does not start a path (``/`` or ``~``) or another reference belongs to it. File
+    entries must be absolute paths, so the split is never ambiguous for a valid value.
+    """
+    pieces = raw.split(sep)
+
+    def starts_ref(i: int) -> bool:
+        return sep == ":" and pieces[i] == "oci" and i + 1 < len(pieces) and pieces[i + 1].startswith("//")
+
+    out: list[str] = []
+    i = 0
+    while i < len(pieces):
+        if starts_ref(i):
+            ref, i = pieces[i] + sep + pieces[i + 1], i + 2
+            while i < len(pieces) and pieces[i] and not pieces[i].startswith(("/", "~")) and not starts_ref(i):
+                ref, i = ref + sep + pieces[i], i + 1
+            out.append(ref)
+        else:
+            out.append(pieces[i])
+            i += 1
+    return out

@@ -145,7 +145,7 @@ def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[P
     from kernelcache.stores.memory import InMemoryProgramCache
 
     cap = min(settings.max_size or _DEFAULT_MEMORY_TIER_BYTES, _DEFAULT_MEMORY_TIER_BYTES)
-    bundles = _bundle_tiers(settings.bundles, settings.bundle_secret)
+    bundles = _bundle_tiers(settings.bundles, settings.bundle_secret, settings)
     tiers: list[ProgramCacheResource] = [InMemoryProgramCache(cap), *bundles]
     try:
         tiers.append(FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared))
@@ -157,12 +157,18 @@ def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[P
     return tiers + shared
 
 
-def _bundle_tiers(paths: tuple[str, ...], secret: str | None) -> list[ProgramCacheResource]:
-    from kernelcache.stores.bundle.store import BundleProgramCache
+def _bundle_tiers(paths: tuple[str, ...], secret: str | None, settings: Settings) -> list[ProgramCacheResource]:
+    from kernelcache.stores.bundle.store import BundleProgramCache, as_secret
 
     tiers: list[ProgramCacheResource] = []
     for path in paths:
         try:
+            if path.startswith(config.urls.OCI_SCHEME):  # pulled once into the cache dir, checked
+                from kernelcache.stores.bundle.pulled import pulled_bundle
+
+                local = pulled_bundle(path, settings.root, secret=as_secret(secret), team=settings.allow_shared)
+                tiers.append(BundleProgramCache(local, secret=secret))
+                continue
             tiers.append(BundleProgramCache(path, secret=secret))
         except (OSError, ValueError) as exc:
             # A damaged or refused bundle never fails a compile: that tier is left out.

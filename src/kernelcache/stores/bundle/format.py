@@ -106,7 +106,7 @@ def write_bundle(
     FileExistsError, and nothing is written.
     """
     target = os.path.abspath(os.fspath(path))
-    _refuse_other_file(target)
+    refuse_other_file(target)
     directory = os.path.dirname(target)
     staged = os.path.join(directory, f".{os.path.basename(target)}.{uuid.uuid4().hex}.tmp")
     kid = rec.key_id(secret)
@@ -143,7 +143,7 @@ def write_bundle(
     return BundleSummary(target, len(slots), offset + len(index) + TAG_SIZE, secret is not None)
 
 
-def _refuse_other_file(target: str) -> None:
+def refuse_other_file(target: str) -> None:
     """FileExistsError when something other than a bundle is at ``target``.
 
     Race: a file put there between this check and the rename is replaced; the check is for

@@ -40,14 +40,19 @@ class BundleProgramCache(RecordStore):
     (UnsafeCacheDirError) unless it is signed and ``secret`` is given: it holds code your
     GPU will run. A file that is not a bundle, of another format, or whose index fails its
     check: InvalidBundleError. An entry that fails its check is a miss with one warning.
-    Writes raise PermissionError; ``read_only`` is True.
+    Writes raise PermissionError; ``read_only`` is True. ``check_owner=False`` skips the owner
+    and mode check only, to check a file's bytes before it is put in place (``bundle pull``
+    stages one): it is for checking, not for serving kernels.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, secret: bytes | str | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, secret: bytes | str | None = None, check_owner: bool = True
+    ) -> None:
         super().__init__()
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
         self._secret = as_secret(secret)
+        self._check_owner = check_owner
         self.path = os.path.realpath(os.fspath(path))
         try:  # a FIFO is refused, never waited on (the path is resolved: no link is left to follow)
             self._fd = open_regular(self.path, follow=True)[0]
@@ -86,7 +91,7 @@ class BundleProgramCache(RecordStore):
                 f"{self.path} is not signed, and with secret= only bundles signed with it are accepted: "
                 "sign it (`kernelcache bundle create --secret-env VAR`) or pass no secret"
             )
-        if header.signed:
+        if header.signed or not self._check_owner:
             return  # every record is checked against the secret: who can write the file does not matter
         for where, info in ((self.path, st), (os.path.dirname(self.path), os.stat(os.path.dirname(self.path)))):
             problem = _writable_by_others(info, directory=where != self.path)
@@ -183,6 +188,22 @@ class BundleProgramCache(RecordStore):
             except OSError:
                 head = None
             yield binary.hex(), length, head
+
+    def damaged(self) -> dict[str, str]:
+        """Every entry that is not served (name -> why): what ``bundle verify`` reports."""
+        out = {}
+        for name in self.names():
+            problem, found = self.check_named(name)
+            if problem is None and found is None:  # listed, yet the look-up's binary search misses it
+                problem = "not found by a look-up: the index is out of order (a miss every time)"
+            if problem is not None:
+                out[name] = problem
+        return out
+
+    @property
+    def index_tag(self) -> bytes:
+        """The bundle's index tag (its last 32 bytes): what an OCI manifest of it names."""
+        return _pread_all(self._fd, fmt.TAG_SIZE, self._header.index_offset + self._header.index_length)
 
     # -- the mapping API: read-only ------------------------------------------------------
 

@@ -58,7 +58,8 @@ _V2_CHILDREN = frozenset({"entries", "tmp", "locks", "stats"})
 # The root's cap file (stores/file/dircap.py), and every name kernelcache gives a file in a
 # root: layout v1's tree, Triton's materialized copies, the marker.
 ROOT_CONFIG = "config.toml"
-_ROOT_CHILDREN = frozenset({FORMAT_DIR, "v1", "materialized", ROOT_CONFIG, MARKER_NAME})
+# oci/: the bundles KERNELCACHE_BUNDLES=oci://... pulled (stores/bundle/pulled.py); no tool removes them.
+_ROOT_CHILDREN = frozenset({FORMAT_DIR, "v1", "materialized", "oci", ROOT_CONFIG, MARKER_NAME})
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY = re.compile(r"[0-9a-f]{64}(\.meta)?")
 _STATS_MAGIC = b"KCSTATS1"
