@@ -186,3 +186,71 @@ def test_warm_where_workers_cannot_start_fails_what_restrict_leaked_into(tmp_pat
     with FileStreamProgramCache(cache) as store:
         kernels_stored = [e.meta["meta"].get("kernels") for e in store.iter_entries() if e.meta["meta"].get("kernels")]
     assert kernels_stored == [["restricted"]]
+
+
+def test_a_request_made_in_a_deleted_directory_is_replayed_in_an_empty_one(tmp_path) -> None:
+    code = textwrap.dedent(
+        """
+        import os, sys
+        from cuda.core import ProgramOptions
+        from kernelcache import compile_program
+        os.chdir(sys.argv[1]); os.rmdir(sys.argv[1])
+        compile_program('extern "C" __global__ void k(float* a) { a[0] = 4.0f; }', options=ProgramOptions(arch="ARCH"))
+        """
+    ).replace("ARCH", ARCH)
+    (tmp_path / "gone").mkdir()
+    lock = str(tmp_path / "lock.json")
+    env = {"KERNELCACHE_RECORD": lock, "KERNELCACHE_DIR": str(tmp_path / "first")}
+    made = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "gone")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+    assert made.returncode == 0, made.stderr
+    with open(lock) as f:
+        (line,) = [json.loads(raw)["kernel"][0] for raw in f]
+    assert line["cwd"] is None
+    warm = _kc("warm", lock, "--cache-dir", str(tmp_path / "fresh"), cwd=str(tmp_path))
+    assert warm.returncode == 0, warm.stdout + warm.stderr
+    assert "(replayed in an empty directory: it was recorded in a deleted directory): compiled" in warm.stdout
+
+
+SAME_SOURCE = textwrap.dedent(
+    """
+    import json
+    from cuda.core import ProgramOptions
+    from kernelcache import CompileInfo, compile_program
+    info = CompileInfo()
+    obj = compile_program('#include "local.h"\\nextern "C" __global__ void k(float* a) { a[0] = SCALE; }\\n',
+                          options=ProgramOptions(arch="ARCH"), info=info)
+    print(json.dumps({"hit": info.hit, "key": info.entry_name, "size": len(obj.code)}))
+    """
+).replace("ARCH", ARCH)
+
+
+def test_one_request_recorded_in_two_directories_is_warmed_in_each(tmp_path) -> None:
+    # The same call in two checkouts reads each one's local.h. warm -j 4 replays both lines
+    # of one lockfile: each must be compiled in its own directory (the working directory is
+    # the process's: warm takes one directory at a time), so each checkout then hits its own.
+    lock, recorded = str(tmp_path / "kernels.lock"), {}
+    for name, scale in (("a", "1.0f"), ("b", "2.0f")):
+        proj = tmp_path / name
+        proj.mkdir()
+        (proj / "local.h").write_text(f"#define SCALE {scale}\n")
+        settle_timestamps()
+        made = _run(
+            SAME_SOURCE, str(proj), {"KERNELCACHE_DIR": str(tmp_path / name / "own"), "KERNELCACHE_RECORD": lock}
+        )
+        assert made.returncode == 0, made.stderr
+        recorded[name] = json.loads(made.stdout)["key"]
+    assert recorded["a"] != recorded["b"]
+    fresh = str(tmp_path / "fresh")
+    warm = _kc("warm", lock, "--cache-dir", fresh, "-j", "4", "--json", cwd=str(tmp_path))
+    assert warm.returncode == 0, warm.stdout + warm.stderr
+    assert sorted(r["key"] for r in json.loads(warm.stdout)) == sorted(recorded.values())
+    for name in ("a", "b"):
+        again = _run(SAME_SOURCE, str(tmp_path / name), {"KERNELCACHE_DIR": fresh, "KERNELCACHE_REQUIRE_HIT": "1"})
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["key"] == recorded[name]

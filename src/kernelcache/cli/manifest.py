@@ -68,7 +68,7 @@ class WarmItem:
     name_expressions: tuple[str, ...] = ()
     triton_key: str = ""  # code_type "triton": the kernel's Triton cache key (never compiled here)
     nvrtc_argv: tuple[str, ...] | None = None  # CuPy's NVRTC command line: the options, verbatim
-    cwd: str | None = None  # where the request was made: the compile runs there
+    cwd: str | None = None  # where the request was made: the compile runs there ("": a deleted one)
 
 
 def _read_document(path: str) -> dict[str, Any]:
@@ -165,9 +165,10 @@ def _kernel(raw: dict[str, Any], defaults: dict[str, Any], base: str, where: str
             raise ValueError(f"{where}: nvrtc_argv must be a list of strings (NVRTC's flags), not {json.dumps(argv)}")
         out["nvrtc_argv"] = tuple(argv)
     if "cwd" in k:  # a recorded request: replayed as written, paths relative to its cwd
-        if not isinstance(k["cwd"], str):
+        if k["cwd"] is not None and not isinstance(k["cwd"], str):
             raise ValueError(f"{where}: cwd must be a string (a directory), not {json.dumps(k['cwd'])}")
-        out["cwd"] = os.path.join(base, k["cwd"])
+        # null: recorded in a deleted directory ("": replayed in an empty one)
+        out["cwd"] = "" if k["cwd"] is None else os.path.join(base, k["cwd"])
     elif "include_path" in out["options"]:
         # Paths in a manifest are relative to the manifest, like `source`, not to the cwd.
         dirs = _strings(out["options"]["include_path"], f"{where}: options.include_path")

@@ -25,7 +25,8 @@ __all__ = ["WarmItem", "for_archs", "load_manifest", "not_in_bundle", "program_o
 
 @contextlib.contextmanager
 def working_directory(cwd: str | None) -> Iterator[str]:
-    """Run the body in ``cwd`` (a recorded request's working directory; None: stay here).
+    """Run the body in ``cwd`` (a recorded request's working directory; None: stay here; "": it
+    was recorded in a deleted directory).
 
     Yields "" or, where ``cwd`` cannot be entered here, a note: the body then runs in a new
     empty directory, so that nothing a compile would have found through its own working
@@ -34,16 +35,22 @@ def working_directory(cwd: str | None) -> Iterator[str]:
     if cwd is None:
         yield ""
         return
-    here = os.getcwd()
+    try:
+        here = os.getcwd()
+    except OSError:  # warm's own directory was deleted: there is nothing to return to
+        here = "/"
     empty = None
     try:
+        if not cwd:
+            raise FileNotFoundError(cwd)
         os.chdir(cwd)
         note = ""
     except OSError as exc:
         empty = tempfile.mkdtemp(prefix="kernelcache-replay-")
         os.chdir(empty)
         why = "is not here" if isinstance(exc, FileNotFoundError) else f"cannot be entered ({exc.strerror})"
-        note = f"replayed in an empty directory: its recorded working directory {cwd} {why}"
+        what = f"its recorded working directory {cwd} {why}" if cwd else "it was recorded in a deleted directory"
+        note = f"replayed in an empty directory: {what}"
     try:
         yield note
     finally:

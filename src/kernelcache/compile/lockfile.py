@@ -61,16 +61,17 @@ def record(request: CompileRequest) -> None:
     if path is None:
         return
     fingerprint = options_fingerprint(request.options)
+    cwd = _workdir()  # part of the request: the same call made elsewhere may read other headers
     seen_key: Any = None
     if fingerprint is not None and type(request.code) in (str, bytes):
         r = request
-        seen_key = (path, r.code, r.code_type, r.target_type, fingerprint, r.name_expressions, r.extra_digest)
+        seen_key = (path, cwd, r.code, r.code_type, r.target_type, fingerprint, r.name_expressions, r.extra_digest)
         try:
             if seen_key in _seen:
                 return
         except TypeError:  # an unhashable name expression: recorded every time (the reader dedups)
             seen_key = None
-    kernel, why_not = kernel_table(request, _workdir())
+    kernel, why_not = kernel_table(request, cwd)
     if kernel is not None:
         why_not = _replays_to_another_key(request, kernel)
         kernel = None if why_not else kernel
@@ -98,10 +99,11 @@ def record_argv(code: str, target_type: str, argv: Sequence[str], name_expressio
     path = config.record_path()
     if path is None:
         return
-    seen_key = (path, code, target_type, tuple(argv), tuple(name_expressions))
+    cwd = _workdir()
+    seen_key = (path, cwd, code, target_type, tuple(argv), tuple(name_expressions))
     if seen_key in _seen:
         return
-    table = _table(code, "c++", target_type, list(name_expressions), _workdir())
+    table = _table(code, "c++", target_type, list(name_expressions), cwd)
     table.update(_argv_fields(argv, option_fields(argv).get("arch")))
     _append(path, table)
     remember(_seen, seen_key, True, _SEEN_LIMIT)
@@ -110,7 +112,7 @@ def record_argv(code: str, target_type: str, argv: Sequence[str], name_expressio
 def _workdir() -> str | None:
     try:
         return os.getcwd()
-    except OSError:  # deleted: nothing resolves against it; warm compiles the line in an empty one
+    except OSError:  # deleted: nothing resolves against it
         return None
 
 
@@ -158,8 +160,7 @@ def _table(code: str, code_type: str, target_type: str, names: list[str], cwd: s
     }
     if names:
         kernel["name_expressions"] = names
-    if cwd is not None:
-        kernel["cwd"] = cwd
+    kernel["cwd"] = cwd  # None (null): it was deleted; warm compiles the line in an empty directory
     return kernel
 
 
