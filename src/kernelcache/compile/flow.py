@@ -53,7 +53,7 @@ class CompileInfo:
     lookup_seconds: float = 0.0  # key derivation + store look-ups before the compile
     store_seconds: float = 0.0  # writing the artifact (and header manifest) on a miss
     waited: bool = False  # another thread/process compiled it while we waited
-    cached: bool = True  # False when KERNELCACHE_DISABLE=1 or the store could not be used
+    cached: bool = True  # False: KERNELCACHE_DISABLE=1, no usable store, or the result was not stored
     headers: list[str] = dataclasses.field(default_factory=list)  # headers the key covers
     miss_reason: str | None = None  # on a miss: the nearest entry of this source and what differs
     not_stored: str = ""  # a compile returned but not stored: why (cached is then False)
