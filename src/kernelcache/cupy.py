@@ -42,6 +42,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised where cupy is
         name=exc.name,
     ) from exc
 
+from kernelcache.compile import lockfile
 from kernelcache.compile.metadata import decode_symbols
 from kernelcache.compile.nvrtc_flags import option_fields
 from kernelcache.integrations import cupy_build, cupy_index
@@ -121,6 +122,7 @@ class _Compiled:
         index = cupy_index.index_key(source, argv, target, self.name_expressions) if store is not None else b""
         found = cupy_index.find(store, index) if index else None
         if found is not None:  # a warm hit: no cuda.core import, no key derivation
+            lockfile.record_argv(source, target, argv, self.name_expressions or ())  # as compile_program records
             entry_key, payload, meta = found
             if log_stream is not None and meta.get("log"):
                 log_stream.write(meta["log"])

@@ -7,12 +7,17 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import warnings
+from typing import Any
 
 import pytest
 from cuda.core import ProgramOptions
 from helpers import mounted_tmpfs, remount_read_only, run_python
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from option_sets import SOURCES, compile_kinds, option_fields
 
 from kernelcache import CompileInfo, FileStreamProgramCache, KernelCacheWarning, compile_many, compile_program
 from kernelcache.cli.warm import load_manifest
@@ -285,3 +290,109 @@ def test_warm_writes_no_bundle_when_a_kernel_fails(tmp_path) -> None:
     warm = _kc("warm", str(manifest), "--bundle", str(out), "--cache-dir", str(tmp_path / "c"))
     assert warm.returncode == 1 and "no bundle written" in warm.stdout
     assert not out.exists()
+
+
+# -- the record is the request: one codec, both directions ----------------------------------
+
+
+def _replayed_key(request: Any, lock: str) -> tuple[list, list]:
+    """The request's key components, and those of what warm makes of its lockfile line."""
+    from kernelcache.cli.warm import program_options
+    from kernelcache.compile import lockfile
+    from kernelcache.compile.request import CompileRequest
+    from kernelcache.keys.derive import key_components
+
+    def components(r: CompileRequest) -> list:
+        return key_components(
+            code=r.code,
+            code_type=r.code_type,
+            options=r.options,
+            target_type=r.target_type,
+            name_expressions=r.name_expressions,
+            headers_tracked=r.code_type == "c++",
+        )
+
+    lockfile.record(request)
+    (item,) = load_manifest(lock)
+    replayed = CompileRequest.of(item.code, item.code_type, item.target_type, program_options(item), item.name_expressions)
+    return components(request), components(replayed)
+
+
+@given(kind=compile_kinds(), fields=option_fields(), names=st.lists(st.sampled_from(["f<int>", "g"]), max_size=2))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_recorded_request_replays_to_the_identical_key(kind, fields, names) -> None:
+    from kernelcache.compile.request import CompileRequest
+
+    code_type, target_type = kind
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        options = ProgramOptions(**fields)
+    request = CompileRequest.of(SOURCES[code_type], code_type, target_type, options, tuple(names))
+    try:
+        from kernelcache.keys.derive import key_components
+
+        key_components(
+            code=request.code, code_type=code_type, options=options, target_type=target_type,
+            name_expressions=request.name_expressions, headers_tracked=code_type == "c++",
+        )
+    except Exception:
+        return  # a request no key can be made for is not one warm replays
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        lock = os.path.join(tmp, "lock.json")
+        mp.setenv("KERNELCACHE_RECORD", lock)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            original, replayed = _replayed_key(request, lock)
+    assert replayed == original, fields
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("-arch=sm_90", "-DN=4", "-UN", "--std=c++17"),
+        ("-I", "inc", "-ftz=true", "-arch=sm_90", "--device-as-default-execution-space"),
+        ("--gpu-architecture=compute_90", "-use_fast_math", "-diag-suppress=177,550"),
+    ],
+)
+def test_a_cupy_command_line_replays_verbatim(argv: tuple[str, ...], tmp_path, monkeypatch) -> None:
+    from kernelcache.compile.nvrtc_argv import argv_options
+    from kernelcache.compile.request import CompileRequest
+
+    lock = str(tmp_path / "lock.json")
+    monkeypatch.setenv("KERNELCACHE_RECORD", lock)
+    request = CompileRequest.of(SOURCES["c++"], "c++", "cubin", argv_options(argv))
+    original, replayed = _replayed_key(request, lock)
+    assert replayed == original
+    assert _lines(lock)[0]["kernel"][0]["nvrtc_argv"] == list(argv)
+
+
+def test_a_cupy_hit_through_its_index_is_recorded_as_its_compile_is(tmp_path, monkeypatch) -> None:
+    # kernelcache.cupy's index hit makes no CompileRequest (no cuda.core import there): its
+    # line must be the very line compile_program writes for that request (warm reads one).
+    from kernelcache.compile import lockfile
+    from kernelcache.compile.nvrtc_argv import argv_options
+
+    argv = ("-I", "inc", "-DN=4", "-arch=sm_90", "--device-as-default-execution-space")
+    lock = str(tmp_path / "lock.json")
+    monkeypatch.setenv("KERNELCACHE_RECORD", lock)
+    monkeypatch.chdir(tmp_path)
+    src = 'extern "C" __global__ void k(float* a) { a[0] = N; }\n'
+    compile_program(src, options=argv_options(argv), name_expressions=("k",), cache=None)
+    lockfile.record_argv(src, "cubin", argv, ("k",))
+    with open(lock, "rb") as f:
+        first, second = f.read().splitlines()
+    assert first == second
+    assert json.loads(first)["kernel"][0]["cwd"] == str(tmp_path)
+
+
+def test_warm_arch_replaces_the_arch_flag_of_a_cupy_command_line(tmp_path, monkeypatch) -> None:
+    from kernelcache.cli.warm import for_archs, request_of
+    from kernelcache.compile.nvrtc_argv import argv_options
+
+    lock = str(tmp_path / "lock.json")
+    monkeypatch.setenv("KERNELCACHE_RECORD", lock)
+    src = 'extern "C" __global__ void k(float* a) { a[0] = 1.0f; }\n'
+    compile_program(src, options=argv_options(("-DN=1", "--gpu-architecture=sm_90", "-ftz=true")), cache=None)
+    (item,) = for_archs(load_manifest(lock), ["sm_80"])
+    replayed = request_of(item).options
+    assert replayed.nvrtc_argv == ("-DN=1", "--gpu-architecture=sm_80", "-ftz=true") and replayed.arch == "sm_80"

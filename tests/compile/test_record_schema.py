@@ -125,5 +125,11 @@ def test_explain_passes_over_a_record_of_another_shape(tmp_path) -> None:
     obj = compile_program(code, options=ProgramOptions(arch=ARCH), cache=cache, info=info)
     other = {**_good_meta(cache, info.key), "kernels": [["k"]], "options": ["arch"], "toolchain": "?"}
     cache.set_record(info.key, bytes(obj.code), other)
-    result = json.loads(kc("explain", str(tmp_path / "b.json"), "--json", cache=cache_dir).stdout)
-    assert result["in_cache"] is False and "closest" not in result
+    missed = kc("explain", str(tmp_path / "b.json"), "--json", cache=cache_dir, check=False)
+    assert missed.returncode == 1, missed.stderr  # not in the cache, and no Traceback
+    result = json.loads(missed.stdout)
+    # What differs comes from the source index (the key's components), never from that record.
+    assert result["in_cache"] is False and result["differences"] == {"options.arch": ["'sm_90'", "'sm_80'"]}
+    by_prefix = kc("explain", info.entry_name[:16], "--json", cache=cache_dir, check=False)
+    assert by_prefix.returncode == 1, by_prefix.stderr  # there, but not a record this version uses
+    assert "another version" in json.loads(by_prefix.stdout)["unusable"]

@@ -185,3 +185,44 @@ def test_a_warm_fresh_process_compiles_nothing_and_imports_no_cuda_core(tmp_path
     cold, warm = child(), child()
     assert (cold["value"], cold["compiled"]) == (9.0, 1)
     assert (warm["value"], warm["compiled"], warm["cuda_core"]) == (9.0, 0, False)
+
+
+RECORDED = r"""
+import json, sys
+import cupy
+from kernelcache import default_cache
+from kernelcache.cupy import RawModule
+src = '#include "scale.h"\nextern "C" __global__ void k(float* o) { o[0] = SCALE + FOO; }\n'
+before = default_cache().stats()
+mod = RawModule(code=src, options=("-I", "inc", "-DFOO=9"))
+out = cupy.zeros(1, dtype=cupy.float32)
+mod.get_function("k")((1,), (1,), (out,))
+after = default_cache().stats()
+print(json.dumps({"value": float(out[0]), "compiled": after["compiles"] - before["compiles"]}))
+"""
+
+
+def test_a_recorded_cupy_run_warmed_from_elsewhere_hits_strictly(tmp_path):
+    # The lockfile line is CuPy's NVRTC command line verbatim (-I inc: relative to the run's
+    # directory), and warm compiles it there: the strict run then hits, compiling nothing.
+    proj = tmp_path / "proj"
+    (proj / "inc").mkdir(parents=True)
+    (proj / "inc" / "scale.h").write_text("#define SCALE 2.0f\n")
+    lock, fresh = str(tmp_path / "kernels.lock"), str(tmp_path / "fresh")
+
+    def child(**env: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", RECORDED], cwd=proj, env={**os.environ, **env},
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert child(KERNELCACHE_RECORD=lock)["value"] == 11.0
+    with open(lock) as f:
+        (line,) = [json.loads(raw)["kernel"][0] for raw in f]
+    assert "-DFOO=9" in line["nvrtc_argv"] and line["cwd"] == str(proj)
+    warm = subprocess.run([sys.executable, "-m", "kernelcache", "warm", lock, "--cache-dir", fresh],
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "KERNELCACHE_RECORD": ""})
+    assert warm.returncode == 0, warm.stdout + warm.stderr
+    strict = child(KERNELCACHE_DIR=fresh, KERNELCACHE_REQUIRE_HIT="1", CUPY_CACHE_DIR=str(tmp_path / "cupy2"))
+    assert strict == {"value": 11.0, "compiled": 0}

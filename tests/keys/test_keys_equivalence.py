@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from cuda.core import Program, ProgramOptions
 from helpers import ARCH
+from hypothesis import HealthCheck, given, settings
+from option_sets import close_pairs, compile_kinds
 
 from kernelcache import make_program_cache_key
 from kernelcache.keys import derive as keys_mod
@@ -322,3 +324,83 @@ def test_the_table_is_one_place() -> None:
     assert fields >= options_mod.NVVM_ONLY
     assert set(options_mod.LINKER_GATES) >= options_mod.DRIVER_IGNORED
     assert set(options_mod.DRIVER_UNSUPPORTED) <= set(options_mod.LINKER_GATES)
+
+
+# -- parity with cuda.core's own key, over random option sets --------------------------------
+
+# kernelcache leaves no_cache out of a key (the linker's in-process cache: the same output);
+# cuda.core hashes the flag. Every other input cuda.core's key tells apart, ours does too.
+_LEFT_OUT_BY_DESIGN = frozenset({"no_cache"})
+
+
+def _both_keys(code_type: str, target_type: str, fields: dict) -> tuple[Any, Any]:
+    """(cuda.core's key or its exception type, kernelcache's key or its exception type)."""
+    from cuda.core.utils import make_program_cache_key as cuda_core_key
+    from option_sets import EXTRA_DIGEST, SOURCES
+
+    out = []
+    for make in (cuda_core_key, make_program_cache_key):
+        # use_libdevice: kernelcache's key pins the nvidia-nvvm wheel's libdevice, so it needs
+        # no extra_digest where cuda.core's does; both get one here.
+        args = {"code": SOURCES[code_type], "code_type": code_type, "target_type": target_type}
+        try:
+            out.append(make(**args, options=ProgramOptions(**fields), extra_digest=EXTRA_DIGEST))
+        except Exception as exc:
+            out.append(type(exc))
+    return out[0], out[1]
+
+
+@given(kind=compile_kinds(), pair=close_pairs())
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_refusals_and_distinctions_match_cuda_cores_key(kind, pair) -> None:
+    a_core, a_ours = _both_keys(*kind, pair[0])
+    b_core, b_ours = _both_keys(*kind, pair[1])
+    for core, ours, fields in ((a_core, a_ours, pair[0]), (b_core, b_ours, pair[1])):
+        # Refused by one, refused by the other, with the same exception type (kernelcache
+        # refuses more only where it would otherwise pass a mangled value on: arguments.py).
+        assert isinstance(core, bytes) == isinstance(ours, bytes), (kind, fields, core, ours)
+        if not isinstance(core, bytes):
+            assert core is ours, (kind, fields, core, ours)
+    if not isinstance(a_core, bytes) or not isinstance(b_core, bytes):
+        return
+    changed = {f for f in pair[0].keys() | pair[1].keys() if pair[0].get(f) != pair[1].get(f)}
+    if a_ours == b_ours and not changed & _LEFT_OUT_BY_DESIGN:
+        assert a_core == b_core, (kind, pair)  # never one key for what cuda.core tells apart
+
+
+# cuda.core's tests of its key re-aimed at kernelcache: NVVM refuses NVRTC's options, and the
+# key says so as the compile would (cuda.core's key: its option formatting for NVVM raises).
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"std": "c++17"},
+        {"lineinfo": True},
+        {"use_fast_math": True},
+        {"define_macro": "N=4"},
+        {"include_path": "/inc"},
+        {"max_register_count": 32},
+        {"ptxas_options": "-v"},
+        {"restrict": True},
+        {"time": True},
+        {"split_compile": 2},
+    ],
+    ids=lambda f: next(iter(f)),
+)
+@pytest.mark.parametrize("target_type", ["ptx", "ltoir"])
+def test_nvvm_refuses_nvrtc_options_as_cuda_core_does(fields: dict, target_type: str) -> None:
+    from cuda.core.utils import make_program_cache_key as cuda_core_key
+
+    from kernelcache import InMemoryProgramCache, compile_program
+
+    args = {"code": NVVM_SRC, "code_type": "nvvm", "options": opts(**fields), "target_type": target_type}
+    with pytest.raises(Exception) as core:
+        cuda_core_key(**args)
+    with pytest.raises(type(core.value)) as compiled:
+        Program(NVVM_SRC, "nvvm", options=opts(**fields)).compile(target_type)
+    assert str(compiled.value) == str(core.value)
+    with pytest.raises(type(core.value)) as ours:
+        make_program_cache_key(**args)
+    assert str(ours.value) == str(core.value)
+    with pytest.raises(type(core.value)) as ours:
+        compile_program(NVVM_SRC, "nvvm", target_type, options=opts(**fields), cache=InMemoryProgramCache())
+    assert str(ours.value) == str(core.value)

@@ -163,6 +163,20 @@ def test_file_entry_larger_than_cap_is_not_stored(tmp_path) -> None:
     assert cache.get("small") == b"123" and cache.stats()["evictions"] == 0
 
 
+def test_the_too_large_warning_names_what_the_cap_counts(tmp_path) -> None:
+    # The disk cap counts an entry with its sidecar: a payload under the cap whose pair is over
+    # it is not stored, and the warning says the size that was over, not the payload's.
+    import re
+
+    cache = FileStreamProgramCache(tmp_path, max_size_bytes=1100)
+    with pytest.warns(KernelCacheWarning, match="exceeds max_size_bytes") as caught:
+        cache["big"] = b"x" * 1000
+    assert cache.get("big") is None
+    message = str(caught[0].message)
+    shown = int(re.search(r"of (\d+) bytes", message).group(1))
+    assert shown > 1100 and "with its metadata" in message, message
+
+
 def test_memory_threads() -> None:
     cache = InMemoryProgramCache(max_size_bytes=64 * 100)
     errors: list[BaseException] = []

@@ -131,9 +131,11 @@ def warm(
 ) -> None:
     """Precompile every kernel of a JSON/TOML manifest (or a KERNELCACHE_RECORD lockfile) in parallel.
 
-    With --bundle OUT, the cache is then written as one bundle file (only when every kernel
-    warmed; --secret-env VAR signs it); --json then prints {"kernels": [...], "bundle": {...}}.
-    KERNELCACHE_REQUIRE_HIT does not apply to warm's own compiles.
+    A kernel is ok once the cache holds it; one compiled but not stored fails with its
+    reason, and warm then exits 1. A recorded request is compiled in its recorded working
+    directory. With --bundle OUT, the cache is then written as one bundle file (only when
+    every kernel warmed; --secret-env VAR signs it); --json then prints {"kernels": [...],
+    "bundle": {...}}. KERNELCACHE_REQUIRE_HIT does not apply to warm's own compiles.
     """
     from kernelcache.cli import warm as warm_mod
     from kernelcache.cli.demo import check_arch
@@ -150,6 +152,9 @@ def warm(
     failed = any(r.get("error") for r in results)
     if bundle_out is not None:
         summary = None if failed else create_bundle(bundle_out, cache_dir, secret)
+        if summary is not None and warm_mod.not_in_bundle(results, bundle_out, secret):
+            os.unlink(bundle_out)  # never a bundle that lacks a kernel in silence
+            summary, failed = None, True
         emit(
             {"kernels": results, "bundle": summary},
             as_json,
@@ -162,17 +167,23 @@ def warm(
 
 
 @click.command()
-@click.argument("first", type=click.Path(dir_okay=False))
+@click.argument("first", metavar="FIRST")
 @click.argument("second", type=click.Path(dir_okay=False), required=False)
 @click.option("--entry", "entry_name", default=None, help="With one manifest: which entry (by name).")
 @CACHE_DIR_OPTION
 @JSON_OPTION
 def explain(first: str, second: str | None, entry_name: str | None, cache_dir: str | None, as_json: bool) -> None:
-    """Why did this miss? Compare two compile descriptions (or one with the cache)."""
+    """Why did this miss? Compare two compile descriptions, or one with the cache.
+
+    FIRST is a manifest or lockfile (the call's arguments), or a key prefix as `ls`, the demo
+    and a miss's reason print it. Exits 1 when the request is not in the cache.
+    """
     from kernelcache.cli import explain as explain_mod
 
     result = explain_mod.explain(first, second, entry_name, cache_dir)
     emit(result, as_json, explain_text)
+    if result["in_cache"] is False:
+        sys.exit(1)
 
 
 COMMANDS = (demo, warm, explain)

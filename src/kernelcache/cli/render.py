@@ -86,10 +86,19 @@ def verify_text(data: dict[str, Any], fix: bool) -> None:
 def explain_text(data: dict[str, Any]) -> None:
     """``explain``: in the cache or not, the changed headers and key components."""
     if data.get("in_cache") is not None:
-        if data["key"] is None:  # a C++ miss: its key includes headers only a compile reveals
-            click.echo("NOT in the cache (no stored header set of this source+options matches)")
+        where = f" at {data['no_cache_at']}: no cache there" if data.get("no_cache_at") else ""
+        if data.get("prefix") and data["key"] is None:
+            click.echo(f"key {data['prefix']}: NOT in the cache{where}")
+        elif data["key"] is None:  # a C++ miss: its key includes headers only a compile reveals
+            click.echo(f"NOT in the cache (no stored header set of this source+options matches){where}")
         else:
-            click.echo(f"key {data['key'][:16]}: {'in the cache' if data['in_cache'] else 'NOT in the cache'}")
+            state = "in the cache" if data["in_cache"] else "NOT in the cache"
+            state += f" ({data['unusable']})" if data.get("unusable") else ""
+            click.echo(f"key {data['key'][:16]}: {state}")
+        for name, value in (data.get("entry") or {}).items():
+            click.echo(f"{name}: {value}")
+        if data.get("note"):
+            click.echo(data["note"])
         if data.get("closest"):
             click.echo(f"closest cached entry: {data['closest']}")
     for change, paths in (data.get("headers") or {}).items():
@@ -106,9 +115,11 @@ def warm_text(data: list[dict[str, Any]], bundle: dict[str, Any] | None = None, 
     for r in data:
         status = "error: " + r["error"] if r.get("error") else ("hit" if r["hit"] else "compiled")
         status = "skipped: " + r["skipped"] if r.get("skipped") else status
-        click.echo(f"{r['name']} [{r['arch']} {r['target_type']}]: {status}")
+        note = f" ({r['note']})" if r.get("note") else ""
+        click.echo(f"{r['name']} [{r['arch']} {r['target_type']}]{note}: {status}")
     failed = sum(1 for r in data if r.get("error"))
-    click.echo(f"{len(data) - failed} ok, {failed} failed")
+    skipped = sum(1 for r in data if r.get("skipped"))
+    click.echo(f"{len(data) - failed - skipped} ok, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     if bundle is not None:
         click.echo(f"bundle {bundle['path']}: {bundle['entries']} entries, {bundle['bytes']} bytes")
     elif bundle_asked:

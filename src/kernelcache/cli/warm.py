@@ -1,232 +1,63 @@
-"""Warm manifests: what ``kernelcache warm`` (and ``explain``) read, and the warming itself.
+"""``kernelcache warm``: every request of a manifest compiled into the cache, each in its own
+working directory, and counted as ok only once the cache holds it.
 
-A manifest is JSON or TOML::
-
-    [defaults]                      # optional; every kernel inherits these
-    arch = ["sm_90"]
-    target = "cubin"
-    options = { std = "c++17" }
-
-    [[kernel]]
-    name = "saxpy"
-    source = "kernels/saxpy.cu"     # relative to the manifest; or: code = "..." inline
-    arch = ["sm_80", "sm_90"]       # a str or a list
-    target = ["cubin", "ptx"]
-    options = { use_fast_math = true }
-    name_expressions = ["axpy<float>"]
-
-JSON: ``{"defaults": {...}, "kernel": [{...}, ...]}`` (``kernels`` is accepted too), or JSON
-Lines: one such document per line, their kernels taken in order, repeated lines once (what
-``KERNELCACHE_RECORD`` writes: compile/lockfile.py). A line cut short (its writer died
-mid-line) is skipped with a warning; any other line that is not JSON is an error. Each
-kernel is compiled once per (arch, target). In ``define_macro``, an inner ``["NAME",
-"VALUE"]`` is one macro (cuda.core's tuple); ``code_type = "triton"`` with a ``triton_key``
-names a Triton kernel a run looked up (listed, never compiled: Triton compiles its own).
+The manifest and its requests are cli/manifest.py's. Requests recorded in one working
+directory are compiled there together (compile_many: hits first, misses on threads), one
+directory after another: the working directory is the process's. A kernel is ok when it was
+already there or was compiled and is found in the cache afterwards; a compile returned but
+not stored (a header under KERNELCACHE_BASE_DIR that names its path, NVRTC's --restrict
+leak, a failed write) is that kernel's failure with its reason.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import contextlib
 import os
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
-_KERNEL_FIELDS = {"name", "source", "code", "code_type", "arch", "target", "options", "name_expressions", "triton_key"}
+from kernelcache.cli.manifest import WarmItem, for_archs, load_manifest, program_options, request_of
+
+__all__ = ["WarmItem", "for_archs", "load_manifest", "not_in_bundle", "program_options", "request_of", "run"]
 
 
-@dataclass(frozen=True)
-class WarmItem:
-    name: str
-    code: str
-    code_type: str
-    arch: str
-    target_type: str
-    options: dict[str, Any] = field(default_factory=dict)
-    name_expressions: tuple[str, ...] = ()
-    triton_key: str = ""  # code_type "triton": the kernel's Triton cache key (never compiled here)
+@contextlib.contextmanager
+def working_directory(cwd: str | None) -> Iterator[str]:
+    """Run the body in ``cwd`` (a recorded request's working directory; None: stay here; "": it
+    was recorded in a deleted directory).
 
-
-def _read_document(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise ValueError(f"cannot read manifest {path}: {exc.strerror or exc}") from exc
-    try:
-        if path.endswith(".toml"):
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover
-                import tomli as tomllib
-            return tomllib.loads(raw.decode())
-        try:
-            return json.loads(raw)
-        except ValueError:
-            lines = _json_lines(raw, path)
-            if lines is None:
-                raise
-            return lines
-    except Exception as exc:
-        raise ValueError(f"manifest {path} is not valid {'TOML' if path.endswith('.toml') else 'JSON'}: {exc}") from exc
-
-
-def _json_lines(raw: bytes, path: str) -> dict[str, Any] | None:
-    """A JSON Lines manifest (one document per line) as one document; None if it is not one."""
-    kernels: list[Any] = []
-    seen: set[bytes] = set()
-    torn = []
-    for number, line in enumerate(raw.splitlines(), 1):
-        if not line.strip() or line in seen:
-            continue
-        seen.add(line)
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if not _stops_short(exc):
-                raise ValueError(
-                    f"line {number}: {exc.msg} at column {exc.colno} (not a line cut short: fix or delete it)"
-                ) from None
-            torn.append(number)
-            continue
-        except ValueError:  # not UTF-8: no writer of ours left that
-            raise ValueError(f"line {number} is not UTF-8 text") from None
-        if not isinstance(doc, dict) or set(doc) != {"kernel"} or not isinstance(doc["kernel"], list):
-            return None  # a line of something else: not a manifest of lines
-        kernels.extend(doc["kernel"])
-    if not kernels:
-        return None
-    if torn:
-        print(f"manifest {path}: skipped line(s) {torn[:10]}: not whole JSON (its writer died?)", file=sys.stderr)
-    return {"kernel": kernels}
-
-
-def _stops_short(exc: json.JSONDecodeError) -> bool:
-    """Whether a line that is not JSON is the start of a line (its writer died mid-line: the
-    parse fails at the end, or in a string left open) rather than a line wrong where it stands
-    (a hand edit), which would drop a kernel from the warm in silence if it were skipped."""
-    return exc.pos >= len(exc.doc.rstrip()) or exc.msg.startswith("Unterminated string")
-
-
-def _strings(value: Any, what: str) -> list[str]:
-    """A str or a list of str, as a list; ValueError naming ``what`` otherwise."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return list(value)
-    raise ValueError(f"{what} must be a string or a list of strings, not {json.dumps(value)}")
-
-
-def _kernel(raw: dict[str, Any], defaults: dict[str, Any], base: str, where: str) -> dict[str, Any]:
-    """One kernel table merged over the defaults, every field checked for its type."""
-    unknown = set(raw) - _KERNEL_FIELDS
-    if unknown:
-        raise ValueError(f"{where} has unknown field(s) {sorted(unknown)}; known: {sorted(_KERNEL_FIELDS)}")
-    for table, label in ((defaults, "defaults.options"), (raw, f"{where}: options")):
-        if not isinstance(table.get("options", {}), dict):
-            raise ValueError(f'{label} must be a table of ProgramOptions fields, e.g. {{ std = "c++17" }}')
-    k = {**defaults, **raw, "options": {**defaults.get("options", {}), **raw.get("options", {})}}
-    for field_name in ("name", "code", "source", "code_type"):
-        if field_name in k and not isinstance(k[field_name], str):
-            raise ValueError(f"{where}: {field_name} must be a string, not {json.dumps(k[field_name])}")
-    out = {
-        "arch": _strings(k.get("arch", "sm_90"), f"{where}: arch"),
-        "target": _strings(k.get("target", "cubin"), f"{where}: target"),
-        "name_expressions": tuple(_strings(k.get("name_expressions", []), f"{where}: name_expressions")),
-        "options": dict(k["options"]),
-    }
-    # Paths in a manifest are relative to the manifest, like `source`, not to the cwd.
-    if "include_path" in out["options"]:
-        dirs = _strings(out["options"]["include_path"], f"{where}: options.include_path")
-        out["options"]["include_path"] = [os.path.join(base, d) for d in dirs]
-    return {**k, **out}
-
-
-def load_manifest(path: str) -> list[WarmItem]:
-    """Expand a manifest into one item per (kernel, arch, target); ValueError if malformed."""
-    doc = _read_document(path)
-    if not isinstance(doc, dict):
-        raise ValueError(f"manifest {path}: the top level must be a table/object")
-    unknown = set(doc) - {"defaults", "kernel", "kernels"}
-    if unknown:
-        raise ValueError(
-            f"manifest {path}: unknown top-level field(s) {sorted(unknown)}: put them under [defaults] or [[kernel]]"
-        )
-    defaults = doc.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise ValueError(f"manifest {path}: defaults must be a table, not {json.dumps(defaults)}")
-    kernels = doc.get("kernel", doc.get("kernels"))
-    if not isinstance(kernels, list) or not kernels:
-        raise ValueError(f"manifest {path}: no kernels (expected a [[kernel]] list)")
-    base = os.path.dirname(os.path.abspath(path))
-    if defaults:
-        _kernel({}, defaults, base, f"manifest {path}: defaults")  # its errors name the defaults
-    items = []
-    for i, raw in enumerate(kernels):
-        if not isinstance(raw, dict):
-            raise ValueError(f"manifest {path}: kernel #{i + 1} is not a table")
-        k = _kernel(raw, defaults, base, f"manifest {path}: kernel #{i + 1}")
-        name = k.get("name") or f"kernel{i + 1}"
-        if k.get("code_type") == "triton":
-            if not isinstance(k.get("triton_key"), str):
-                raise ValueError(f"manifest {path}: kernel {name!r}: a Triton kernel needs its triton_key (a string)")
-            items.append(WarmItem(name, "", "triton", "", "", triton_key=k["triton_key"]))
-            continue
-        if "code" in k:
-            code = k["code"]
-        elif "source" in k:
-            src = os.path.join(base, k["source"])
-            try:
-                with open(src, encoding="utf-8") as f:
-                    code = f.read()
-            except OSError as exc:
-                raise ValueError(f"manifest {path}: kernel {name!r}: cannot read {src}: {exc.strerror}") from exc
-        else:
-            raise ValueError(f"manifest {path}: kernel {name!r} needs 'source' (a file) or 'code' (inline)")
-        for arch in k["arch"]:
-            for target in k["target"]:
-                items.append(
-                    WarmItem(
-                        name=name,
-                        code=code,
-                        code_type=k.get("code_type", "c++"),
-                        arch=arch,
-                        target_type=target,
-                        options=dict(k["options"]),
-                        name_expressions=k["name_expressions"],
-                    )
-                )
-    return items
-
-
-def for_archs(items: list[WarmItem], archs: Sequence[str]) -> list[WarmItem]:
-    """Each C++ item once per arch of ``archs`` (its recorded arch replaced), repeats dropped.
-
-    PTX and NVVM items keep their recorded arch (their text may name one target); Triton
-    items stay as they are (listed, never compiled here).
+    Yields "" or, where ``cwd`` cannot be entered here, a note: the body then runs in a new
+    empty directory, so that nothing a compile would have found through its own working
+    directory is found in another one by chance. The previous directory is restored.
     """
-    out: dict[str, WarmItem] = {}
-    for item in items:
-        for arch in archs if item.code_type == "c++" else (item.arch,):
-            new = dataclasses.replace(item, arch=arch)
-            out.setdefault(json.dumps(dataclasses.asdict(new), sort_keys=True), new)
-    return list(out.values())
-
-
-def program_options(item: WarmItem) -> Any:
-    """The item's cuda.core ProgramOptions; ValueError naming the kernel if they are bad."""
-    from cuda.core import ProgramOptions
-
-    options = dict(item.options)
-    macros = options.get("define_macro")
-    if isinstance(macros, list):  # an inner [name, value] is cuda.core's (name, value) pair
-        options["define_macro"] = [tuple(m) if isinstance(m, list) else m for m in macros]
+    if cwd is None:
+        yield ""
+        return
     try:
-        return ProgramOptions(arch=item.arch, **options)
-    except TypeError as exc:
-        raise ValueError(f"kernel {item.name!r}: bad options {item.options}: {exc}") from exc
+        here = os.getcwd()
+    except OSError:  # warm's own directory was deleted: there is nothing to return to
+        here = "/"
+    empty = None
+    try:
+        if not cwd:
+            raise FileNotFoundError(cwd)
+        os.chdir(cwd)
+        note = ""
+    except OSError as exc:
+        empty = tempfile.mkdtemp(prefix="kernelcache-replay-")
+        os.chdir(empty)
+        why = "is not here" if isinstance(exc, FileNotFoundError) else f"cannot be entered ({exc.strerror})"
+        what = f"its recorded working directory {cwd} {why}" if cwd else "it was recorded in a deleted directory"
+        note = f"replayed in an empty directory: {what}"
+    try:
+        yield note
+    finally:
+        os.chdir(here)
+        if empty is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(empty)
 
 
 def run(
@@ -235,49 +66,70 @@ def run(
     """Warm every item through compile_many on ``jobs`` threads; results in manifest order.
 
     The store is configured as the default cache is (KERNELCACHE_MAX_SIZE, a Redis tier from
-    ``redis_url`` or KERNELCACHE_REDIS_URL, ...), at ``cache_dir``.
+    ``redis_url`` or KERNELCACHE_REDIS_URL, ...), at ``cache_dir``. Each result has ``hit``
+    (it was already there), ``key`` (the entry's name) or ``error``; ``note`` where the
+    replay was not the recorded one (its working directory is not here).
 
     The hits are looked up first, in this thread: a manifest that is all hits starts no
     thread at all, so ``-j 8`` costs what ``-j 1`` does there. A failing item is reported
     as its own error; the others are compiled and stored all the same.
     """
-    from kernelcache.compile.batch import run_batch
     from kernelcache.stores.default import configured_cache
 
     results, requests = _requests(items)
+    cache = configured_cache(None if cache_dir is None else os.path.abspath(cache_dir), redis_url)
     todo = [i for i, r in enumerate(results) if "error" not in r and "skipped" not in r]
-    bar = None
-    on_done = None
-    if progress and sys.stderr.isatty():
-        from rich.progress import Progress
-
-        bar = Progress(transient=True)
-        bar.start()
-        task = bar.add_task("warming", total=len(todo))
-        on_done = lambda _j: bar.advance(task)  # noqa: E731
-    elif progress:
-        on_done = _line_per_item([items[i] for i in todo])
-    try:
-        batch = run_batch(
-            [requests[i] for i in todo],
-            configured_cache(cache_dir, redis_url),
-            jobs,
-            what="warm",
-            strict=False,
-            on_done=on_done,
-        )
-    finally:
-        if bar is not None:
-            bar.stop()
-    for j, i in enumerate(todo):
-        info = batch.infos[j]
-        if j in batch.errors:
-            results[i].update(hit=False, error=_error_text(batch.errors[j]))
-        elif info is not None:
-            results[i].update(hit=info.hit, key=info.entry_name, seconds=info.seconds)
+    groups: dict[str | None, list[int]] = {}
+    for i in todo:  # manifest order within a directory; directories in order of first use
+        groups.setdefault(items[i].cwd, []).append(i)
+    with _progress(items, len(todo), progress) as on_done:
+        for cwd, group in groups.items():
+            # Race: the working directory is the process's. warm compiles one directory's
+            # requests at a time and nothing else in this process compiles meanwhile;
+            # a compiler worker takes the caller's directory with each compile.
+            with working_directory(cwd) as note:
+                _warm_group(group, requests, results, cache, jobs, on_done)
+            if note:
+                for i in group:
+                    results[i]["note"] = note
     for r in results:
         r.setdefault("hit", False)
     return results
+
+
+def _warm_group(
+    group: list[int], requests: list[dict[str, Any]], results: list[dict[str, Any]], cache: Any, jobs: int, on_done: Any
+) -> None:
+    """One directory's requests through compile_many; ok: a hit, or a compile the cache took."""
+    from kernelcache.compile.batch import run_batch
+
+    tick = None if on_done is None else (lambda j: on_done(group[j]))
+    batch = run_batch([requests[i] for i in group], cache, jobs, what="warm", strict=False, on_done=tick)
+    for j, i in enumerate(group):
+        info = batch.infos[j]
+        if j in batch.errors or info is None:
+            results[i].update(hit=False, error=_error_text(batch.errors.get(j) or RuntimeError("no result")))
+            continue
+        results[i].update(hit=info.hit, key=info.entry_name, seconds=info.seconds)
+        if info.hit:
+            continue  # already there
+        if not info.cached:  # returned but not stored (a refusal, or a write the store dropped)
+            results[i]["error"] = f"not stored: {info.not_stored or 'the compile was returned but not stored'}"
+
+
+def not_in_bundle(results: list[dict[str, Any]], path: str, secret: bytes | None) -> list[str]:
+    """The names of the warmed kernels missing from the bundle at ``path``; each such result
+    gets its error (an entry that left the cache between the warm and the bundle)."""
+    from kernelcache.stores.bundle.store import BundleProgramCache
+
+    with BundleProgramCache(path, secret=secret) as bundle:
+        names = set(bundle.names())
+    missing = []
+    for r in results:
+        if r.get("key") and not r.get("error") and r["key"] not in names:
+            r["error"] = f"not in the bundle {path}: its entry left the cache before the bundle was written"
+            missing.append(r["name"])
+    return missing
 
 
 def _requests(items: list[WarmItem]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -292,33 +144,46 @@ def _requests(items: list[WarmItem]) -> tuple[list[dict[str, Any]], list[dict[st
             requests.append({})
             continue
         try:
-            options = program_options(item)
+            request = request_of(item)
         except ValueError as exc:
-            options, result["error"] = None, _error_text(exc)
-        requests.append(
-            {
-                "code": item.code,
-                "code_type": item.code_type,
-                "target_type": item.target_type,
-                "options": options,
-                "name_expressions": item.name_expressions,
-            }
-        )
+            result["error"] = _error_text(exc)
+            requests.append({})
+            continue
+        requests.append(request._asdict())
     return results, requests
 
 
-def _line_per_item(items: list[WarmItem]) -> Any:
+@contextlib.contextmanager
+def _progress(items: list[WarmItem], total: int, progress: bool) -> Iterator[Any]:
+    """``on_done(item index)`` for the batches: a bar on a terminal, a line per item in a log."""
+    if not progress:
+        yield None
+    elif sys.stderr.isatty():
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        bar.start()
+        task = bar.add_task("warming", total=total)
+        try:
+            yield lambda _i: bar.advance(task)
+        finally:
+            bar.stop()
+    else:
+        yield _line_per_item(items, total)
+
+
+def _line_per_item(items: list[WarmItem], total: int) -> Any:
     """Without a terminal (CI logs): one line on stderr per finished item, as it finishes."""
     import threading
 
     lock = threading.Lock()
     done = [0]
 
-    def on_done(j: int) -> None:
-        item = items[j]
+    def on_done(i: int) -> None:
+        item = items[i]
         with lock:  # on_done runs on the batch's worker threads
             done[0] += 1
-            print(f"warm [{done[0]}/{len(items)}] {item.name} [{item.arch} {item.target_type}]", file=sys.stderr)
+            print(f"warm [{done[0]}/{total}] {item.name} [{item.arch} {item.target_type}]", file=sys.stderr)
             sys.stderr.flush()
 
     return on_done

@@ -53,9 +53,10 @@ class CompileInfo:
     lookup_seconds: float = 0.0  # key derivation + store look-ups before the compile
     store_seconds: float = 0.0  # writing the artifact (and header manifest) on a miss
     waited: bool = False  # another thread/process compiled it while we waited
-    cached: bool = True  # False when KERNELCACHE_DISABLE=1 or the store could not be used
+    cached: bool = True  # False: KERNELCACHE_DISABLE=1, no usable store, or the result was not stored
     headers: list[str] = dataclasses.field(default_factory=list)  # headers the key covers
     miss_reason: str | None = None  # on a miss: the nearest entry of this source and what differs
+    not_stored: str = ""  # a compile returned but not stored: why (cached is then False)
 
     @property
     def key_hex(self) -> str:
@@ -186,6 +187,7 @@ def compile_uncached(request: CompileRequest, call: Call) -> ObjectCode:
     obj, log_text, seconds = runner_for(request, call.processes).run_compiler(request, None)
     call.emit_log(log_text)
     call.info.hit, call.info.cached, call.info.compile_seconds = False, False, seconds
+    call.info.not_stored = call.info.miss_reason
     call.done()
     return obj
 
@@ -260,7 +262,7 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
         )
         if not_stored:
             refuse_to_store(cache, not_stored)
-            call.info.cached = False
+            call.info.cached, call.info.not_stored = False, not_stored
             call.done()
             return obj
         _store(look, call, obj, log_text, seconds, variant, trace.dirs if trace is not None else [])
@@ -302,7 +304,8 @@ def _store(
     info.key = key
     meta = artifact_meta(request, obj, log_text, seconds, look.toolchain, info.headers)
     stored_at = time.perf_counter()
-    write_record(look.cache, key, as_value_bytes(obj), meta)
+    if not write_record(look.cache, key, as_value_bytes(obj), meta):  # it warned (or the store is read-only)
+        info.cached, info.not_stored = False, "the cache did not take the write (see the warning above)"
     if variant is not None:
         manifests.store_manifest(look.cache, look.manifest_key, variant)
     strict.stored(look, key)  # the source index explains later misses

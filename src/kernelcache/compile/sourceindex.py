@@ -2,9 +2,10 @@
 
 A miss is explained against the entries stored for the same source (the same code,
 code_type and target_type) under other keys: the nearest one (fewest differing components)
-and the components that differ, in the terms ``kernelcache explain`` uses (``options.<field>``
-with both values, ``toolchain.*``, ``name_expressions``, ``extra_digest``, and for an entry of
-the same source and options the headers that changed, appeared or vanished, with paths).
+and the components that differ, shown as the key sees them (keys.explain: the one rule for
+"what differs", which ``kernelcache explain`` uses too: ``options.<field>`` with both values,
+``toolchain.*``, ``name_expressions``, ``extra_digest``), and for an entry of the same source
+and options the headers that changed, appeared or vanished, with paths.
 
 The index is an ordinary record (internal, like a header manifest) under a key derived from
 the source alone, so every store kind (disk, Redis, bundles, object store) carries it as it
@@ -16,11 +17,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.compile.metadata import options_summary
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests
 from kernelcache.keys.derive import digest_components
-from kernelcache.keys.options import IGNORE, LINKER_GATES, OPTION_POLICY
+from kernelcache.keys.explain import explain_components
 from kernelcache.stores.naming import entry_name
 from kernelcache.stores.safe import read_record, write_record
 from kernelcache.stores.tiered import leaf_tiers
@@ -29,9 +29,11 @@ if TYPE_CHECKING:
     from kernelcache.compile.lookup import Lookup
     from kernelcache.stores.base import ProgramCacheResource
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: components as keys.explain shows them (1: the options as metadata shows them)
 MAX_KEYS = 64  # keys remembered per source (newest first): enough for every arch x option set in use
 NO_ENTRY = "no entry for this source"
+# What every entry of one source's index shares (the index is per source): never a difference.
+_SAME_FOR_THE_SOURCE = frozenset({"schema", "code_type", "target_type", "code"})
 
 
 def index_key(look: Lookup) -> bytes:
@@ -50,27 +52,11 @@ def index_key(look: Lookup) -> bytes:
     )
 
 
-def components(look: Lookup) -> dict[str, Any]:
-    """This request's key components, readable (JSON values), headers aside."""
-    parts, request = dict(look.base), look.request
-    out: dict[str, Any] = {
-        f"options.{k}": v for k, v in options_summary(request.options).items() if _in_key(k, request.code_type)
-    }
-    for name, value in (look.toolchain.as_dict() if look.toolchain is not None else {}).items():
-        out[f"toolchain.{name}"] = value
-    if request.code_type == "c++" and request.name_expressions:
-        names = request.name_expressions
-        out["name_expressions"] = sorted(n.decode("latin-1") if isinstance(n, bytes) else n for n in names)
-    if "extra_digest" in parts:
-        out["extra_digest"] = parts["extra_digest"].hex()
-    return out
-
-
-def _in_key(field: str, code_type: str) -> bool:
-    # What cannot change a key is no difference worth naming (split_compile; NVRTC's fields for PTX).
-    if code_type == "ptx":
-        return field in LINKER_GATES
-    return OPTION_POLICY.get(field) != IGNORE
+def components(look: Lookup) -> dict[str, str]:
+    """This request's key components as the key sees them (keys.explain), headers aside: two
+    requests differ in one of them exactly when their keys differ."""
+    shown = explain_components(look.base)
+    return {k: v for k, v in shown.items() if k not in _SAME_FOR_THE_SOURCE}
 
 
 def _parse(record: tuple[bytes, Any] | None) -> list[dict[str, Any]]:
@@ -118,31 +104,35 @@ def _merged(look: Lookup, writable_only: bool = False) -> list[dict[str, Any]]:
     return out
 
 
-def explain(look: Lookup) -> str:
-    """Why this request missed: the nearest stored entry of its source and what differs, or NO_ENTRY."""
-    entries = _merged(look)
-    if not entries:
-        return NO_ENTRY
+def nearest(look: Lookup) -> tuple[str, dict[str, tuple[Any, Any]]] | None:
+    """The stored entry of this source that differs least (its name), and each differing
+    component as (cached, this request's); None when the source has no entry indexed."""
     ours = components(look)
     best: tuple[str, dict[str, tuple[Any, Any]]] | None = None
-    for entry in entries:
+    for entry in _merged(look):
         theirs = entry["components"]
         diffs = {
             k: (theirs.get(k), ours.get(k)) for k in sorted(ours.keys() | theirs.keys()) if theirs.get(k) != ours.get(k)
         }
         if best is None or len(diffs) < len(best[1]):
-            best = (entry["key"], diffs)
-    assert best is not None
-    key_hex, diffs = best
-    name = entry_name(bytes.fromhex(key_hex))[:16]
+            best = (entry_name(bytes.fromhex(entry["key"])), diffs)
+    return best
+
+
+def explain(look: Lookup) -> str:
+    """Why this request missed: the nearest stored entry of its source and what differs, or NO_ENTRY."""
+    found = nearest(look)
+    if found is None:
+        return NO_ENTRY
+    name, diffs = found
     if diffs:
         shown = "; ".join(f"{k}: cached {_value(a)}, this call {_value(b)}" for k, (a, b) in diffs.items())
-        return f"nearest entry {name} (same source) differs in {shown}"
-    return f"nearest entry {name} has the same source and options; {_header_text(look)}"
+        return f"nearest entry {name[:16]} (same source) differs in {shown}"
+    return f"nearest entry {name[:16]} has the same source and options; {_header_text(look)}"
 
 
 def _value(value: Any) -> str:
-    return "unset" if value is None else json.dumps(value)
+    return "unset" if value is None else str(value)
 
 
 def _header_text(look: Lookup) -> str:

@@ -32,8 +32,13 @@ def check_path_fields(options: Any) -> None:
         )
 
 
-def check_as_cuda_core(options: Any, target_type: str) -> None:
-    """What cuda.core refuses in C++ options (its option formatting raises), raised as it raises it."""
+def check_as_cuda_core(options: Any, code_type: str, target_type: str) -> None:
+    """What cuda.core refuses in C++ or NVVM options, raised as it raises it.
+
+    Its option formatting for the backend raises (a malformed macro for NVRTC; for NVVM every
+    NVRTC-only field: std, lineinfo, use_fast_math, define_macro, ...), and so do its key and
+    its compile, which both format the options first. The PTX linker formats no such list.
+    """
     as_bytes = getattr(options, "as_bytes", None)
     if as_bytes is not None:
-        as_bytes("nvrtc", target_type)  # cuda.core's own refusals, raised as it raises them
+        as_bytes("nvrtc" if code_type == "c++" else "nvvm", target_type)

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.keys.arguments import check_as_cuda_core, check_path_fields
-from kernelcache.keys.options import HASHED_FIELDS, encode, option_components
+from kernelcache.keys.explain import explain_components
+from kernelcache.keys.options import encode, option_components
 from kernelcache.keys.toolchain import Toolchain, toolchain_for
 
 if TYPE_CHECKING:
@@ -141,8 +142,8 @@ def key_components(
         ("toolchain.cuda_core", tc.cuda_core.encode()),
         ("toolchain.compiler", tc.compiler.encode()),
     ]
-    if ct == "c++":  # after the key's own refusals, which say what to do instead
-        check_as_cuda_core(options, tt)
+    if ct != "ptx":  # after the key's own refusals, which say what to do instead
+        check_as_cuda_core(options, ct, tt)
     if extra is not None:
         components.append(("extra_digest", extra))
     return components
@@ -227,11 +228,12 @@ def explain_program_cache_key(
     name_expressions: Sequence[str | bytes] = (),
     extra_digest: bytes | None = None,
 ) -> dict[str, str]:
-    """The key's components, each as a short hex digest, plus ``key``: the key's hex.
+    """The key's components as text, plus ``key``: the key's hex. Raises what the key raises.
 
-    Compare two results to see which input made two compiles get different keys; option
-    fields are listed one by one (``options.<field>``). Readable values (types, toolchain
-    identities) are shown as text.
+    Two results differ in some component exactly when the two keys differ: each value is
+    shown as the key sees it (keys.explain), option fields one by one (``options.<field>``),
+    so ``define_macro=("N", "4")`` and ``"N=4"`` show alike and a PTX key shows the
+    linker's fields only. The source and extra_digest are shown as short digests.
     """
     components = key_components(
         code=code,
@@ -241,24 +243,6 @@ def explain_program_cache_key(
         name_expressions=name_expressions,
         extra_digest=extra_digest,
     )
-    out: dict[str, str] = {}
-    for name, value in components:
-        if name in ("schema", "code_type", "target_type") or name.startswith("toolchain."):
-            out[name] = value.decode()
-        elif name == "options":
-            out.update(_explain_options(options))
-        else:
-            out[name] = hashlib.sha256(value).hexdigest()[:16]
+    out = explain_components(components)
     out["key"] = digest_components(components).hex()
-    return out
-
-
-def _explain_options(options: Any) -> dict[str, str]:
-    if options is None:
-        options = default_options()
-    out = {}
-    for name in HASHED_FIELDS:
-        value = getattr(options, name, None)
-        if value is not None:
-            out[f"options.{name}"] = repr(value)
     return out

@@ -126,10 +126,6 @@ NVVM_ONLY = frozenset({"use_libdevice", "extra_sources"})
 # --create-pch=False), so False counts as set for the refusal and extra_digest checks.
 _FLAG_IF_NOT_NONE = frozenset({"create_pch", "time", "fdevice_time_trace", "use_pch", "pch_dir"})
 
-# The fields whose values enter a key (explain_program_cache_key shows each of them).
-HASHED_FIELDS = tuple(f for f, p in OPTION_POLICY.items() if p in (HASH, TRACKED, NEEDS_DIGEST))
-
-
 def _names_something(value: Any) -> bool:
     """cuda.core's test for a str-or-list option: None, False and empty sequences (a range
     too) emit no flag; a str, even "", does (``--include-path=``)."""

@@ -41,14 +41,16 @@ def read_record(cache: ProgramCacheResource, key: bytes, *, caller_counts: bool 
         return None
 
 
-def write_record(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Meta, internal: bool = False) -> None:
-    """Store payload + metadata; a failure warns and is dropped. A read-only store is not written."""
+def write_record(cache: ProgramCacheResource, key: bytes, payload: Any, meta: Meta, internal: bool = False) -> bool:
+    """Store payload + metadata; whether it was written. A failure warns and is dropped (False);
+    a read-only store is not written (False); a store that drops a write says so (too large)."""
     if cache.read_only:
-        return
+        return False
     try:
-        cache.set_record(key, payload, meta, internal=internal)
+        return cache.set_record(key, payload, meta, internal=internal) is not False
     except Exception as exc:
         warn_store(cache, "write", exc)
+        return False
 
 
 def count_error(cache: ProgramCacheResource, cause: ErrorCause) -> None:

@@ -224,15 +224,16 @@ class FileStreamProgramCache(EntryReading, RecordStore):
 
     def _write_at(self, path: str, payload: bytes, meta: Meta) -> bool:
         sidecar = make_sidecar(payload, meta)
-        if self._sizecap.too_large(len(payload) + len(sidecar)):
+        nbytes = len(payload) + len(sidecar)  # what the cap counts: the artifact and its sidecar
+        if self._sizecap.too_large(nbytes):
             # Storing it would evict every other entry and still exceed the cap.
             self.warn_once(
                 "too-large",
-                f"an entry of {len(payload)} bytes exceeds max_size_bytes={self._max_size}; not stored on disk",
+                f"an entry of {nbytes} bytes with its metadata ({len(payload)} of artifact) exceeds "
+                f"max_size_bytes={self._max_size}; not stored on disk",
                 counted_as="too_large",
             )
             return False
-        nbytes = len(payload) + len(sidecar)
         try:
             # Counted before staging (the staged files take room too), and room made first
             # if that puts the store over its cap (sizecap.py: the invariant).
