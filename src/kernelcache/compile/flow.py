@@ -271,16 +271,10 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
 
 
 def _compile(request: CompileRequest, trace: HeaderTrace | None, processes: bool) -> tuple[ObjectCode, str, float]:
-    """The compile with NVRTC's header trace; again without one if the trace itself failed it.
+    """The plain compile, then its header pass (compilers.header_pass) when headers are tracked.
     Here or in a worker process (compile.runners; restrict=True: never here)."""
-    runner = runner_for(request, processes)
     restrict_leak.start()
-    try:
-        return runner.run_compiler(request, trace.path if trace is not None else None)
-    except Exception as exc:
-        if trace is None or not trace.lost(exc):
-            raise
-        return runner.run_compiler(request, None)  # the caller's result, not stored (trace.not_stored)
+    return runner_for(request, processes).run_compiler(request, trace.path if trace is not None else None)
 
 
 def _store(

@@ -1,17 +1,18 @@
-"""The header tracking of one C++ miss: NVRTC's trace file, the headers' digests before the
-compile, and the header variant built from what the compile read.
+"""The header tracking of one C++ miss: where the header pass writes its trace (compilers.
+header_pass: NVRTC's front end alone, after the plain compile), the headers' digests before
+the compile, and the header variant built from what the compile read.
 
-Any step that cannot vouch for the headers (no room for the trace, a trace NVRTC lost or
-did not write, a header that changed while NVRTC read it, a working directory that was
-deleted) sets ``not_stored``: the compile's
-result is returned to the caller and never stored under a key that would claim it.
+Any step that cannot vouch for the headers (no room for the trace, a trace NVRTC did not
+write or wrote incomplete, a header that changed while NVRTC read it, a working directory
+that was deleted) sets ``not_stored``: the compile's result is returned to the caller and
+never stored under a key that would claim it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kernelcache.compile.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state
+from kernelcache.compile.compilers import new_trace_path, remove_trace
 from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests, variants
@@ -39,26 +40,14 @@ class HeaderTrace:
         self.before = manifests.digests_before(manifest_key, self.dirs)
         self.started_ns = hdr.now_ns()  # the clock files are stamped with
 
-    def lost(self, exc: BaseException) -> bool:
-        """Whether the trace, not the source, failed this compile (ptxas found it gone or
-        rewritten); if so the trace is dropped and the compile without one is not stored."""
-        if self.path is None:
-            return False
-        reset_nvrtc_trace_state(self.tmp_dir)
-        if not lost_trace(exc, self.path):
-            return False
-        self.not_stored = f"NVRTC lost its header trace ({str(exc).strip().splitlines()[-1]})"
-        self.remove()
-        return True
-
     def variant(self) -> dict[str, Any] | None:
         """The header variant this compile read; None (and ``not_stored`` set) when unknown."""
         if self.not_stored:
             return None
         assert self.path is not None
-        found = hdr.headers_from_trace(self.path, self.cwd)
+        found, why = hdr.headers_from_trace(self.path, self.cwd)
         if found is None:
-            self.not_stored = "NVRTC wrote no usable header trace"
+            self.not_stored = why
             return None
         options = self.request.options
         variant, changed = variants.build_variant(

@@ -160,11 +160,18 @@ def toolchain_header_roots(options: Any) -> list[str]:
     return roots
 
 
-def headers_from_trace(trace_path: str, cwd: str) -> list[str] | None:
-    """Absolute paths of the headers the trace lists; None if there is no usable trace.
+# NVRTC processes this header (inside the library) first in every C++ compile; its event is the
+# first a trace loses after an earlier failed traced compile (compilers.header_pass).
+BUILTIN_HEADER = "__nv_nvrtc_builtin_header.h"
 
-    Usable: NVRTC's front end reported into it. Every NVRTC C++ compile processes NVRTC's
-    builtin header, so a trace with no header event at all lost the front end's part.
+
+def headers_from_trace(trace_path: str, cwd: str) -> tuple[list[str] | None, str]:
+    """(absolute paths of the headers the trace lists, "") or (None, why it is not usable).
+
+    Usable: NVRTC wrote it and it is whole. A failed traced compile earlier in the process
+    makes NVRTC drop the first header events of every later trace (measured with 13.5:
+    the builtin header, the pre-includes and the source's first include go; deeper ones
+    stay), so a trace without the builtin header is refused, however many it lists.
     """
     # NVRTC appends ".json" to the name it is given; accept both spellings.
     for candidate in (trace_path + ".json", trace_path):
@@ -175,16 +182,21 @@ def headers_from_trace(trace_path: str, cwd: str) -> list[str] | None:
         except (OSError, ValueError):
             continue
     else:
-        return None
+        return None, "NVRTC wrote no usable header trace"
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
     if not isinstance(events, list):
-        return None
+        return None, "NVRTC wrote no usable header trace"
     seen: dict[str, None] = {}
-    front_end = False
+    whole = False
     for event in events:
         if isinstance(event, dict) and event.get("name") == "Processing Header File":
-            front_end = True
             detail = (event.get("args") or {}).get("detail")
             if isinstance(detail, str) and detail:
+                whole = whole or os.path.basename(detail) == BUILTIN_HEADER
                 seen[os.path.normpath(os.path.join(cwd, detail))] = None
-    return list(seen) if front_end else None
+    if not whole:
+        return None, (
+            "NVRTC's header trace is incomplete (an earlier traced compile in this process failed, and NVRTC "
+            "then drops header events from every later trace: restart the process to cache again)"
+        )
+    return list(seen), ""
