@@ -120,30 +120,35 @@ def workdir() -> str | None:
 
 
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
-    """Absolute search directories for quoted includes, in NVRTC's order (memoised)."""
+    """Absolute search directories in NVRTC's order (memoised): the main source's own
+    directory (that of the program name, joined to the working directory), then
+    include_path (headers.scan states the whole rule)."""
     cwd = cwd or os.getcwd()
     name = compiled_name(options, "c++")  # NVRTC searches the encoded name's directory
     include = getattr(options, "include_path", None)
-    memo_key = (cwd, name, include if isinstance(include, (str, type(None))) else tuple(include))
+    memo_key = (
+        cwd,
+        name,
+        include if isinstance(include, (str, type(None))) else tuple(include),
+        bool(getattr(options, "no_source_include", None)),
+    )
     dirs = _dirs_memo.get(memo_key)
     if dirs is None:
-        dirs = []
-        name_dir = os.path.dirname(name)
-        if name_dir:
-            dirs.append(os.path.join(cwd, name_dir))
-        dirs.append(cwd)
-        dirs += [os.path.join(cwd, d) for d in as_list(include)]
-        dirs = [os.path.normpath(d) for d in dirs]
+        own = os.path.normpath(os.path.join(cwd, os.path.dirname(name)))
+        if getattr(options, "no_source_include", None):
+            own = ""  # --no-source-include: no includer's directory is searched
+        dirs = [own] + [os.path.normpath(os.path.join(cwd, d)) for d in as_list(include)]
         remember(_dirs_memo, memo_key, dirs, 1024)
     return dirs
 
 
 _dirs_memo: dict[tuple[Any, ...], list[str]] = {}
+FIRST_INCLUDE = 1  # where include_path starts among search_dirs() (angle-bracket names search from there)
 
 
 def first_include(options: Any) -> int:
-    """Where include_path starts among search_dirs(options) (angle-bracket names search from there)."""
-    return 2 if os.path.dirname(compiled_name(options, "c++")) else 1
+    """Where include_path starts among search_dirs(options)."""
+    return FIRST_INCLUDE
 
 
 def toolchain_header_roots(options: Any) -> list[str]:

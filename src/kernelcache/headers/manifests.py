@@ -201,22 +201,24 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
         return None
     changes: dict[str, list[str]] = {"changed": [], "added": [], "vanished": []}
     newest = stored["variants"][0]
-    paths = []
-    for index, rel, digest in newest.get("headers", ()):
-        path = rel if index < 0 or index >= len(dirs) else os.path.join(dirs[index], rel)
-        paths.append(path)
+    paths = variants.entry_paths(newest, dirs)
+    for entry, path in zip(newest.get("headers", ()), paths):
+        if path is None:
+            continue
+        index = entry[0] if not isinstance(entry[0], str) else -1
         for earlier in dirs[:index] if index >= 0 else ():
-            if os.path.isfile(os.path.join(earlier, rel)):
-                changes["added"].append(os.path.join(earlier, rel))
+            if earlier and os.path.isfile(os.path.join(earlier, entry[1])):
+                changes["added"].append(os.path.join(earlier, entry[1]))
                 break
         now = file_digest(path)
         if now is None:
             changes["vanished"].append(path)
-        elif now != digest:
+        elif now != entry[-1]:
             changes["changed"].append(path)
     # Probed names (includes, __has_include) that now resolve elsewhere, or no longer at all.
     for where, kind, name, at in newest.get("probes", ()):
-        includer = os.path.dirname(paths[where]) if 0 <= where < len(paths) else None
+        known = paths[where] if 0 <= where < len(paths) else None
+        includer = os.path.dirname(known) if known else None
         places = includes.candidates(kind, name, includer, dirs, newest.get("first_include", len(dirs)))
         now_at = includes.resolve(name, places)
         if now_at != at:
@@ -224,4 +226,4 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
                 changes["added"].append(os.path.join(places[now_at], name))
             elif 0 <= at < len(places):
                 changes["vanished"].append(os.path.join(places[at], name))
-    return {what: list(dict.fromkeys(paths)) for what, paths in changes.items()}
+    return {what: list(dict.fromkeys(found)) for what, found in changes.items()}

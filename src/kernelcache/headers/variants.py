@@ -1,9 +1,15 @@
 """Header variants: what one compile of a source read, checked again on every look-up.
 
 A variant holds
-- ``headers``: each header the trace listed as (search dir index, path relative to it,
-  content SHA-256); index -1 keeps an absolute path (a header named by its absolute path,
-  or outside every search dir);
+- ``headers``: each header the trace listed, with its content SHA-256, recorded as *how it
+  was found* (headers.scan states the rule): ``[kind, includer, name, place, digest]`` for
+  one that a literal name found (kind "q" or "a"; includer -1 for the main source, else the
+  position of an earlier header; place: the index among scan.candidates), so a look-up
+  derives its path again from its own working directory and search path; else (a name
+  spelled by a macro, ``#include_next``) ``[search dir index, path relative to it, digest]``
+  under the deepest search dir holding it, or ``[-1, absolute path, digest]`` outside all
+  (the variant then also records ``cwd`` and matches only there: how NVRTC found it is
+  unknown);
 - ``probes``: each literal name the source and its headers look for (headers.scan) as
   (includer, kind, name, where it resolved or -1): the includer is -1 for the main source,
   else the position of its header in ``headers``;
@@ -31,7 +37,7 @@ from kernelcache.headers import scan as includes
 from kernelcache.headers.digests import changed_since, file_digest
 from kernelcache.memo import remember
 
-MANIFEST_FORMAT = 2  # 2: probes and first_include (format 1 manifests are a miss)
+MANIFEST_FORMAT = 3  # 3: headers derived from probes; 2: probes and first_include (older ones are a miss)
 MAX_VARIANTS = 8  # header versions remembered per source (switching back is still a hit)
 
 _directives_memo: dict[str, list[tuple[str, str, str]]] = {}  # content digest -> directives
@@ -72,11 +78,9 @@ def build_variant(
     digests, changed = _read_headers(headers, skip_roots, before, texts)
     # Probes, resolved now against the files as they are; the race checks below make sure
     # "now" is what NVRTC saw.
-    probes, named_absolute, named_relative = _resolve_probes(
-        includes.probes(texts, option_macros), dirs, first_include
-    )
+    probes = _resolve_probes(includes.probes(texts, option_macros), dirs, first_include)
     changed += _changed_during(digests, probes, start_ns)
-    entries, position = _header_entries(digests, dirs, named_absolute, named_relative)
+    entries, position, bound = _header_entries(digests, dirs, probes)
     recorded: dict[tuple[int, str, str], int] = {}
     for includer, _how, kind, name, at, _places in probes:
         where = -1 if includer is None else position.get(includer, -2)
@@ -87,6 +91,8 @@ def build_variant(
         "probes": sorted([w, k, n, at] for (w, k, n), at in recorded.items()),
         "first_include": first_include,
     }
+    if bound:
+        variant["cwd"] = os.getcwd()
     variant["digest"] = variant_digest(variant)
     return variant, sorted(set(changed))
 
@@ -126,39 +132,50 @@ _Probe = tuple[str | None, str, str, str, int, list[str]]  # includer, how, kind
 
 def _resolve_probes(
     texts: Mapping[str | None, Sequence[tuple[str, str, str]]], dirs: Sequence[str], first_include: int
-) -> tuple[list[_Probe], set[str], set[str]]:
-    """Each probe resolved against the files as they are, and the paths found through an
-    absolute and through a relative name."""
+) -> list[_Probe]:
+    """Each probe resolved against the files as they are (its includer's directory: the
+    path the trace gave that header)."""
     probes: list[_Probe] = []
-    named_absolute: set[str] = set()
-    named_relative: set[str] = set()
     for includer, found in texts.items():
         includer_dir = os.path.dirname(includer) if includer is not None else None
         for how, kind, name in found:
             places = includes.candidates(kind, name, includer_dir, dirs, first_include)
-            at = includes.resolve(name, places)
-            probes.append((includer, how, kind, name, at, places))
-            if at >= 0:
-                path = os.path.normpath(os.path.join(places[at], name) if places[at] else name)
-                (named_absolute if os.path.isabs(name) else named_relative).add(path)
-    return probes, named_absolute, named_relative
+            probes.append((includer, how, kind, name, includes.resolve(name, places), places))
+    return probes
 
 
 def _header_entries(
-    digests: Mapping[str, str], dirs: Sequence[str], named_absolute: set[str], named_relative: set[str]
-) -> tuple[list[list[Any]], dict[str, int]]:
-    """The variant's header entries ([dir index or -1, path, digest]) and each path's position."""
+    digests: Mapping[str, str], dirs: Sequence[str], probes: Sequence[_Probe]
+) -> tuple[list[list[Any]], dict[str, int], bool]:
+    """(the variant's header entries, each path's position, whether one is kept absolute).
+
+    Each header is recorded as the first probe that finds it, in the order NVRTC reads
+    (the main source's probes, then those of the headers they find, breadth first), so an
+    entry's includer always comes before it; the headers no literal name finds are kept
+    by their place under a search dir (or absolute)."""
+    by_includer: dict[str | None, list[_Probe]] = {}
+    for probe in probes:
+        by_includer.setdefault(probe[0], []).append(probe)
     entries: list[list[Any]] = []
     position: dict[str, int] = {}
+    queue: list[str | None] = [None]
+    for includer in queue:
+        for _inc, _how, kind, name, at, places in by_includer.get(includer, ()):
+            if at < 0:
+                continue
+            path = os.path.normpath(os.path.join(places[at], name) if places[at] else name)
+            if path in digests and path not in position:
+                position[path] = len(entries)
+                entries.append([kind, -1 if includer is None else position[includer], name, at, digests[path]])
+                queue.append(path)
+    bound = False
     for path, digest in digests.items():
-        if path in named_absolute:
-            position.setdefault(path, len(entries))
-            entries.append([-1, path, digest])
-        if path in named_relative or path not in named_absolute:
-            position.setdefault(path, len(entries))
+        if path not in position:
+            position[path] = len(entries)
             index, rel = _locate(path, dirs)
+            bound = bound or index < 0
             entries.append([index, rel, digest])
-    return entries, position
+    return entries, position, bound
 
 
 def _changed_during(
@@ -209,34 +226,61 @@ def _locate(path: str, dirs: Sequence[str]) -> tuple[int, str]:
     """
     best = None
     for i, d in enumerate(dirs):
-        if path.startswith(d.rstrip(os.sep) + os.sep) and (best is None or len(d) > len(dirs[best])):
+        if d and path.startswith(d.rstrip(os.sep) + os.sep) and (best is None or len(d) > len(dirs[best])):
             best = i
     if best is None:
         return -1, path  # outside every search dir: kept absolute
     return best, os.path.relpath(path, dirs[best])
 
 
+def entry_path(entry: Sequence[Any], paths: Sequence[str], dirs: Sequence[str], first_include: int) -> str | None:
+    """The path a header entry names under the search dirs ``dirs`` (``paths``: those of the
+    entries before it); None when it names none (fewer search dirs than it was found with)."""
+    if isinstance(entry[0], str):  # [kind, includer, name, place, digest]: found by that probe
+        kind, where, name, at = entry[0], entry[1], entry[2], entry[3]
+        includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
+        places = includes.candidates(kind, name, includer_dir, dirs, first_include)
+        if not 0 <= at < len(places):
+            return None
+        return os.path.normpath(os.path.join(places[at], name) if places[at] else name)
+    index, rel = entry[0], entry[1]
+    if index < 0:
+        return str(rel)
+    return f"{dirs[index]}{os.sep}{rel}" if index < len(dirs) and dirs[index] else None
+
+
+def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None]:
+    """The path of each header entry of ``variant`` under ``dirs``, in order."""
+    first_include = variant.get("first_include", len(dirs))
+    paths: list[str | None] = []
+    for entry in variant.get("headers", ()):
+        paths.append(entry_path(entry, paths, dirs, first_include))  # type: ignore[arg-type]
+    return paths
+
+
 def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
-    """True when every header still has its recorded content, none is shadowed, and every
+    """True when every header the variant names, at the path the current working directory
+    and search path give it, still has its recorded content, none is shadowed, and every
     probed name resolves where it did."""
     try:
-        paths = []
+        if "cwd" in variant and variant["cwd"] != os.getcwd():
+            return False  # a header found by a name kernelcache cannot see, outside every search dir
+        first_include = variant.get("first_include", len(dirs))
+        paths: list[str] = []
         absent = set()  # paths this call saw missing, and (paths) those it saw present:
-        for index, rel, digest in variant.get("headers", ()):  # probes reuse both, no stat
-            if index < 0:
-                path = rel
-            elif index < len(dirs):
-                path = f"{dirs[index]}{os.sep}{rel}"
+        for entry in variant.get("headers", ()):  # probes reuse both, no stat
+            path = entry_path(entry, paths, dirs, first_include)
+            if path is None:
+                return False
+            if not isinstance(entry[0], str) and entry[0] >= 0:
                 # Shadowing: an earlier search dir that now holds the same relative name wins
                 # (a file: NVRTC passes over a directory of that name, as includes.resolve does).
-                for earlier in dirs[:index]:
-                    shadow = f"{earlier}{os.sep}{rel}"
-                    if os.path.isfile(shadow):
+                for earlier in dirs[: entry[0]]:
+                    shadow = f"{earlier}{os.sep}{entry[1]}"
+                    if earlier and os.path.isfile(shadow):
                         return False
                     absent.add(shadow)
-            else:
-                return False  # fewer search dirs than when it was compiled
-            if file_digest(path) != digest:
+            if file_digest(path) != entry[-1]:
                 return False
             paths.append(path)
         present = set(paths)
@@ -248,7 +292,7 @@ def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
                     break
             if found != at:
                 return False
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, KeyError):
         return False  # a malformed variant (not written by this code) never matches
     return True
 
@@ -273,17 +317,16 @@ def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) 
 
 
 def variant_digest(variant: dict[str, Any]) -> str:
-    """The key component for a variant (headers, probes, search layout), hex."""
+    """The key component for a variant (headers, probes, search layout, the bound cwd), hex."""
     parts = [variant.get("headers", []), variant.get("probes", []), variant.get("first_include")]
+    if "cwd" in variant:
+        parts.append(variant["cwd"])
     return hashlib.sha256(json.dumps(parts, separators=(",", ":")).encode()).hexdigest()
 
 
 def tracked_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str]:
     """The absolute paths of a variant's headers under the search dirs ``dirs``."""
-    out = []
-    for index, rel, _ in variant.get("headers", ()):
-        out.append(rel if index < 0 or index >= len(dirs) else os.path.join(dirs[index], rel))
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(p for p in entry_paths(variant, dirs) if p is not None))
 
 
 def header_paths(manifest: dict[str, Any] | None, dirs: Sequence[str]) -> list[str]:
