@@ -62,7 +62,7 @@ class HeaderTrace:
             includes.option_macros(options),
         )
         if changed:
-            self.not_stored = "a header changed during the compile: " + ", ".join(changed[:3])
+            self.not_stored = variants.why_not_stored(changed)
             return None
         return variant
 

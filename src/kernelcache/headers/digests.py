@@ -47,9 +47,13 @@ _MEMO_LIMIT = 65536
 
 # File timestamps come from the kernel's coarse clock (CLOCK_REALTIME_COARSE, one tick of
 # 1-10 ms behind time.time_ns()), or a finer one on kernels with multigrain timestamps: a
-# change at or after a coarse reading is stamped at or after it. Whole-second timestamps
-# come from filesystems of 1 s (ext3 with 128-byte inodes, many network filesystems) or
-# 2 s (FAT) granularity: a change is stamped up to 2 s before the moment it happened.
+# change at or after a coarse reading is stamped at or after it. Filesystems of 1 s (ext3
+# with 128-byte inodes, many network filesystems) or 2 s (FAT) granularity stamp a change up
+# to 2 s before the moment it happened. Which granularity a file's filesystem has shows in its
+# ctime, never in its mtime: the kernel sets the ctime from its clock on every change, while an
+# mtime can be any value a copy kept (cp -p, copytree, tar and wheel extraction keep whole
+# seconds). A file whose ctime is a whole second is taken for a coarse filesystem (on a fine
+# one, one ctime in 10^9 lands there: a compile not stored, never a wrong one).
 _CLOCK_REALTIME_COARSE = 5  # Linux; time does not export the name
 _COARSE_FS_MARGIN_NS = 2_000_000_000
 
@@ -63,8 +67,9 @@ def now_ns() -> int:
 
 
 def changed_since(st: os.stat_result, since_ns: int) -> bool:
-    """Whether the file (or directory) may have changed at or after ``since_ns`` (a now_ns())."""
-    margin = _COARSE_FS_MARGIN_NS if st.st_mtime_ns % 1_000_000_000 == 0 else 0
+    """Whether the file (or directory) may have changed at or after ``since_ns`` (a now_ns()):
+    what its timestamps say, at its filesystem's granularity (the ctime's)."""
+    margin = _COARSE_FS_MARGIN_NS if st.st_ctime_ns % 1_000_000_000 == 0 else 0
     return max(st.st_mtime_ns, st.st_ctime_ns) >= since_ns - margin
 
 

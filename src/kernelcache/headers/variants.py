@@ -70,7 +70,8 @@ def build_variant(
     before: Mapping[str, str],
     option_macros: Sequence[tuple[str, str, str]] = (),
 ) -> tuple[dict[str, Any], list[str]]:
-    """(the variant for the headers one compile read, the paths that changed during it).
+    """(the variant for the headers one compile read, the paths that changed during it, each
+    as "path (why)": see why_not_stored).
 
     ``option_macros``: includes.option_macros(options), names the options' macros hold."""
     texts: dict[str | None, list[tuple[str, str, str]]] = {None: includes.directives(source)}
@@ -114,14 +115,14 @@ def _read_headers(
         if digest is None:
             if os.path.basename(path).startswith("__nv"):
                 continue  # NVRTC's builtin headers exist only inside the library
-            changed.append(path)  # listed by the trace, gone now
+            changed.append(f"{path} ({GONE})")  # listed by the trace, gone now
             digest = "unreadable"
         elif path in before and before[path] != digest:
-            changed.append(path)  # not the content this process saw before the compile
+            changed.append(f"{path} ({REWRITTEN})")  # not the content this process saw before the compile
         digests[path] = digest
         found = _directives_of(path, digest) if digest != "unreadable" else []
         if found is None:
-            changed.append(path)
+            changed.append(f"{path} ({REWRITTEN})")
             found = []
         texts[path] = found
     return digests, changed
@@ -204,17 +205,34 @@ def _changed_during(
         st = stats[path]
         return st is not None and changed_since(st, start_ns)
 
-    out = [path for path in digests if moved(path) or stats.get(path, True) is None]
+    out = [
+        f"{path} ({GONE if stats.get(path) is None else TOUCHED})"
+        for path in digests
+        if moved(path) or stats.get(path, True) is None
+    ]
     for _includer, how, _kind, name, at, places in probes:
         if at >= 0:
             found = os.path.join(places[at], name) if places[at] else name
             if moved(found):
-                out.append(found)
+                out.append(f"{found} ({TOUCHED})")
         if how == includes.HAS_INCLUDE:
             for place in places[: at if at >= 0 else len(places)]:
                 if place and moved(place):
-                    out.append(place)
+                    out.append(f"{place} ({TOUCHED})")
     return out
+
+
+GONE, REWRITTEN = "gone", "rewritten"  # what certainly changed during the compile
+TOUCHED = "stamped at or after the compile's start"  # what may have: its timestamps say so
+
+
+def why_not_stored(changed: Sequence[str]) -> str:
+    """The not-stored reason for build_variant's ``changed``: it says a header changed only
+    when one certainly did (gone, rewritten), else that its timestamps say it may have."""
+    certain = [c for c in changed if c.endswith(f"({GONE})") or c.endswith(f"({REWRITTEN})")]
+    if certain:
+        return "a header changed during the compile: " + ", ".join(certain[:3])
+    return "a header may have changed during the compile: " + ", ".join(changed[:3])
 
 
 def _locate(path: str, dirs: Sequence[str]) -> tuple[int, str]:
