@@ -33,7 +33,7 @@ def _plain(code: str, options: ProgramOptions, names: tuple[str, ...] = ()) -> b
 def test_a_miss_and_a_hit_are_a_plain_compiles_bytes(tmp_path, monkeypatch) -> None:
     # A CuPy kernel (cupyx.scipy.signal's symiirorder2, reduced to one user header) for which
     # NVRTC 13.5 generates other code when the compile carries -fdevice-time-trace.
-    with open(os.path.join(KERNELS, "cupy", "symiirorder2_fwd.cu")) as f:
+    with open(os.path.join(KERNELS, "cupy", "reduced", "symiirorder2_fwd.cu")) as f:
         code = f.read()
     (tmp_path / "consts.h").write_text("#define M_PI 3.14159265358979323846\n")
     monkeypatch.chdir(tmp_path)
