@@ -15,16 +15,19 @@ from typing import Any
 from kernelcache.compile.compilers import new_trace_path, remove_trace
 from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
+from kernelcache.headers import index as header_index
 from kernelcache.headers import manifests, variants
 from kernelcache.headers import scan as includes
+from kernelcache.stores.base import ProgramCacheResource
 
 
 class HeaderTrace:
     """Started right before the compile (the digests and the clock the variant is judged by)."""
 
-    def __init__(self, request: CompileRequest, manifest_key: bytes, tmp_dir: str | None) -> None:
+    def __init__(self, request: CompileRequest, manifest_key: bytes, store: ProgramCacheResource) -> None:
         self.request = request
-        self.tmp_dir = tmp_dir
+        self.tmp_dir = tmp_dir = store.tmp_dir
+        self.index = header_index.for_store(store)  # the digests read after the compile are kept there
         self.not_stored = ""  # why this compile's result cannot be stored, when it cannot
         cwd = hdr.workdir()
         self.path = None if cwd is None else new_trace_path(tmp_dir)  # where NVRTC writes what it read
@@ -60,7 +63,9 @@ class HeaderTrace:
             self.started_ns,
             self.before,
             includes.option_macros(options),
+            self.index,
         )
+        self.index.save()
         if changed:
             self.not_stored = variants.why_not_stored(changed)
             return None

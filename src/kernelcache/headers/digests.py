@@ -86,7 +86,7 @@ def file_digest(path: str) -> str | None:
         return known[1]
     hashed_at = now_ns()
     try:
-        digest = _regular_file_sha256(path)
+        digest = regular_file_sha256(path)
     except OSError:
         return None
     if digest is None:
@@ -101,7 +101,7 @@ def file_digest(path: str) -> str | None:
     return digest
 
 
-def _regular_file_sha256(path: str) -> str | None:
+def regular_file_sha256(path: str) -> str | None:
     """SHA-256 hex of the regular file at path (symlinks followed: include trees use them); None
     for anything else (a FIFO, a device, a directory), never waiting on it: a FIFO planted at a
     header path that a manifest records (another variant's) hung every look-up."""

@@ -26,9 +26,11 @@ import threading
 from typing import Any
 
 from kernelcache import forksafe
+from kernelcache.headers import index as header_index
 from kernelcache.headers import scan as includes
 from kernelcache.headers import variants
 from kernelcache.headers.digests import file_digest
+from kernelcache.headers.index import HeaderIndex
 from kernelcache.keys.derive import digest_components
 from kernelcache.keys.options import OPTION_POLICY, TRACKED, emits_flag
 from kernelcache.memo import remember
@@ -80,12 +82,14 @@ def _tiers(cache: ProgramCacheResource) -> list[ProgramCacheResource]:
 
 def _stored(tier: ProgramCacheResource, manifest_key: bytes) -> dict[str, Any] | None:
     record = read_record(tier, manifest_key)
-    return variants.parse_manifest(record[0]) if record else None
+    return parse_manifest(record[0]) if record else None
 
 
-def _first_match(manifest: dict[str, Any] | None, dirs: list[str]) -> dict[str, Any] | None:
+def _first_match(
+    manifest: dict[str, Any] | None, dirs: list[str], index: HeaderIndex, seen: dict[str, Any]
+) -> dict[str, Any] | None:
     for variant in (manifest or {}).get("variants", ()):
-        if variants.variant_matches(variant, dirs):
+        if variants.variant_matches(variant, dirs, index, seen):
             return variant
     return None
 
@@ -121,7 +125,17 @@ def matching_variant(cache: ProgramCacheResource, manifest_key: bytes, dirs: lis
     stored copy, nearest first. A variant found only in a farther tier is written to the
     nearer ones (as a hit promotes an artifact), merged with what they hold.
     """
-    found = _first_match(_memo_get(cache, manifest_key), dirs)
+    index = header_index.for_store(cache)
+    try:
+        return _matching_variant(cache, manifest_key, dirs, index, {})
+    finally:
+        index.save()  # what this look-up learned, for the next process (a write only if it learned)
+
+
+def _matching_variant(
+    cache: ProgramCacheResource, manifest_key: bytes, dirs: list[str], index: HeaderIndex, seen: dict[str, Any]
+) -> dict[str, Any] | None:
+    found = _first_match(_memo_get(cache, manifest_key), dirs, index, seen)
     if found is not None:
         return found
     tiers = _tiers(cache)
@@ -130,11 +144,11 @@ def matching_variant(cache: ProgramCacheResource, manifest_key: bytes, dirs: lis
         stored = _stored(tier, manifest_key)
         if stored is None:
             continue
-        merged = variants.merge_manifests(merged, stored)
-        found = _first_match(stored, dirs)
+        merged = merge_manifests(merged, stored)
+        found = _first_match(stored, dirs, index, seen)
         if found is not None:
             if i:
-                promoted = variants.add_variant(merged, found)  # bounded, the one that matched first
+                promoted = add_variant(merged, found)  # bounded, the one that matched first
                 raw = json.dumps(promoted, separators=(",", ":")).encode()
                 for upper in tiers[:i]:
                     if not upper.read_only:
@@ -155,7 +169,7 @@ def digests_before(manifest_key: bytes, dirs: list[str]) -> dict[str, str]:
         known = list(_manifest_memo.get(manifest_key, {}).values())
     manifest = None
     for each in known:  # every store's: a header any of them names
-        manifest = variants.merge_manifests(manifest, each)
+        manifest = merge_manifests(manifest, each)
     out = {}
     for path in variants.header_paths(manifest, dirs):
         digest = file_digest(path)
@@ -179,8 +193,8 @@ def store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: di
     merged: dict[str, Any] | None = None
     for tier in reversed(_tiers(cache)):
         if not tier.read_only:
-            merged = variants.merge_manifests(merged, _stored(tier, manifest_key))
-    manifest = variants.add_variant(merged, variant)
+            merged = merge_manifests(merged, _stored(tier, manifest_key))
+    manifest = add_variant(merged, variant)
     raw = json.dumps(manifest, separators=(",", ":")).encode()
     write_record(cache, manifest_key, raw, {"kind": "manifest"}, internal=True)
     _memo_put(cache, manifest_key, manifest)
@@ -196,7 +210,7 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
     if not manifest_key:
         return None  # a source that names no header has no manifest
     record = read_record(cache, manifest_key)
-    stored = variants.parse_manifest(record[0]) if record else None
+    stored = parse_manifest(record[0]) if record else None
     if stored is None or not stored["variants"]:
         return None
     changes: dict[str, list[str]] = {"changed": [], "added": [], "vanished": []}
@@ -227,3 +241,38 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
             elif 0 <= at < len(places):
                 changes["vanished"].append(os.path.join(places[at], name))
     return {what: list(dict.fromkeys(found)) for what, found in changes.items()}
+
+
+def add_variant(manifest: dict[str, Any] | None, variant: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with ``variant`` first (deduplicated, at most variants.MAX_VARIANTS)."""
+    old = (manifest or {}).get("variants", [])
+    kept = [variant] + [v for v in old if v != variant]
+    return {"format": variants.MANIFEST_FORMAT, "variants": kept[: variants.MAX_VARIANTS]}
+
+
+def merge_manifests(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
+    """first's variants, then second's that first lacks (either may be None)."""
+    if first is None or second is None:
+        return first if second is None else second
+    ours = first.get("variants", [])
+    theirs = [v for v in second.get("variants", []) if v not in ours]
+    return {"format": variants.MANIFEST_FORMAT, "variants": ours + theirs}
+
+
+def parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
+    """The manifest in ``raw``; None when it is not one of this format."""
+    if not raw:
+        return None
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != variants.MANIFEST_FORMAT:
+        return None
+    found = manifest.get("variants")
+    if not isinstance(found, list) or not all(isinstance(v, dict) for v in found):
+        return None
+    for variant in found:
+        # Recomputed, never trusted from disk: the digest decides which entry a hit reads.
+        variant["digest"] = variants.variant_digest(variant)
+    return manifest

@@ -30,12 +30,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kernelcache.headers import scan as includes
 from kernelcache.headers.digests import changed_since, file_digest
 from kernelcache.memo import remember
+
+if TYPE_CHECKING:
+    from kernelcache.headers.index import HeaderIndex
 
 MANIFEST_FORMAT = 3  # 3: headers derived from probes; 2: probes and first_include (older ones are a miss)
 MAX_VARIANTS = 8  # header versions remembered per source (switching back is still a hit)
@@ -69,14 +72,16 @@ def build_variant(
     start_ns: int,
     before: Mapping[str, str],
     option_macros: Sequence[tuple[str, str, str]] = (),
+    index: HeaderIndex | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """(the variant for the headers one compile read, the paths that changed during it, each
     as "path (why)": see why_not_stored).
 
-    ``option_macros``: includes.option_macros(options), names the options' macros hold."""
+    ``option_macros``: includes.option_macros(options), names the options' macros hold;
+    ``index``: the cache's headers.index (the digests read now are remembered there)."""
     texts: dict[str | None, list[tuple[str, str, str]]] = {None: includes.directives(source)}
     texts[None] += [(includes.INCLUDE, "q", name) for name in pre_include]
-    digests, changed = _read_headers(headers, skip_roots, before, texts)
+    digests, changed = _read_headers(headers, skip_roots, before, texts, index.digest if index else file_digest)
     # Probes, resolved now against the files as they are; the race checks below make sure
     # "now" is what NVRTC saw.
     probes = _resolve_probes(includes.probes(texts, option_macros), dirs, first_include)
@@ -103,6 +108,7 @@ def _read_headers(
     skip_roots: Sequence[str],
     before: Mapping[str, str],
     texts: dict[str | None, list[tuple[str, str, str]]],
+    digest_of: Callable[[str], str | None],
 ) -> tuple[dict[str, str], list[str]]:
     """(path -> content digest of each header the trace listed, the paths that changed); the
     directives of each header's text are added to ``texts``."""
@@ -111,7 +117,7 @@ def _read_headers(
     for path in sorted(headers):
         if any(path == r or path.startswith(r + os.sep) for r in skip_roots):
             continue
-        digest = file_digest(path)
+        digest = digest_of(path)
         if digest is None:
             if os.path.basename(path).startswith("__nv"):
                 continue  # NVRTC's builtin headers exist only inside the library
@@ -276,10 +282,23 @@ def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None
     return paths
 
 
-def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
+def variant_matches(
+    variant: dict[str, Any],
+    dirs: Sequence[str],
+    index: HeaderIndex | None = None,
+    seen: dict[str, Any] | None = None,
+) -> bool:
     """True when every header the variant names, at the path the current working directory
     and search path give it, still has its recorded content, none is shadowed, and every
-    probed name resolves where it did."""
+    probed name resolves where it did.
+
+    ``index``: the cache's headers.index (a stat per header and per directory searched, where
+    its facts hold); ``seen``: the directory listings of this look-up, shared by its variants."""
+    if index is None:
+        digest_of, is_file = file_digest, os.path.isfile
+    else:
+        listings = {} if seen is None else seen
+        digest_of, is_file = index.digest, lambda path: index.is_file(path, listings)
     try:
         if "cwd" in variant and variant["cwd"] != os.getcwd():
             return False  # a header found by a name kernelcache cannot see, outside every search dir
@@ -295,17 +314,17 @@ def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
                 # (a file: NVRTC passes over a directory of that name, as includes.resolve does).
                 for earlier in dirs[: entry[0]]:
                     shadow = f"{earlier}{os.sep}{entry[1]}"
-                    if earlier and os.path.isfile(shadow):
+                    if earlier and is_file(shadow):
                         return False
                     absent.add(shadow)
-            if file_digest(path) != entry[-1]:
+            if digest_of(path) != entry[-1]:
                 return False
             paths.append(path)
         present = set(paths)
         for places, at in _probe_plan(variant, dirs, paths):
             found = -1
             for i, place in enumerate(places):
-                if place in present or (place not in absent and os.path.isfile(place)):
+                if place in present or (place not in absent and is_file(place)):
                     found = i
                     break
             if found != at:
@@ -353,37 +372,3 @@ def header_paths(manifest: dict[str, Any] | None, dirs: Sequence[str]) -> list[s
     for variant in (manifest or {}).get("variants", ()):
         out.update(dict.fromkeys(tracked_paths(variant, dirs)))
     return list(out)
-
-
-def add_variant(manifest: dict[str, Any] | None, variant: dict[str, Any]) -> dict[str, Any]:
-    """The manifest with ``variant`` first (deduplicated, at most MAX_VARIANTS)."""
-    old = (manifest or {}).get("variants", [])
-    variants = [variant] + [v for v in old if v != variant]
-    return {"format": MANIFEST_FORMAT, "variants": variants[:MAX_VARIANTS]}
-
-
-def merge_manifests(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
-    """first's variants, then second's that first lacks (either may be None)."""
-    if first is None or second is None:
-        return first if second is None else second
-    ours = first.get("variants", [])
-    return {"format": MANIFEST_FORMAT, "variants": ours + [v for v in second.get("variants", []) if v not in ours]}
-
-
-def parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
-    """The manifest in ``raw``; None when it is not one of this format."""
-    if not raw:
-        return None
-    try:
-        manifest = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        return None
-    variants = manifest.get("variants")
-    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
-        return None
-    for variant in variants:
-        # Recomputed, never trusted from disk: the digest decides which entry a hit reads.
-        variant["digest"] = variant_digest(variant)
-    return manifest
