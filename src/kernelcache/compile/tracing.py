@@ -67,7 +67,7 @@ class HeaderTrace:
         )
         self.index.save()
         if changed:
-            self.not_stored = variants.why_not_stored(changed)
+            self.not_stored = hdr.why_not_stored(changed)
             return None
         return variant
 

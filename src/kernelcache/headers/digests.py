@@ -24,9 +24,11 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelcache import forksafe
+from kernelcache.headers.scan import HAS_INCLUDE
 from kernelcache.keys.options import as_list
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.memo import remember
@@ -210,3 +212,60 @@ def headers_from_trace(trace_path: str, cwd: str) -> tuple[list[str] | None, str
             "then drops header events from every later trace: restart the process to cache again)"
         )
     return list(seen), ""
+
+
+def changed_during(
+    digests: Mapping[str, str],
+    probes: Sequence[tuple[Any, str, str, str, int, list[str]]],
+    start_ns: int,
+) -> list[str]:
+    """Paths whose state at the end of the compile may not be what NVRTC read, each as "path
+    (why)" (``probes``: headers.variants' resolved probes).
+
+    Race: NVRTC reads each header at some moment of the compile and we hash it after. A
+    header stamped at or after the start (mtime, or ctime: a rename or a copy keeping the
+    mtime still moves it) may have been read before its change and hashed after. For a
+    probe: a file at the place it resolved to that appeared during the compile (NVRTC may
+    not have seen it), or, for __has_include, a searched directory whose entries changed (a
+    file NVRTC saw may be gone). An #include that NVRTC followed is in the trace, so its
+    disappearance shows as a missing header.
+    """
+    stats: dict[str, os.stat_result | None] = {}
+
+    def moved(path: str) -> bool:
+        if path not in stats:
+            try:
+                stats[path] = os.stat(path)
+            except OSError:
+                stats[path] = None
+        st = stats[path]
+        return st is not None and changed_since(st, start_ns)
+
+    out = [
+        f"{path} ({GONE if stats.get(path) is None else TOUCHED})"
+        for path in digests
+        if moved(path) or stats.get(path, True) is None
+    ]
+    for _includer, how, _kind, name, at, places in probes:
+        if at >= 0:
+            found = os.path.join(places[at], name) if places[at] else name
+            if moved(found):
+                out.append(f"{found} ({TOUCHED})")
+        if how == HAS_INCLUDE:
+            for place in places[: at if at >= 0 else len(places)]:
+                if place and moved(place):
+                    out.append(f"{place} ({TOUCHED})")
+    return out
+
+
+GONE, REWRITTEN = "gone", "rewritten"  # what certainly changed during the compile
+TOUCHED = "stamped at or after the compile's start"  # what may have: its timestamps say so
+
+
+def why_not_stored(changed: Sequence[str]) -> str:
+    """The not-stored reason for build_variant's ``changed``: it says a header changed only
+    when one certainly did (gone, rewritten), else that its timestamps say it may have."""
+    certain = [c for c in changed if c.endswith(f"({GONE})") or c.endswith(f"({REWRITTEN})")]
+    if certain:
+        return "a header changed during the compile: " + ", ".join(certain[:3])
+    return "a header may have changed during the compile: " + ", ".join(changed[:3])

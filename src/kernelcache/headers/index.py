@@ -7,14 +7,17 @@ scratch, that is a read and a hash per header and a stat per place tried: thousa
 per kernel for real include trees, in every fresh process. So the facts are remembered:
 - ``files``: path -> (device, inode, size, mtime_ns, ctime_ns, SHA-256 of the content);
 - ``dirs``: directory -> (device, inode, mtime_ns, ctime_ns, its entries: regular files,
-  directories, others).
+  directories, others);
+- ``proofs``: a variant under a search path -> the state (identity, or none) of every
+  directory its probes search, when every probe's answer came from those listings: while
+  all of them keep that state, every probe still resolves where it did.
 A fact is used only while a stat of its file or directory gives the same identity. The ctime is
 in it: the kernel sets it on every change (write, rename, chmod) and no call can set it back,
 so a file rewritten in any way no longer matches its fact. A directory's mtime and ctime change
 whenever an entry is created, removed or renamed in it, so its listing proves every presence
 and absence of a regular file in it; an entry that is a symlink (or anything but a regular file
 or a directory) is not proved by its directory, since its target can change: it is stat'ed.
-A look-up then costs a stat per header and one per directory searched.
+A look-up then costs a stat per header and one per directory searched, nothing per place.
 
 The racy rule (headers.digests.changed_since) decides what may be remembered: a file or
 directory stamped within its filesystem's granularity of the moment it was read can change
@@ -45,6 +48,7 @@ import threading
 from typing import Any
 
 from kernelcache import forksafe
+from kernelcache.headers import watch
 from kernelcache.headers.digests import changed_since, now_ns, regular_file_sha256
 from kernelcache.memo import remember
 from kernelcache.regular_file import NotRegularFileError, open_regular
@@ -52,6 +56,7 @@ from kernelcache.regular_file import NotRegularFileError, open_regular
 FORMAT = 1
 MAX_FILES = 200_000  # facts kept in one index file (the oldest go first)
 MAX_DIRS = 50_000
+MAX_PROOFS = 20_000
 MAX_LISTED = 4096  # a directory with more entries is not listed: its names are stat'ed one by one
 INDEX_DIR = "index"  # under the cache's v2/ (stores.file.marker knows it)
 
@@ -73,6 +78,12 @@ class HeaderIndex:
         self._files: dict[str, list[Any]] = {}
         self._dirs: dict[str, list[Any]] = {}
         self._listings: dict[str, dict[str, str]] = {}  # parsed entries of _dirs, built on use
+        self._proofs: dict[str, list[Any]] = {}  # variant under a search path -> its directories' state
+        # What this process proved under watch (headers.watch): path -> (digest, generation),
+        # proof key -> generation; trusted without a stat while the watcher's generation stays.
+        self.watched_files: dict[str, tuple[str, int]] = {}
+        self.watched_proofs: dict[str, int] = {}
+        self.watched_variants: dict[Any, int] = {}  # (variant digest, search dirs) -> generation
         self._new = 0  # facts learned since the last save
         self._seen: tuple[int, int, int] | None = None  # identity of the index file read last
 
@@ -81,38 +92,80 @@ class HeaderIndex:
     def digest(self, path: str) -> str | None:
         """SHA-256 hex of the regular file at ``path`` (symlinks followed), or None if it
         cannot be read: from its fact while the file keeps that identity, else read now."""
+        return self.digest_stat(path)[0]
+
+    def digest_stat(self, path: str) -> tuple[str | None, os.stat_result | None]:
+        """(digest(path), the stat it was judged by)."""
         try:
             st = os.stat(path)
         except OSError:
-            return None
+            return None, None
         ident = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
         known = self._files.get(path)
         if known is not None and known[:5] == ident:
-            return str(known[5])
+            return str(known[5]), st
         hashed_at = now_ns()
         try:
             digest = regular_file_sha256(path)
         except OSError:
-            return None
+            return None, st
         if digest is not None and not changed_since(st, hashed_at):
             with self._lock:
                 self._files[path] = [*ident, digest]
                 self._new += 1
-        return digest
+        return digest, st
 
-    def is_file(self, path: str, seen: dict[str, dict[str, str] | None]) -> bool:
-        """os.path.isfile(path), answered from its directory's listing where that proves it.
-        ``seen``: this look-up's listings (each directory stat'ed once per look-up)."""
+    def look(self) -> Look:
+        """A look-up's view of the facts (see Look)."""
+        return Look(self)
+
+    def is_file(self, path: str, seen: dict[str, dict[str, str] | None]) -> tuple[bool, bool]:
+        """(os.path.isfile(path), whether its directory's listing proves it): the answer comes
+        from the listing where it can. ``seen``: this look-up's listings (each directory
+        stat'ed once per look-up)."""
         directory, name = os.path.split(path)
         if directory not in seen:
             seen[directory] = self._listing(directory)
         listing = seen[directory]
         if listing is _UNKNOWN:
-            return os.path.isfile(path)
+            return os.path.isfile(path), False
         kind = listing.get(name)
         if kind == "o":  # a symlink (or other): its target can change under the same directory
-            return os.path.isfile(path)
-        return kind == "f"
+            return os.path.isfile(path), False
+        return kind == "f", True
+
+    # -- proofs: a variant's probes, resolved where they did, while their directories stay --
+
+    def dir_state(self, directories: list[str]) -> tuple[list[Any], bool]:
+        """(each directory's identity, 0 where there is none; whether all are safely past)."""
+        state: list[Any] = []
+        safe = True
+        now = now_ns()
+        for directory in directories:
+            try:
+                st = os.stat(directory)
+            except OSError:
+                state.append(0)
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                state.append(0)
+                continue
+            state.append(_ident(st))
+            safe = safe and not changed_since(st, now)
+        return state, safe
+
+    def proved(self, key: str, state: list[Any]) -> bool:
+        """Whether the probes of ``key`` (a variant under a search path) were proved to resolve
+        where they did with every directory they search in ``state``: no entry was created,
+        removed or renamed in any of them since, so they still do."""
+        return self._proofs.get(key) == state
+
+    def keep_proof(self, key: str, state: list[Any]) -> None:
+        """Remember that the probes of ``key`` resolve where they did in ``state`` (only a
+        state every listing proved, safely past: see variants.variant_matches)."""
+        with self._lock:
+            self._proofs[key] = state
+            self._new += 1
 
     def _listing(self, directory: str) -> dict[str, str] | None:
         try:
@@ -183,14 +236,15 @@ class HeaderIndex:
             os.close(fd)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             return
-        files, dirs = data.get("files"), data.get("dirs")
-        if not isinstance(files, dict) or not isinstance(dirs, dict):
+        files, dirs, proofs = data.get("files"), data.get("dirs"), data.get("proofs", {})
+        if not isinstance(files, dict) or not isinstance(dirs, dict) or not isinstance(proofs, dict):
             return
         with self._lock:
             # What this process learned meanwhile stays (it was checked when learned; so do the
             # listings parsed from it).
             self._files = {**files, **self._files}
             self._dirs = {**dirs, **self._dirs}
+            self._proofs = {**proofs, **self._proofs}
             self._seen = seen
 
     def save(self) -> None:
@@ -204,8 +258,10 @@ class HeaderIndex:
         with self._lock:
             files = dict(list(self._files.items())[-MAX_FILES:])
             dirs = dict(list(self._dirs.items())[-MAX_DIRS:])
+            proofs = dict(list(self._proofs.items())[-MAX_PROOFS:])
             self._new = 0
-        raw = json.dumps({"format": FORMAT, "files": files, "dirs": dirs}, separators=(",", ":")).encode()
+        kept = {"format": FORMAT, "files": files, "dirs": dirs, "proofs": proofs}
+        raw = json.dumps(kept, separators=(",", ":")).encode()
         try:
             ops.make_dirs(os.path.dirname(self.path))
             staged = ops.stage(self.tmp_dir, raw, durable=False)
@@ -214,6 +270,88 @@ class HeaderIndex:
             self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
         except OSError:
             pass  # a read-only or full cache: the facts stay in this process
+
+
+class Look:
+    """One look-up's use of an index: the facts, plus what this process already proved under
+    watch (headers.watch) and has seen no change to since. What this look-up proves under
+    watch is trusted by later look-ups only if no relevant event arrived from before its
+    first watch to its end (commit)."""
+
+    def __init__(self, index: HeaderIndex) -> None:
+        self.index = index
+        self.seen: dict[str, dict[str, str] | None] = {}  # this look-up's listings
+        self.watcher = watch.watcher()
+        self.generation = self.watcher.changed() if self.watcher is not None else -1
+        self._files: list[tuple[str, str]] = []
+        self._proofs: list[str] = []
+        self._variants: list[Any] = []
+        self._unwatched = False  # something this look-up proved could not be watched
+
+    def digest(self, path: str) -> str | None:
+        w = self.watcher
+        if w is not None:
+            known = self.index.watched_files.get(path)
+            if known is not None and known[1] == self.generation:
+                return known[0]
+            guarded = w.guard(path, False)  # before the stat: a change after it is reported
+        digest, st = self.index.digest_stat(path)
+        if w is not None and guarded and digest is not None and st is not None and w.local(st.st_dev, path):
+            self._files.append((path, digest))
+        else:
+            self._unwatched = True
+        return digest
+
+    def variant_known(self, key: Any) -> bool:
+        """Whether this variant matched under watch in this process, with no change since."""
+        return self.watcher is not None and self.index.watched_variants.get(key) == self.generation
+
+    def variant_held(self, key: Any) -> None:
+        """The variant matched: trusted whole by later look-ups if all it rests on was watched."""
+        if self.watcher is not None and not self._unwatched:
+            self._variants.append(key)
+
+    def is_file(self, path: str) -> tuple[bool, bool]:
+        return self.index.is_file(path, self.seen)
+
+    def probes_known(self, key: str) -> bool:
+        """Whether these probes were proved under watch, with no change since."""
+        return self.watcher is not None and self.index.watched_proofs.get(key) == self.generation
+
+    def dir_state(self, directories: list[str]) -> tuple[list[Any], bool]:
+        """index.dir_state, the directories watched first (their entries and the way to them)."""
+        w = self.watcher
+        guarded = w is not None and all(w.guard(d, True) for d in directories)
+        state, safe = self.index.dir_state(directories)
+        self._guarded_state = guarded and w is not None and all(
+            s == 0 or w.local(s[0], d) for s, d in zip(state, directories)
+        )
+        return state, safe
+
+    def proved(self, key: str, state: list[Any]) -> bool:
+        return self.index.proved(key, state)
+
+    def holds(self, key: str, state: list[Any], kept: bool) -> None:
+        """The probes of ``key`` hold in ``state`` (``kept``: also a proof for other processes)."""
+        if kept:
+            self.index.keep_proof(key, state)
+        if getattr(self, "_guarded_state", False):
+            self._proofs.append(key)
+        else:
+            self._unwatched = True
+
+    def commit(self) -> None:
+        """Trust what this look-up proved under watch, if nothing changed meanwhile."""
+        w = self.watcher
+        if w is None or not (self._files or self._proofs or self._variants) or w.changed() != self.generation:
+            return
+        with self.index._lock:
+            for path, digest in self._files:
+                remember(self.index.watched_files, path, (digest, self.generation), MAX_FILES)
+            for key in self._proofs:
+                remember(self.index.watched_proofs, key, self.generation, MAX_PROOFS)
+            for key in self._variants:
+                remember(self.index.watched_variants, key, self.generation, MAX_PROOFS)
 
 
 _lock = threading.Lock()
@@ -225,6 +363,9 @@ def _fresh_in_child() -> None:
     _lock = threading.Lock()
     for index in _by_path.values():
         index._lock = threading.Lock()
+        index.watched_files.clear()  # proved under the parent's watches, which this child lacks
+        index.watched_proofs.clear()
+        index.watched_variants.clear()
 
 
 forksafe.reset_function_in_child(_fresh_in_child)

@@ -30,7 +30,7 @@ from kernelcache.headers import index as header_index
 from kernelcache.headers import scan as includes
 from kernelcache.headers import variants
 from kernelcache.headers.digests import file_digest
-from kernelcache.headers.index import HeaderIndex
+from kernelcache.headers.index import Look
 from kernelcache.keys.derive import digest_components
 from kernelcache.keys.options import OPTION_POLICY, TRACKED, emits_flag
 from kernelcache.memo import remember
@@ -85,11 +85,9 @@ def _stored(tier: ProgramCacheResource, manifest_key: bytes) -> dict[str, Any] |
     return parse_manifest(record[0]) if record else None
 
 
-def _first_match(
-    manifest: dict[str, Any] | None, dirs: list[str], index: HeaderIndex, seen: dict[str, Any]
-) -> dict[str, Any] | None:
+def _first_match(manifest: dict[str, Any] | None, dirs: list[str], look: Look) -> dict[str, Any] | None:
     for variant in (manifest or {}).get("variants", ()):
-        if variants.variant_matches(variant, dirs, index, seen):
+        if variants.variant_matches(variant, dirs, look):
             return variant
     return None
 
@@ -126,16 +124,18 @@ def matching_variant(cache: ProgramCacheResource, manifest_key: bytes, dirs: lis
     nearer ones (as a hit promotes an artifact), merged with what they hold.
     """
     index = header_index.for_store(cache)
+    look = index.look()
     try:
-        return _matching_variant(cache, manifest_key, dirs, index, {})
+        return _matching_variant(cache, manifest_key, dirs, look)
     finally:
+        look.commit()  # what it proved under watch, trusted by this process's next look-ups
         index.save()  # what this look-up learned, for the next process (a write only if it learned)
 
 
 def _matching_variant(
-    cache: ProgramCacheResource, manifest_key: bytes, dirs: list[str], index: HeaderIndex, seen: dict[str, Any]
+    cache: ProgramCacheResource, manifest_key: bytes, dirs: list[str], look: Look
 ) -> dict[str, Any] | None:
-    found = _first_match(_memo_get(cache, manifest_key), dirs, index, seen)
+    found = _first_match(_memo_get(cache, manifest_key), dirs, look)
     if found is not None:
         return found
     tiers = _tiers(cache)
@@ -145,7 +145,7 @@ def _matching_variant(
         if stored is None:
             continue
         merged = merge_manifests(merged, stored)
-        found = _first_match(stored, dirs, index, seen)
+        found = _first_match(stored, dirs, look)
         if found is not None:
             if i:
                 promoted = add_variant(merged, found)  # bounded, the one that matched first

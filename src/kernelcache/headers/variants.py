@@ -27,6 +27,7 @@ before the compile, may not be what NVRTC read. Such a compile is returned, not 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -34,11 +35,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.headers import scan as includes
-from kernelcache.headers.digests import changed_since, file_digest
+from kernelcache.headers.digests import GONE, REWRITTEN, changed_during, file_digest
 from kernelcache.memo import remember
 
 if TYPE_CHECKING:
-    from kernelcache.headers.index import HeaderIndex
+    from kernelcache.headers.index import HeaderIndex, Look
 
 MANIFEST_FORMAT = 3  # 3: headers derived from probes; 2: probes and first_include (older ones are a miss)
 MAX_VARIANTS = 8  # header versions remembered per source (switching back is still a hit)
@@ -85,7 +86,7 @@ def build_variant(
     # Probes, resolved now against the files as they are; the race checks below make sure
     # "now" is what NVRTC saw.
     probes = _resolve_probes(includes.probes(texts, option_macros), dirs, first_include)
-    changed += _changed_during(digests, probes, start_ns)
+    changed += changed_during(digests, probes, start_ns)
     entries, position, bound = _header_entries(digests, dirs, probes)
     recorded: dict[tuple[int, str, str], int] = {}
     for includer, _how, kind, name, at, _places in probes:
@@ -185,62 +186,6 @@ def _header_entries(
     return entries, position, bound
 
 
-def _changed_during(
-    digests: Mapping[str, str],
-    probes: Sequence[_Probe],
-    start_ns: int,
-) -> list[str]:
-    """Paths whose state at the end of the compile may not be what NVRTC read.
-
-    Race: NVRTC reads each header at some moment of the compile and we hash it after. A
-    header stamped at or after the start (mtime, or ctime: a rename or a copy keeping the
-    mtime still moves it) may have been read before its change and hashed after. For a
-    probe: a file at the place it resolved to that appeared during the compile (NVRTC may
-    not have seen it), or, for __has_include, a searched directory whose entries changed (a
-    file NVRTC saw may be gone). An #include that NVRTC followed is in the trace, so its
-    disappearance shows as a missing header.
-    """
-    stats: dict[str, os.stat_result | None] = {}
-
-    def moved(path: str) -> bool:
-        if path not in stats:
-            try:
-                stats[path] = os.stat(path)
-            except OSError:
-                stats[path] = None
-        st = stats[path]
-        return st is not None and changed_since(st, start_ns)
-
-    out = [
-        f"{path} ({GONE if stats.get(path) is None else TOUCHED})"
-        for path in digests
-        if moved(path) or stats.get(path, True) is None
-    ]
-    for _includer, how, _kind, name, at, places in probes:
-        if at >= 0:
-            found = os.path.join(places[at], name) if places[at] else name
-            if moved(found):
-                out.append(f"{found} ({TOUCHED})")
-        if how == includes.HAS_INCLUDE:
-            for place in places[: at if at >= 0 else len(places)]:
-                if place and moved(place):
-                    out.append(f"{place} ({TOUCHED})")
-    return out
-
-
-GONE, REWRITTEN = "gone", "rewritten"  # what certainly changed during the compile
-TOUCHED = "stamped at or after the compile's start"  # what may have: its timestamps say so
-
-
-def why_not_stored(changed: Sequence[str]) -> str:
-    """The not-stored reason for build_variant's ``changed``: it says a header changed only
-    when one certainly did (gone, rewritten), else that its timestamps say it may have."""
-    certain = [c for c in changed if c.endswith(f"({GONE})") or c.endswith(f"({REWRITTEN})")]
-    if certain:
-        return "a header changed during the compile: " + ", ".join(certain[:3])
-    return "a header may have changed during the compile: " + ", ".join(changed[:3])
-
-
 def _locate(path: str, dirs: Sequence[str]) -> tuple[int, str]:
     """(search dir index, relative path) of the deepest search dir holding ``path``.
 
@@ -282,73 +227,123 @@ def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None
     return paths
 
 
-def variant_matches(
-    variant: dict[str, Any],
-    dirs: Sequence[str],
-    index: HeaderIndex | None = None,
-    seen: dict[str, Any] | None = None,
-) -> bool:
+def variant_matches(variant: dict[str, Any], dirs: Sequence[str], look: Look | None = None) -> bool:
     """True when every header the variant names, at the path the current working directory
     and search path give it, still has its recorded content, none is shadowed, and every
     probed name resolves where it did.
 
-    ``index``: the cache's headers.index (a stat per header and per directory searched, where
-    its facts hold); ``seen``: the directory listings of this look-up, shared by its variants."""
-    if index is None:
-        digest_of, is_file = file_digest, os.path.isfile
+    ``look``: this look-up's view of the cache's headers.index (a stat per header and per
+    directory searched where its facts hold, none where this process watches them)."""
+    if look is None:
+        digest_of: Callable[[str], str | None] = file_digest
+        is_file: Callable[[str], tuple[bool, bool]] = lambda path: (os.path.isfile(path), False)  # noqa: E731
     else:
-        listings = {} if seen is None else seen
-        digest_of, is_file = index.digest, lambda path: index.is_file(path, listings)
+        digest_of, is_file = look.digest, look.is_file
     try:
         if "cwd" in variant and variant["cwd"] != os.getcwd():
             return False  # a header found by a name kernelcache cannot see, outside every search dir
-        first_include = variant.get("first_include", len(dirs))
-        paths: list[str] = []
+        key = (variant["digest"], tuple(dirs))
+        if look is not None and look.variant_known(key):
+            return True  # matched under watch in this process, nothing changed since (headers.watch)
+        paths = _paths_memo.get(key)
+        if paths is None:
+            derived = entry_paths(variant, dirs)
+            if None in derived:
+                return False  # fewer search dirs than it was found with
+            paths = [str(p) for p in derived]
+            remember(_paths_memo, key, paths, 4096)
         absent = set()  # paths this call saw missing, and (paths) those it saw present:
-        for entry in variant.get("headers", ()):  # probes reuse both, no stat
-            path = entry_path(entry, paths, dirs, first_include)
-            if path is None:
-                return False
+        for entry, path in zip(variant["headers"], paths):  # probes reuse both, no stat
             if not isinstance(entry[0], str) and entry[0] >= 0:
                 # Shadowing: an earlier search dir that now holds the same relative name wins
                 # (a file: NVRTC passes over a directory of that name, as includes.resolve does).
                 for earlier in dirs[: entry[0]]:
                     shadow = f"{earlier}{os.sep}{entry[1]}"
-                    if earlier and is_file(shadow):
+                    if earlier and is_file(shadow)[0]:
                         return False
                     absent.add(shadow)
             if digest_of(path) != entry[-1]:
                 return False
-            paths.append(path)
-        present = set(paths)
-        for places, at in _probe_plan(variant, dirs, paths):
-            found = -1
-            for i, place in enumerate(places):
-                if place in present or (place not in absent and is_file(place)):
-                    found = i
-                    break
-            if found != at:
-                return False
+        held = _probes_hold(_probe_plan(variant, dirs, paths), set(paths), absent, is_file, look)
+        if held and look is not None and not absent:  # shadow checks are not watched: no whole trust
+            look.variant_held(key)
+        return held
     except (TypeError, ValueError, IndexError, KeyError):
         return False  # a malformed variant (not written by this code) never matches
+
+
+def _probes_hold(
+    plan: _Plan,
+    present: set[str],
+    absent: set[str],
+    is_file: Callable[[str], tuple[bool, bool]],
+    look: Look | None,
+) -> bool:
+    """Whether every probe of the plan resolves where it did (its headers already checked).
+
+    Proved once per state of the directories the probes search (Look.holds): while no
+    entry was created, removed or renamed in any of them (their mtimes and ctimes stay), each
+    probe's answer stays. Race: the state is read before the listings that prove the answers;
+    a directory changed in between has another state by the next look-up, which then proves
+    again. A proof is kept only when every answer came from a listing (no symlink entry, no
+    directory too big to list) and every state is safely past (the racy rule)."""
+    if look is not None and look.probes_known(plan.key):
+        return True  # proved in this process under watch, nothing changed since (headers.watch)
+    state, safe = look.dir_state(plan.dirs) if look is not None else ([], False)
+    if look is not None and look.proved(plan.key, state):
+        look.holds(plan.key, state, kept=False)
+        return True
+    proven = True
+    for places, at in plan.probes:
+        found = -1
+        for i, place in enumerate(places):
+            if place in present:
+                found = i
+                break
+            if place in absent:
+                continue
+            here, by_listing = is_file(place)
+            proven = proven and by_listing
+            if here:
+                found = i
+                break
+        if found != at:
+            return False
+    if look is not None and proven:
+        look.holds(plan.key, state, kept=safe)
     return True
 
 
-_plans: dict[tuple[str, tuple[str, ...]], list[tuple[list[str], int]]] = {}
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """A variant's probes under one search path: per probe the full paths to try in order and
+    where it resolved; the directories they search; the key of its proof (headers.index)."""
+
+    probes: list[tuple[list[str], int]]
+    dirs: list[str]
+    key: str
 
 
-def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) -> list[tuple[list[str], int]]:
-    """Per probe, the full paths to try in order and where it resolved; memoised per variant
-    and search dirs (the includers' places follow from both), so a hit only stats."""
+_plans: dict[tuple[str, tuple[str, ...]], _Plan] = {}
+# (variant digest, search dirs) -> the path of each of its headers there (entry_paths)
+_paths_memo: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+
+
+def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) -> _Plan:
+    """The variant's plan under ``dirs``; memoised per variant and search dirs (the includers'
+    places follow from both, once its headers are checked)."""
     memo_key = (variant["digest"], tuple(dirs))
     plan = _plans.get(memo_key)
     if plan is None:
         first_include = variant.get("first_include", len(dirs))
-        plan = []
+        probes = []
         for where, kind, name, at in variant.get("probes", ()):
             includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
             places = includes.candidates(kind, name, includer_dir, dirs, first_include)
-            plan.append(([os.path.normpath(os.path.join(place, name)) for place in places], at))
+            probes.append(([os.path.normpath(os.path.join(place, name)) for place in places], at))
+        searched = sorted({os.path.dirname(place) for places, _ in probes for place in places})
+        key = hashlib.sha256("\0".join([variant["digest"], *dirs]).encode()).hexdigest()
+        plan = _Plan(probes, searched, key)
         remember(_plans, memo_key, plan, 4096)
     return plan
 
