@@ -15,7 +15,7 @@ import pytest
 from cuda.core import ProgramOptions
 from helpers import ARCH, settle_timestamps
 
-from kernelcache import CompileInfo, FileStreamProgramCache, InMemoryProgramCache, compile_program
+from kernelcache import CompileInfo, FileStreamProgramCache, InMemoryProgramCache, KernelCacheWarning, compile_program
 
 RELATIVE = '#include "../shared/x.h"\nextern "C" __global__ void k(int* o) { o[0] = XV; }\n'
 
@@ -118,11 +118,27 @@ _PLACES = {
     # case: (files, code, program name, include_path, the file whose edit must change the bytes)
     "cwd": ({"w.h": "#define V 1\n"}, '#include "w.h"', None, None, "w.h"),
     "name-dir": ({"sub/n.h": "#define V 1\n", "n.h": "#define V 9\n"}, '#include "n.h"', "sub/k.cu", None, "sub/n.h"),
-    "includer-dir": ({"inc/a.h": '#include "b.h"\n', "inc/b.h": "#define V 1\n", "b.h": "#define V 9\n"},
-                     '#include "a.h"', None, ["inc"], "inc/b.h"),
-    "include-order": ({"i1/o.h": "#define V 1\n", "i2/o.h": "#define V 9\n"}, "#include <o.h>", None, ["i1", "i2"], "i1/o.h"),
-    "header-skips-cwd": ({"inc/a.h": '#include "c.h"\n', "c.h": "#define V 9\n", "i2/c.h": "#define V 1\n"},
-                         '#include "a.h"', None, ["inc", "i2"], "i2/c.h"),
+    "includer-dir": (
+        {"inc/a.h": '#include "b.h"\n', "inc/b.h": "#define V 1\n", "b.h": "#define V 9\n"},
+        '#include "a.h"',
+        None,
+        ["inc"],
+        "inc/b.h",
+    ),
+    "include-order": (
+        {"i1/o.h": "#define V 1\n", "i2/o.h": "#define V 9\n"},
+        "#include <o.h>",
+        None,
+        ["i1", "i2"],
+        "i1/o.h",
+    ),
+    "header-skips-cwd": (
+        {"inc/a.h": '#include "c.h"\n', "c.h": "#define V 9\n", "i2/c.h": "#define V 1\n"},
+        '#include "a.h"',
+        None,
+        ["inc", "i2"],
+        "i2/c.h",
+    ),
     "angle-skips-cwd": ({"d.h": "#define V 9\n", "i1/d.h": "#define V 1\n"}, "#include <d.h>", None, ["i1"], "i1/d.h"),
 }
 
@@ -150,3 +166,44 @@ def test_each_place_a_name_resolves_from(tmp_path, monkeypatch, case: str) -> No
     (tmp_path / edited).write_text("#define V 5\n")
     hit, code_bytes, _ = compiled()
     assert not hit and hashlib.sha256(code_bytes).digest() != hashlib.sha256(first[1]).digest()
+
+
+def test_a_directory_change_during_the_compile_is_not_stored(tmp_path, monkeypatch) -> None:
+    # Race: NVRTC resolves quoted includes against the directory current when it opens them,
+    # and the header pass runs after the compile. The moment NVRTC has read one, another
+    # thread changes directory: what the two passes read cannot be vouched for.
+    import threading
+
+    import _fswatch
+
+    ck1, ck2 = _checkouts(tmp_path, {"proj/.keep": "", "shared/x.h": "#define XV XVALUE\n"})
+    slow = RELATIVE.replace(
+        "o[0] = XV;",
+        "float x = o[1];\n#pragma unroll\nfor (int i = 0; i < 80; ++i) x = sinf(x * 1.0001f + i) * cosf(x - i);\no[0] = XV + (int)x;",
+    )
+    monkeypatch.chdir(f"{ck1}/proj")
+    watch = _fswatch.Watch()
+    watch.add(f"{ck1}/shared/x.h", _fswatch.IN_CLOSE_NOWRITE)
+    moved = threading.Event()
+
+    def move_once_read() -> None:
+        if watch.events(120):
+            os.chdir(f"{ck2}/proj")
+            moved.set()
+
+    mover = threading.Thread(target=move_once_read)
+    mover.start()
+    info = CompileInfo()
+    try:
+        with pytest.warns(KernelCacheWarning, match="working directory changed"):
+            compile_program(
+                slow,
+                target_type="ptx",
+                cache=FileStreamProgramCache(tmp_path / "cache"),
+                options=ProgramOptions(arch=ARCH),
+                info=info,
+            )
+    finally:
+        mover.join(130)
+        watch.close()
+    assert moved.is_set() and not info.cached

@@ -48,6 +48,11 @@ class HeaderTrace:
         if self.not_stored:
             return None
         assert self.path is not None
+        if hdr.workdir() != self.cwd:
+            # Race: another thread changed directory between the compile and the header pass
+            # (or during either): the two may have resolved quoted includes in different places.
+            self.not_stored = "the working directory changed during the compile"
+            return None
         found, why = hdr.headers_from_trace(self.path, self.cwd)
         if found is None:
             self.not_stored = why
