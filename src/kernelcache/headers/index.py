@@ -48,7 +48,6 @@ import threading
 from typing import Any
 
 from kernelcache import forksafe
-from kernelcache.headers import watch
 from kernelcache.headers.digests import changed_since, now_ns, regular_file_sha256
 from kernelcache.memo import remember
 from kernelcache.regular_file import NotRegularFileError, open_regular
@@ -115,9 +114,6 @@ class HeaderIndex:
                 self._new += 1
         return digest, st
 
-    def look(self) -> Look:
-        """A look-up's view of the facts (see Look)."""
-        return Look(self)
 
     def is_file(self, path: str, seen: dict[str, dict[str, str] | None]) -> tuple[bool, bool]:
         """(os.path.isfile(path), whether its directory's listing proves it): the answer comes
@@ -154,17 +150,24 @@ class HeaderIndex:
             safe = safe and not changed_since(st, now)
         return state, safe
 
+    def proof_dirs(self, key: str) -> list[str] | None:
+        """The directories the probes of ``key`` search, as its proof recorded them."""
+        proof = self._proofs.get(key)
+        return proof[0] if isinstance(proof, list) and len(proof) == 2 else None
+
     def proved(self, key: str, state: list[Any]) -> bool:
         """Whether the probes of ``key`` (a variant under a search path) were proved to resolve
         where they did with every directory they search in ``state``: no entry was created,
         removed or renamed in any of them since, so they still do."""
-        return self._proofs.get(key) == state
+        proof = self._proofs.get(key)
+        return isinstance(proof, list) and len(proof) == 2 and proof[1] == state
 
-    def keep_proof(self, key: str, state: list[Any]) -> None:
-        """Remember that the probes of ``key`` resolve where they did in ``state`` (only a
-        state every listing proved, safely past: see variants.variant_matches)."""
+    def keep_proof(self, key: str, directories: list[str], state: list[Any]) -> None:
+        """Remember that the probes of ``key`` resolve where they did while ``directories``
+        are in ``state`` (only a state every listing proved, safely past: see
+        variants.variant_matches)."""
         with self._lock:
-            self._proofs[key] = state
+            self._proofs[key] = [directories, state]
             self._new += 1
 
     def _listing(self, directory: str) -> dict[str, str] | None:
@@ -270,88 +273,6 @@ class HeaderIndex:
             self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
         except OSError:
             pass  # a read-only or full cache: the facts stay in this process
-
-
-class Look:
-    """One look-up's use of an index: the facts, plus what this process already proved under
-    watch (headers.watch) and has seen no change to since. What this look-up proves under
-    watch is trusted by later look-ups only if no relevant event arrived from before its
-    first watch to its end (commit)."""
-
-    def __init__(self, index: HeaderIndex) -> None:
-        self.index = index
-        self.seen: dict[str, dict[str, str] | None] = {}  # this look-up's listings
-        self.watcher = watch.watcher()
-        self.generation = self.watcher.changed() if self.watcher is not None else -1
-        self._files: list[tuple[str, str]] = []
-        self._proofs: list[str] = []
-        self._variants: list[Any] = []
-        self._unwatched = False  # something this look-up proved could not be watched
-
-    def digest(self, path: str) -> str | None:
-        w = self.watcher
-        if w is not None:
-            known = self.index.watched_files.get(path)
-            if known is not None and known[1] == self.generation:
-                return known[0]
-            guarded = w.guard(path, False)  # before the stat: a change after it is reported
-        digest, st = self.index.digest_stat(path)
-        if w is not None and guarded and digest is not None and st is not None and w.local(st.st_dev, path):
-            self._files.append((path, digest))
-        else:
-            self._unwatched = True
-        return digest
-
-    def variant_known(self, key: Any) -> bool:
-        """Whether this variant matched under watch in this process, with no change since."""
-        return self.watcher is not None and self.index.watched_variants.get(key) == self.generation
-
-    def variant_held(self, key: Any) -> None:
-        """The variant matched: trusted whole by later look-ups if all it rests on was watched."""
-        if self.watcher is not None and not self._unwatched:
-            self._variants.append(key)
-
-    def is_file(self, path: str) -> tuple[bool, bool]:
-        return self.index.is_file(path, self.seen)
-
-    def probes_known(self, key: str) -> bool:
-        """Whether these probes were proved under watch, with no change since."""
-        return self.watcher is not None and self.index.watched_proofs.get(key) == self.generation
-
-    def dir_state(self, directories: list[str]) -> tuple[list[Any], bool]:
-        """index.dir_state, the directories watched first (their entries and the way to them)."""
-        w = self.watcher
-        guarded = w is not None and all(w.guard(d, True) for d in directories)
-        state, safe = self.index.dir_state(directories)
-        self._guarded_state = guarded and w is not None and all(
-            s == 0 or w.local(s[0], d) for s, d in zip(state, directories)
-        )
-        return state, safe
-
-    def proved(self, key: str, state: list[Any]) -> bool:
-        return self.index.proved(key, state)
-
-    def holds(self, key: str, state: list[Any], kept: bool) -> None:
-        """The probes of ``key`` hold in ``state`` (``kept``: also a proof for other processes)."""
-        if kept:
-            self.index.keep_proof(key, state)
-        if getattr(self, "_guarded_state", False):
-            self._proofs.append(key)
-        else:
-            self._unwatched = True
-
-    def commit(self) -> None:
-        """Trust what this look-up proved under watch, if nothing changed meanwhile."""
-        w = self.watcher
-        if w is None or not (self._files or self._proofs or self._variants) or w.changed() != self.generation:
-            return
-        with self.index._lock:
-            for path, digest in self._files:
-                remember(self.index.watched_files, path, (digest, self.generation), MAX_FILES)
-            for key in self._proofs:
-                remember(self.index.watched_proofs, key, self.generation, MAX_PROOFS)
-            for key in self._variants:
-                remember(self.index.watched_variants, key, self.generation, MAX_PROOFS)
 
 
 _lock = threading.Lock()

@@ -30,7 +30,7 @@ from kernelcache.headers import index as header_index
 from kernelcache.headers import scan as includes
 from kernelcache.headers import variants
 from kernelcache.headers.digests import file_digest
-from kernelcache.headers.index import Look
+from kernelcache.headers.watch import Look
 from kernelcache.keys.derive import digest_components
 from kernelcache.keys.options import OPTION_POLICY, TRACKED, emits_flag
 from kernelcache.memo import remember
@@ -46,6 +46,7 @@ _manifest_memo_lock = threading.Lock()
 # nothing of what another holds. An id reused by a later store can only cost a look-up.
 _manifest_memo: dict[bytes, dict[int, dict[str, Any]]] = {}
 _full_key_memo: dict[tuple[bytes, str], bytes] = {}
+_looked_up: dict[bytes, bool] = {}  # manifest keys this process looked up
 
 
 def _fresh_lock_in_child() -> None:
@@ -80,9 +81,51 @@ def _tiers(cache: ProgramCacheResource) -> list[ProgramCacheResource]:
     return leaf_tiers(cache)
 
 
-def _stored(tier: ProgramCacheResource, manifest_key: bytes) -> dict[str, Any] | None:
+def _stored(
+    tier: ProgramCacheResource, manifest_key: bytes, cache: ProgramCacheResource | None = None
+) -> dict[str, Any] | None:
+    """The manifest ``tier`` holds, its variants loaded (from that tier, else from ``cache``:
+    one whose record is gone from every tier is left out: it can only cost a compile)."""
     record = read_record(tier, manifest_key)
-    return parse_manifest(record[0]) if record else None
+    listed = parse_manifest(record[0]) if record else None
+    if listed is None:
+        return None
+    loaded = [v for v in (_variant(tier, d, cache) for d in listed["variants"]) if v is not None]
+    return {"format": variants.MANIFEST_FORMAT, "variants": loaded}
+
+
+def variant_key(digest: str) -> bytes:
+    """The key a variant's record is stored under (content-addressed: one record per variant,
+    shared by every source+options whose compiles read the same headers)."""
+    return digest_components([("header-variant", digest.encode()), ("format", b"%d" % variants.MANIFEST_FORMAT)])
+
+
+_variant_memo: dict[str, dict[str, Any]] = {}  # digest -> variant (content-addressed: any store's)
+
+
+def _variant(tier: ProgramCacheResource, digest: str, cache: ProgramCacheResource | None) -> dict[str, Any] | None:
+    known = _variant_memo.get(digest)
+    if known is not None:
+        return known
+    for store in (tier, cache) if cache is not None and cache is not tier else (tier,):
+        record = read_record(store, variant_key(digest))
+        variant = variants.variant_from_bytes(record[0], digest) if record else None
+        if variant is not None:
+            remember(_variant_memo, digest, variant, 1024)
+            return variant
+    return None
+
+
+def _write_variant(store: ProgramCacheResource, variant: dict[str, Any]) -> None:
+    write_record(
+        store, variant_key(variant["digest"]), variants.variant_bytes(variant), {"kind": "manifest"}, internal=True
+    )
+
+
+def _manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """A manifest as stored: its variants' digests, newest first (each variant a record of its own)."""
+    listed = [v["digest"] for v in manifest["variants"]]
+    return json.dumps({"format": variants.MANIFEST_FORMAT, "variants": listed}, separators=(",", ":")).encode()
 
 
 def _first_match(manifest: dict[str, Any] | None, dirs: list[str], look: Look) -> dict[str, Any] | None:
@@ -124,7 +167,11 @@ def matching_variant(cache: ProgramCacheResource, manifest_key: bytes, dirs: lis
     nearer ones (as a hit promotes an artifact), merged with what they hold.
     """
     index = header_index.for_store(cache)
-    look = index.look()
+    with _manifest_memo_lock:
+        again = manifest_key in _looked_up  # watched from its second look-up on (headers.watch.Look)
+        if not again:
+            remember(_looked_up, manifest_key, True, _MEMO_LIMIT)
+    look = Look(index, watching=again)
     try:
         return _matching_variant(cache, manifest_key, dirs, look)
     finally:
@@ -141,7 +188,7 @@ def _matching_variant(
     tiers = _tiers(cache)
     merged: dict[str, Any] | None = None
     for i, tier in enumerate(tiers):
-        stored = _stored(tier, manifest_key)
+        stored = _stored(tier, manifest_key, cache)
         if stored is None:
             continue
         merged = merge_manifests(merged, stored)
@@ -149,9 +196,10 @@ def _matching_variant(
         if found is not None:
             if i:
                 promoted = add_variant(merged, found)  # bounded, the one that matched first
-                raw = json.dumps(promoted, separators=(",", ":")).encode()
+                raw = _manifest_bytes(promoted)
                 for upper in tiers[:i]:
                     if not upper.read_only:
+                        _write_variant(upper, found)  # the record before the manifest naming it
                         write_record(upper, manifest_key, raw, {"kind": "manifest"}, internal=True)
             break
     if merged is not None:
@@ -193,10 +241,14 @@ def store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: di
     merged: dict[str, Any] | None = None
     for tier in reversed(_tiers(cache)):
         if not tier.read_only:
-            merged = merge_manifests(merged, _stored(tier, manifest_key))
+            merged = merge_manifests(merged, _stored(tier, manifest_key, cache))
     manifest = add_variant(merged, variant)
-    raw = json.dumps(manifest, separators=(",", ":")).encode()
-    write_record(cache, manifest_key, raw, {"kind": "manifest"}, internal=True)
+    # The variant's record first: a reader that finds the manifest finds what it names (a
+    # record gone later, evicted or cleared, leaves that variant out: a compile, never a
+    # wrong entry, since a variant is only trusted as the bytes its digest names).
+    _write_variant(cache, variant)
+    write_record(cache, manifest_key, _manifest_bytes(manifest), {"kind": "manifest"}, internal=True)
+    remember(_variant_memo, variant["digest"], variant, 1024)
     _memo_put(cache, manifest_key, manifest)
 
 
@@ -209,8 +261,7 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
     """
     if not manifest_key:
         return None  # a source that names no header has no manifest
-    record = read_record(cache, manifest_key)
-    stored = parse_manifest(record[0]) if record else None
+    stored = _stored(cache, manifest_key)
     if stored is None or not stored["variants"]:
         return None
     changes: dict[str, list[str]] = {"changed": [], "added": [], "vanished": []}
@@ -260,7 +311,7 @@ def merge_manifests(first: dict[str, Any] | None, second: dict[str, Any] | None)
 
 
 def parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
-    """The manifest in ``raw``; None when it is not one of this format."""
+    """The manifest in ``raw`` (its variants' digests); None when it is not one of this format."""
     if not raw:
         return None
     try:
@@ -269,10 +320,7 @@ def parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
         return None
     if not isinstance(manifest, dict) or manifest.get("format") != variants.MANIFEST_FORMAT:
         return None
-    found = manifest.get("variants")
-    if not isinstance(found, list) or not all(isinstance(v, dict) for v in found):
+    listed = manifest.get("variants")
+    if not isinstance(listed, list) or not all(isinstance(d, str) and len(d) == 64 for d in listed):
         return None
-    for variant in found:
-        # Recomputed, never trusted from disk: the digest decides which entry a hit reads.
-        variant["digest"] = variants.variant_digest(variant)
     return manifest

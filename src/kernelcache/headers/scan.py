@@ -203,3 +203,28 @@ def resolve(name: str, places: Sequence[str]) -> int:
         if os.path.isfile(os.path.join(place, name) if place else name):
             return i
     return -1
+
+
+def entry_path(entry: Sequence[Any], paths: Sequence[str], dirs: Sequence[str], first_include: int) -> str | None:
+    """The path a header entry names under the search dirs ``dirs`` (``paths``: those of the
+    entries before it); None when it names none (fewer search dirs than it was found with)."""
+    if isinstance(entry[0], str):  # [kind, includer, name, place, digest]: found by that probe
+        kind, where, name, at = entry[0], entry[1], entry[2], entry[3]
+        includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
+        places = candidates(kind, name, includer_dir, dirs, first_include)
+        if not 0 <= at < len(places):
+            return None
+        return os.path.normpath(os.path.join(places[at], name) if places[at] else name)
+    index, rel = entry[0], entry[1]
+    if index < 0:
+        return str(rel)
+    return f"{dirs[index]}{os.sep}{rel}" if index < len(dirs) and dirs[index] else None
+
+
+def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None]:
+    """The path of each header entry of ``variant`` under ``dirs``, in order."""
+    first_include = variant.get("first_include", len(dirs))
+    paths: list[str | None] = []
+    for entry in variant.get("headers", ()):
+        paths.append(entry_path(entry, paths, dirs, first_include))  # type: ignore[arg-type]
+    return paths

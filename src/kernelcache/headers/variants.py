@@ -36,12 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache.headers import scan as includes
 from kernelcache.headers.digests import GONE, REWRITTEN, changed_during, file_digest
+from kernelcache.headers.scan import entry_paths
 from kernelcache.memo import remember
 
 if TYPE_CHECKING:
-    from kernelcache.headers.index import HeaderIndex, Look
+    from kernelcache.headers.index import HeaderIndex
+    from kernelcache.headers.watch import Look
 
-MANIFEST_FORMAT = 3  # 3: headers derived from probes; 2: probes and first_include (older ones are a miss)
+MANIFEST_FORMAT = 4  # 4: variants as records of their own; 3: headers derived from probes (older ones are a miss)
 MAX_VARIANTS = 8  # header versions remembered per source (switching back is still a hit)
 
 _directives_memo: dict[str, list[tuple[str, str, str]]] = {}  # content digest -> directives
@@ -202,31 +204,6 @@ def _locate(path: str, dirs: Sequence[str]) -> tuple[int, str]:
     return best, os.path.relpath(path, dirs[best])
 
 
-def entry_path(entry: Sequence[Any], paths: Sequence[str], dirs: Sequence[str], first_include: int) -> str | None:
-    """The path a header entry names under the search dirs ``dirs`` (``paths``: those of the
-    entries before it); None when it names none (fewer search dirs than it was found with)."""
-    if isinstance(entry[0], str):  # [kind, includer, name, place, digest]: found by that probe
-        kind, where, name, at = entry[0], entry[1], entry[2], entry[3]
-        includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
-        places = includes.candidates(kind, name, includer_dir, dirs, first_include)
-        if not 0 <= at < len(places):
-            return None
-        return os.path.normpath(os.path.join(places[at], name) if places[at] else name)
-    index, rel = entry[0], entry[1]
-    if index < 0:
-        return str(rel)
-    return f"{dirs[index]}{os.sep}{rel}" if index < len(dirs) and dirs[index] else None
-
-
-def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None]:
-    """The path of each header entry of ``variant`` under ``dirs``, in order."""
-    first_include = variant.get("first_include", len(dirs))
-    paths: list[str | None] = []
-    for entry in variant.get("headers", ()):
-        paths.append(entry_path(entry, paths, dirs, first_include))  # type: ignore[arg-type]
-    return paths
-
-
 def variant_matches(variant: dict[str, Any], dirs: Sequence[str], look: Look | None = None) -> bool:
     """True when every header the variant names, at the path the current working directory
     and search path give it, still has its recorded content, none is shadowed, and every
@@ -264,7 +241,7 @@ def variant_matches(variant: dict[str, Any], dirs: Sequence[str], look: Look | N
                     absent.add(shadow)
             if digest_of(path) != entry[-1]:
                 return False
-        held = _probes_hold(_probe_plan(variant, dirs, paths), set(paths), absent, is_file, look)
+        held = _probes_hold(variant, dirs, paths, absent, is_file, look)
         if held and look is not None and not absent:  # shadow checks are not watched: no whole trust
             look.variant_held(key)
         return held
@@ -273,8 +250,9 @@ def variant_matches(variant: dict[str, Any], dirs: Sequence[str], look: Look | N
 
 
 def _probes_hold(
-    plan: _Plan,
-    present: set[str],
+    variant: dict[str, Any],
+    dirs: Sequence[str],
+    paths: list[str],
     absent: set[str],
     is_file: Callable[[str], tuple[bool, bool]],
     look: Look | None,
@@ -287,12 +265,19 @@ def _probes_hold(
     a directory changed in between has another state by the next look-up, which then proves
     again. A proof is kept only when every answer came from a listing (no symlink entry, no
     directory too big to list) and every state is safely past (the racy rule)."""
-    if look is not None and look.probes_known(plan.key):
-        return True  # proved in this process under watch, nothing changed since (headers.watch)
+    key = _proof_key(variant["digest"], dirs)
+    if look is not None:
+        if look.probes_known(key):
+            return True  # proved in this process under watch, nothing changed since (headers.watch)
+        searched = look.proof_dirs(key)  # a proof names its directories: no plan needed to check it
+        if searched is not None:
+            state, _safe = look.dir_state(searched)
+            if look.proved(key, state):
+                look.holds(key, searched, state, kept=False)
+                return True
+    plan = _probe_plan(variant, dirs, paths)
     state, safe = look.dir_state(plan.dirs) if look is not None else ([], False)
-    if look is not None and look.proved(plan.key, state):
-        look.holds(plan.key, state, kept=False)
-        return True
+    present = set(paths)
     proven = True
     for places, at in plan.probes:
         found = -1
@@ -310,18 +295,30 @@ def _probes_hold(
         if found != at:
             return False
     if look is not None and proven:
-        look.holds(plan.key, state, kept=safe)
+        look.holds(key, plan.dirs, state, kept=safe)
     return True
+
+
+_proof_keys: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def _proof_key(variant_digest: str, dirs: Sequence[str]) -> str:
+    """The name of a variant's probe proof under one search path (headers.index)."""
+    memo_key = (variant_digest, tuple(dirs))
+    key = _proof_keys.get(memo_key)
+    if key is None:
+        key = hashlib.sha256("\0".join([variant_digest, *dirs]).encode()).hexdigest()
+        remember(_proof_keys, memo_key, key, 4096)
+    return key
 
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """A variant's probes under one search path: per probe the full paths to try in order and
-    where it resolved; the directories they search; the key of its proof (headers.index)."""
+    where it resolved; the directories they search."""
 
     probes: list[tuple[list[str], int]]
     dirs: list[str]
-    key: str
 
 
 _plans: dict[tuple[str, tuple[str, ...]], _Plan] = {}
@@ -342,23 +339,47 @@ def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) 
             places = includes.candidates(kind, name, includer_dir, dirs, first_include)
             probes.append(([os.path.normpath(os.path.join(place, name)) for place in places], at))
         searched = sorted({os.path.dirname(place) for places, _ in probes for place in places})
-        key = hashlib.sha256("\0".join([variant["digest"], *dirs]).encode()).hexdigest()
-        plan = _Plan(probes, searched, key)
+        plan = _Plan(probes, searched)
         remember(_plans, memo_key, plan, 4096)
     return plan
 
 
-def variant_digest(variant: dict[str, Any]) -> str:
-    """The key component for a variant (headers, probes, search layout, the bound cwd), hex."""
+def variant_bytes(variant: dict[str, Any]) -> bytes:
+    """A variant's canonical bytes (headers, probes, search layout, the bound cwd): what its
+    record holds (headers.manifests) and what its digest is of."""
     parts = [variant.get("headers", []), variant.get("probes", []), variant.get("first_include")]
     if "cwd" in variant:
         parts.append(variant["cwd"])
-    return hashlib.sha256(json.dumps(parts, separators=(",", ":")).encode()).hexdigest()
+    return json.dumps(parts, separators=(",", ":")).encode()
+
+
+def variant_digest(variant: dict[str, Any]) -> str:
+    """The key component for a variant, hex: the SHA-256 of its canonical bytes."""
+    return hashlib.sha256(variant_bytes(variant)).hexdigest()
+
+
+def variant_from_bytes(raw: bytes, digest: str) -> dict[str, Any] | None:
+    """The variant whose canonical bytes ``raw`` are, if their SHA-256 is ``digest``: a record
+    is never trusted for what it claims to be (the digest decides which entry a hit reads)."""
+    if hashlib.sha256(raw).hexdigest() != digest:
+        return None
+    try:
+        parts = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(parts, list) or len(parts) not in (3, 4):
+        return None
+    variant: dict[str, Any] = {"headers": parts[0], "probes": parts[1], "first_include": parts[2]}
+    if len(parts) == 4:
+        variant["cwd"] = parts[3]
+    variant["digest"] = digest
+    return variant
 
 
 def tracked_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str]:
     """The absolute paths of a variant's headers under the search dirs ``dirs``."""
-    return list(dict.fromkeys(p for p in entry_paths(variant, dirs) if p is not None))
+    known = _paths_memo.get((variant["digest"], tuple(dirs))) if "digest" in variant else None
+    return list(dict.fromkeys(known if known is not None else (p for p in entry_paths(variant, dirs) if p)))
 
 
 def header_paths(manifest: dict[str, Any] | None, dirs: Sequence[str]) -> list[str]:

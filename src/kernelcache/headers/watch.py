@@ -28,8 +28,11 @@ import ctypes
 import os
 import struct
 import threading
+from typing import Any
 
 from kernelcache import forksafe
+from kernelcache.headers import index as index_mod
+from kernelcache.memo import remember
 
 IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE = 0x2, 0x4, 0x8
 IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x40, 0x80, 0x100, 0x200
@@ -164,6 +167,100 @@ def watcher() -> Watcher | None:
                 _watcher = None
             _tried = True
     return _watcher
+
+
+class Look:
+    """One look-up's use of an index: the facts, plus what this process already proved under
+    watch (headers.watch) and has seen no change to since. What this look-up proves under
+    watch is trusted by later look-ups only if no relevant event arrived from before its
+    first watch to its end (commit).
+
+    ``watching``: whether to watch what it proves (the manifests' caller does so from a
+    source's second look-up in this process on: a source looked up once, as in a fresh
+    process warming its kernels, pays for no watch it would never use)."""
+
+    def __init__(self, index: index_mod.HeaderIndex, watching: bool = True) -> None:
+        self.index = index
+        self.seen: dict[str, dict[str, str] | None] = {}  # this look-up's listings
+        self.watcher = watcher()
+        self.generation = self.watcher.changed() if self.watcher is not None else -1
+        self.watching = watching and self.watcher is not None
+        self._files: list[tuple[str, str]] = []
+        self._proofs: list[str] = []
+        self._variants: list[Any] = []
+        self._unwatched = False  # something this look-up proved could not be watched
+
+    def digest(self, path: str) -> str | None:
+        w = self.watcher
+        if w is not None:
+            known = self.index.watched_files.get(path)
+            if known is not None and known[1] == self.generation:
+                return known[0]
+        if w is None or not self.watching:
+            self._unwatched = True
+            return self.index.digest_stat(path)[0]
+        guarded = w.guard(path, False)  # before the stat: a change after it is reported
+        digest, st = self.index.digest_stat(path)
+        if guarded and digest is not None and st is not None and w.local(st.st_dev, path):
+            self._files.append((path, digest))
+        else:
+            self._unwatched = True
+        return digest
+
+    def variant_known(self, key: Any) -> bool:
+        """Whether this variant matched under watch in this process, with no change since."""
+        return self.watcher is not None and self.index.watched_variants.get(key) == self.generation
+
+    def variant_held(self, key: Any) -> None:
+        """The variant matched: trusted whole by later look-ups if all it rests on was watched."""
+        if self.watcher is not None and not self._unwatched:
+            self._variants.append(key)
+
+    def is_file(self, path: str) -> tuple[bool, bool]:
+        return self.index.is_file(path, self.seen)
+
+    def probes_known(self, key: str) -> bool:
+        """Whether these probes were proved under watch, with no change since."""
+        return self.watcher is not None and self.index.watched_proofs.get(key) == self.generation
+
+    def dir_state(self, directories: list[str]) -> tuple[list[Any], bool]:
+        """index.dir_state, the directories watched first (their entries and the way to them)."""
+        w = self.watcher if self.watching else None
+        guarded = w is not None and all(w.guard(d, True) for d in directories)
+        state, safe = self.index.dir_state(directories)
+        self._guarded_state = guarded and w is not None and all(
+            s == 0 or w.local(s[0], d) for s, d in zip(state, directories)
+        )
+        return state, safe
+
+    def proof_dirs(self, key: str) -> list[str] | None:
+        return self.index.proof_dirs(key)
+
+    def proved(self, key: str, state: list[Any]) -> bool:
+        return self.index.proved(key, state)
+
+    def holds(self, key: str, directories: list[str], state: list[Any], kept: bool) -> None:
+        """The probes of ``key`` hold while ``directories`` are in ``state`` (``kept``: also a
+        proof for other processes)."""
+        if kept:
+            self.index.keep_proof(key, directories, state)
+        if getattr(self, "_guarded_state", False):
+            self._proofs.append(key)
+        else:
+            self._unwatched = True
+
+    def commit(self) -> None:
+        """Trust what this look-up proved under watch, if nothing changed meanwhile."""
+        w = self.watcher
+        if w is None or not (self._files or self._proofs or self._variants) or w.changed() != self.generation:
+            return
+        with self.index._lock:
+            for path, digest in self._files:
+                remember(self.index.watched_files, path, (digest, self.generation), index_mod.MAX_FILES)
+            for key in self._proofs:
+                remember(self.index.watched_proofs, key, self.generation, index_mod.MAX_PROOFS)
+            for key in self._variants:
+                remember(self.index.watched_variants, key, self.generation, index_mod.MAX_PROOFS)
 
 
 def _drop_in_child() -> None:
