@@ -4,9 +4,9 @@ C++ -> cubin and LTO-IR run on NVRTC through cuda.bindings, exactly as cuda.core
 would run them, so that compiles on threads run at once (see _nvrtc_directly); everything
 else goes through cuda.core. Two workarounds live here, each explained where it is made:
 C++ -> PTX without a CUDA driver (cuda.core asks the driver about PTX it produces), and the
-reset of NVRTC's time-trace state after a failed traced compile. So do the trace files
-themselves: where they go (the store's own tmp/), when there is no room for one, and when a
-failed compile was the trace's fault.
+reset of NVRTC's time-trace state after a failed traced compile. So does the header pass
+(which headers a compile read, see header_pass) and its trace files: where they go (the
+store's own tmp/) and when there is no room for one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache.compile import restrict_leak
 from kernelcache.compile.nvrtc_argv import nvrtc_argv
-from kernelcache.keys.program_name import compiled_name, with_fields
+from kernelcache.keys.program_name import compiled_name
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
@@ -165,7 +165,6 @@ def nvrtc_run(
     imported unless a call fails and ``error`` is None (then NVRTCError is raised)."""
     from cuda.bindings import nvrtc
 
-    size_of, get, _ = _OUTPUT[target_type]
     err, prog = nvrtc.nvrtcCreateProgram(code.encode(), program_name, 0, [], [])
     _nvrtc_check(err, None, error)
     try:
@@ -174,12 +173,15 @@ def nvrtc_run(
             _nvrtc_check(added[0], prog, error)
         # The compile itself releases the GIL: this is what runs on all cores.
         _nvrtc_check(nvrtc.nvrtcCompileProgram(prog, len(flags), list(flags))[0], prog, error)
-        err, size = getattr(nvrtc, size_of)(prog)
-        _nvrtc_check(err, prog, error)
-        # Output buffers are fresh bytearrays: NVRTC writes into them in place, and a bytes
-        # object such as b" " * 1 is an interpreter-wide singleton it would corrupt.
-        data = bytearray(size)
-        _nvrtc_check(getattr(nvrtc, get)(prog, data)[0], prog, error)
+        data = bytearray()
+        if target_type in _OUTPUT:  # else the header pass: no output
+            size_of, get, _ = _OUTPUT[target_type]
+            err, size = getattr(nvrtc, size_of)(prog)
+            _nvrtc_check(err, prog, error)
+            # Output buffers are fresh bytearrays: NVRTC writes into them in place, and a bytes
+            # object such as b" " * 1 is an interpreter-wide singleton it would corrupt.
+            data = bytearray(size)
+            _nvrtc_check(getattr(nvrtc, get)(prog, data)[0], prog, error)
         mapping: dict[str | bytes, bytes | None] = {}
         for expr in name_expressions:
             err, lowered = nvrtc.nvrtcGetLoweredName(prog, expr.encode() if isinstance(expr, str) else expr)
@@ -207,14 +209,17 @@ class NvrtcCall:
     target_type: str
     name_expressions: tuple[str | bytes, ...]
     name: str | None  # the ObjectCode's name
+    trace: str | None = None  # where the header pass writes its trace, after the compile (None: no pass)
 
     def run(
         self, log: LogCollector, error: type[Exception] | None = None
     ) -> tuple[bytes, dict[str | bytes, bytes | None]]:
-        """(output bytes, symbol mapping); NVRTCError (or ``error``) in cuda.core's words."""
-        return nvrtc_run(
-            self.source, self.program_name, self.flags, self.target_type, self.name_expressions, log, error
-        )
+        """(output bytes, symbol mapping); NVRTCError (or ``error``) in cuda.core's words.
+        With ``trace``, the header pass runs once the compile succeeded (header_pass)."""
+        out = nvrtc_run(self.source, self.program_name, self.flags, self.target_type, self.name_expressions, log, error)
+        if self.trace is not None:
+            header_pass(self.source, self.program_name, self.flags, self.trace)
+        return out
 
     def object_code(self, data: bytes, mapping: dict[str | bytes, bytes | None]) -> ObjectCode:
         from cuda.core import ObjectCode
@@ -226,8 +231,9 @@ class NvrtcCall:
 def plan_compile(
     request: CompileRequest, trace_path: str | None, direct_ptx: bool = False
 ) -> tuple[str | bytes, ProgramOptions, NvrtcCall | None]:
-    """What run_compiler hands the compiler: (source, options with the trace, the direct
-    NVRTC call, or None where cuda.core's Program compiles it).
+    """What run_compiler hands the compiler: (source, options, the direct NVRTC call, or None
+    where cuda.core's Program compiles it). The compile itself never carries the trace
+    (``trace_path`` is for the header pass after it, header_pass): it is the caller's own.
 
     C++ -> PTX is a direct call where this process has no driver (cuda.core 1.2's
     Program.compile("ptx") asks the driver whether it can load the PTX, and raises without
@@ -236,8 +242,6 @@ def plan_compile(
     one form of the bytes under one key, wherever it was compiled.
     """
     code, code_type, target_type, options = request.code, request.code_type, request.target_type, request.options
-    if trace_path is not None:
-        options = with_fields(options, fdevice_time_trace=trace_path)
     source: str | bytes = code if code_type == "nvvm" else _as_source_text(code)
     ptx = code_type == "c++" and target_type == "ptx"
     if (ptx and (direct_ptx or not driver_available())) or _nvrtc_directly(code_type, target_type, options):
@@ -248,6 +252,7 @@ def plan_compile(
             target_type,
             request.name_expressions,
             compiled_name(options, "c++"),
+            trace_path,
         )
         return source, options, call
     return source, options, None
@@ -295,17 +300,6 @@ def remove_trace(path: str) -> None:
             pass
 
 
-def lost_trace(exc: BaseException, trace_path: str) -> bool:
-    """Whether a traced compile failed because of its trace (not because of the source).
-
-    ptxas reopens the trace NVVM wrote: if something removed or rewrote it meanwhile,
-    ptxas fails the whole compile ("ptxas fatal : File '<trace>.json' could not be opened",
-    "Parsed trace file not in expected format"). An NVRTC without the option names it.
-    """
-    text = str(exc)
-    return trace_path in text or "trace file" in text or "time-trace" in text
-
-
 def reset_nvrtc_trace_state(tmp_dir: str | None) -> None:
     """Work around an NVRTC bug seen with 13.5: after a compile that FAILS with
     -fdevice-time-trace, the process's next compile without that option still writes a trace,
@@ -330,10 +324,56 @@ def reset_nvrtc_trace_state(tmp_dir: str | None) -> None:
         remove_trace(trace)
 
 
+# Flags the header pass leaves out: a trace of the user's own (kernelcache refuses one in the
+# options; a verbatim command line could hold it) and the PCH options, which write or read a
+# precompiled header file (a pass without them reads every header itself: a superset).
+_NOT_IN_HEADER_PASS = (
+    b"--fdevice-time-trace",
+    b"-fdevice-time-trace",
+    b"--create-pch",
+    b"--use-pch",
+    b"--pch",
+    b"-pch",
+    b"--pch-dir",
+    b"--instantiate-templates-in-pch",
+)
+HEADER_PASS_FLAGS = (b"--fdevice-syntax-only",)
+
+
+def header_pass(source: str, program_name: bytes, flags: Sequence[bytes], trace_path: str) -> bool:
+    """Run NVRTC's front end alone over the compile just made, writing the headers it reads to
+    ``trace_path`` (``-fdevice-time-trace``); True when it succeeded.
+
+    Why a pass of its own: NVRTC 13 has no dependency output (-M, -MD, -MF are unknown
+    options), and a compile that carries ``-fdevice-time-trace`` generates other code for
+    some sources (measured with NVRTC 13.5: other register numbering and instruction order),
+    so the compile that is stored is the plain one and the trace comes from this pass, which
+    generates no code (``--fdevice-syntax-only``). Same source, program name and flags:
+    the same preprocessing, hence the same headers.
+
+    Why after the compile, never before or beside it: after one traced compile that fails,
+    NVRTC drops the first header events of every later trace in the process, on every
+    thread (measured with 13.5; untraced failures leave no such state). The compile ran
+    first and succeeded, so this pass succeeds too, unless a header changed in between; the
+    flow then does not store the result (the digests differ), and the trace this pass lost
+    is reported by headers.digests.headers_from_trace as unusable.
+    """
+    kept = [f for f in flags if f.split(b"=", 1)[0] not in _NOT_IN_HEADER_PASS]
+    kept += [*HEADER_PASS_FLAGS, b"--fdevice-time-trace=" + os.fsencode(trace_path)]
+    try:
+        nvrtc_run(source, program_name, kept, "none", (), LogCollector(), RuntimeError)
+        return True
+    except Exception:
+        reset_nvrtc_trace_state(os.path.dirname(trace_path))  # see reset_nvrtc_trace_state
+        remove_trace(trace_path)  # a failed pass's trace is never read
+        return False
+
+
 def run_compiler(request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]:
     """Compile with the real compiler; return (object code, log text, seconds).
 
-    ``trace_path``: where NVRTC writes its -fdevice-time-trace (the headers it read), or None.
+    ``trace_path``: where the header pass after a successful C++ compile writes its trace (the
+    headers the compile read, header_pass), or None.
     """
     log = LogCollector()
     start = time.perf_counter()
@@ -349,4 +389,7 @@ def run_compiler(request: CompileRequest, trace_path: str | None) -> tuple[Objec
                 obj = program.compile(request.target_type, name_expressions=request.name_expressions, logs=log)
             finally:
                 program.close()
+            if trace_path is not None and request.code_type == "c++":
+                flags = options.as_bytes("nvrtc", request.target_type)
+                header_pass(str(source), options._name, flags, trace_path)  # type: ignore[attr-defined]
     return obj, log.text(), time.perf_counter() - start

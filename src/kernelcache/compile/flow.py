@@ -247,7 +247,7 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
     cache = look.cache
     count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
     call.info.miss_reason = strict.on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
-    trace = HeaderTrace(look.request, look.manifest_key, cache.tmp_dir) if look.track else None
+    trace = HeaderTrace(look.request, look.manifest_key, cache) if look.track else None
     try:
         obj, log_text, seconds = _compile(look.request, trace, call.processes)
         count(cache, compiles=1)
@@ -273,16 +273,10 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
 
 
 def _compile(request: CompileRequest, trace: HeaderTrace | None, processes: bool) -> tuple[ObjectCode, str, float]:
-    """The compile with NVRTC's header trace; again without one if the trace itself failed it.
+    """The plain compile, then its header pass (compilers.header_pass) when headers are tracked.
     Here or in a worker process (compile.runners; restrict=True: never here)."""
-    runner = runner_for(request, processes)
     restrict_leak.start()
-    try:
-        return runner.run_compiler(request, trace.path if trace is not None else None)
-    except Exception as exc:
-        if trace is None or not trace.lost(exc):
-            raise
-        return runner.run_compiler(request, None)  # the caller's result, not stored (trace.not_stored)
+    return runner_for(request, processes).run_compiler(request, trace.path if trace is not None else None)
 
 
 def _store(

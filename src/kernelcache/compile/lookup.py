@@ -11,7 +11,7 @@ from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests
 from kernelcache.headers import scan as includes
-from kernelcache.keys import basedir
+from kernelcache.keys import basedir, workdir
 from kernelcache.keys.derive import digest_components, key_components
 from kernelcache.keys.options import options_fingerprint
 from kernelcache.keys.toolchain import toolchain_for
@@ -44,6 +44,7 @@ class Lookup:
         # ``track``, which depends on nothing else (the text and the options).
         fingerprint = options_fingerprint(request.options)
         base_dir = basedir.current()  # paths under it enter the key relative to it
+        cwd = workdir.key_component(request.options, code_type, fingerprint)  # [] unless the output names it
         memo_key: Any = None
         if fingerprint is not None and type(request.code) in (str, bytes):
             memo_key = (
@@ -54,6 +55,7 @@ class Lookup:
                 request.name_expressions,
                 request.extra_digest,
                 base_dir,
+                tuple(cwd),
             )
             try:
                 found = _base_memo.get(memo_key)
@@ -72,7 +74,7 @@ class Lookup:
             extra_digest=request.extra_digest,
             headers_tracked=self.headers_tracked,
             toolchain=self.toolchain,
-        )
+        ) + cwd
         # Tracked: the entry key depends on the headers, found through the manifest.
         # Untracked: no manifest; the entry key is known now.
         self.manifest_key = manifests.manifest_key(self.base) if self.track else b""

@@ -1,29 +1,33 @@
-"""The header tracking of one C++ miss: NVRTC's trace file, the headers' digests before the
-compile, and the header variant built from what the compile read.
+"""The header tracking of one C++ miss: where the header pass writes its trace (compilers.
+header_pass: NVRTC's front end alone, after the plain compile), the headers' digests before
+the compile, and the header variant built from what the compile read.
 
-Any step that cannot vouch for the headers (no room for the trace, a trace NVRTC lost or
-did not write, a header that changed while NVRTC read it, a working directory that was
-deleted) sets ``not_stored``: the compile's
-result is returned to the caller and never stored under a key that would claim it.
+Any step that cannot vouch for the headers (no room for the trace, a trace NVRTC did not
+write or wrote incomplete, a header that changed while NVRTC read it, a working directory
+that was deleted) sets ``not_stored``: the compile's result is returned to the caller and
+never stored under a key that would claim it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kernelcache.compile.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state
+from kernelcache.compile.compilers import new_trace_path, remove_trace
 from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
+from kernelcache.headers import index as header_index
 from kernelcache.headers import manifests, variants
 from kernelcache.headers import scan as includes
+from kernelcache.stores.base import ProgramCacheResource
 
 
 class HeaderTrace:
     """Started right before the compile (the digests and the clock the variant is judged by)."""
 
-    def __init__(self, request: CompileRequest, manifest_key: bytes, tmp_dir: str | None) -> None:
+    def __init__(self, request: CompileRequest, manifest_key: bytes, store: ProgramCacheResource) -> None:
         self.request = request
-        self.tmp_dir = tmp_dir
+        self.tmp_dir = tmp_dir = store.tmp_dir
+        self.index = header_index.for_store(store)  # the digests read after the compile are kept there
         self.not_stored = ""  # why this compile's result cannot be stored, when it cannot
         cwd = hdr.workdir()
         self.path = None if cwd is None else new_trace_path(tmp_dir)  # where NVRTC writes what it read
@@ -39,26 +43,19 @@ class HeaderTrace:
         self.before = manifests.digests_before(manifest_key, self.dirs)
         self.started_ns = hdr.now_ns()  # the clock files are stamped with
 
-    def lost(self, exc: BaseException) -> bool:
-        """Whether the trace, not the source, failed this compile (ptxas found it gone or
-        rewritten); if so the trace is dropped and the compile without one is not stored."""
-        if self.path is None:
-            return False
-        reset_nvrtc_trace_state(self.tmp_dir)
-        if not lost_trace(exc, self.path):
-            return False
-        self.not_stored = f"NVRTC lost its header trace ({str(exc).strip().splitlines()[-1]})"
-        self.remove()
-        return True
-
     def variant(self) -> dict[str, Any] | None:
         """The header variant this compile read; None (and ``not_stored`` set) when unknown."""
         if self.not_stored:
             return None
         assert self.path is not None
-        found = hdr.headers_from_trace(self.path, self.cwd)
+        if hdr.workdir() != self.cwd:
+            # Race: another thread changed directory between the compile and the header pass
+            # (or during either): the two may have resolved quoted includes in different places.
+            self.not_stored = "the working directory changed during the compile"
+            return None
+        found, why = hdr.headers_from_trace(self.path, self.cwd)
         if found is None:
-            self.not_stored = "NVRTC wrote no usable header trace"
+            self.not_stored = why
             return None
         options = self.request.options
         variant, changed = variants.build_variant(
@@ -71,9 +68,11 @@ class HeaderTrace:
             self.started_ns,
             self.before,
             includes.option_macros(options),
+            self.index,
         )
+        self.index.save()
         if changed:
-            self.not_stored = "a header changed during the compile: " + ", ".join(changed[:3])
+            self.not_stored = hdr.why_not_stored(changed)
             return None
         return variant
 

@@ -24,9 +24,11 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelcache import forksafe
+from kernelcache.headers.scan import HAS_INCLUDE
 from kernelcache.keys.options import as_list
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.memo import remember
@@ -47,9 +49,13 @@ _MEMO_LIMIT = 65536
 
 # File timestamps come from the kernel's coarse clock (CLOCK_REALTIME_COARSE, one tick of
 # 1-10 ms behind time.time_ns()), or a finer one on kernels with multigrain timestamps: a
-# change at or after a coarse reading is stamped at or after it. Whole-second timestamps
-# come from filesystems of 1 s (ext3 with 128-byte inodes, many network filesystems) or
-# 2 s (FAT) granularity: a change is stamped up to 2 s before the moment it happened.
+# change at or after a coarse reading is stamped at or after it. Filesystems of 1 s (ext3
+# with 128-byte inodes, many network filesystems) or 2 s (FAT) granularity stamp a change up
+# to 2 s before the moment it happened. Which granularity a file's filesystem has shows in its
+# ctime, never in its mtime: the kernel sets the ctime from its clock on every change, while an
+# mtime can be any value a copy kept (cp -p, copytree, tar and wheel extraction keep whole
+# seconds). A file whose ctime is a whole second is taken for a coarse filesystem (on a fine
+# one, one ctime in 10^9 lands there: a compile not stored, never a wrong one).
 _CLOCK_REALTIME_COARSE = 5  # Linux; time does not export the name
 _COARSE_FS_MARGIN_NS = 2_000_000_000
 
@@ -63,8 +69,9 @@ def now_ns() -> int:
 
 
 def changed_since(st: os.stat_result, since_ns: int) -> bool:
-    """Whether the file (or directory) may have changed at or after ``since_ns`` (a now_ns())."""
-    margin = _COARSE_FS_MARGIN_NS if st.st_mtime_ns % 1_000_000_000 == 0 else 0
+    """Whether the file (or directory) may have changed at or after ``since_ns`` (a now_ns()):
+    what its timestamps say, at its filesystem's granularity (the ctime's)."""
+    margin = _COARSE_FS_MARGIN_NS if st.st_ctime_ns % 1_000_000_000 == 0 else 0
     return max(st.st_mtime_ns, st.st_ctime_ns) >= since_ns - margin
 
 
@@ -81,7 +88,7 @@ def file_digest(path: str) -> str | None:
         return known[1]
     hashed_at = now_ns()
     try:
-        digest = _regular_file_sha256(path)
+        digest = regular_file_sha256(path)
     except OSError:
         return None
     if digest is None:
@@ -96,7 +103,7 @@ def file_digest(path: str) -> str | None:
     return digest
 
 
-def _regular_file_sha256(path: str) -> str | None:
+def regular_file_sha256(path: str) -> str | None:
     """SHA-256 hex of the regular file at path (symlinks followed: include trees use them); None
     for anything else (a FIFO, a device, a directory), never waiting on it: a FIFO planted at a
     header path that a manifest records (another variant's) hung every look-up."""
@@ -120,30 +127,35 @@ def workdir() -> str | None:
 
 
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
-    """Absolute search directories for quoted includes, in NVRTC's order (memoised)."""
+    """Absolute search directories in NVRTC's order (memoised): the main source's own
+    directory (that of the program name, joined to the working directory), then
+    include_path (headers.scan states the whole rule)."""
     cwd = cwd or os.getcwd()
     name = compiled_name(options, "c++")  # NVRTC searches the encoded name's directory
     include = getattr(options, "include_path", None)
-    memo_key = (cwd, name, include if isinstance(include, (str, type(None))) else tuple(include))
+    memo_key = (
+        cwd,
+        name,
+        include if isinstance(include, (str, type(None))) else tuple(include),
+        bool(getattr(options, "no_source_include", None)),
+    )
     dirs = _dirs_memo.get(memo_key)
     if dirs is None:
-        dirs = []
-        name_dir = os.path.dirname(name)
-        if name_dir:
-            dirs.append(os.path.join(cwd, name_dir))
-        dirs.append(cwd)
-        dirs += [os.path.join(cwd, d) for d in as_list(include)]
-        dirs = [os.path.normpath(d) for d in dirs]
+        own = os.path.normpath(os.path.join(cwd, os.path.dirname(name)))
+        if getattr(options, "no_source_include", None):
+            own = ""  # --no-source-include: no includer's directory is searched
+        dirs = [own] + [os.path.normpath(os.path.join(cwd, d)) for d in as_list(include)]
         remember(_dirs_memo, memo_key, dirs, 1024)
     return dirs
 
 
 _dirs_memo: dict[tuple[Any, ...], list[str]] = {}
+FIRST_INCLUDE = 1  # where include_path starts among search_dirs() (angle-bracket names search from there)
 
 
 def first_include(options: Any) -> int:
-    """Where include_path starts among search_dirs(options) (angle-bracket names search from there)."""
-    return 2 if os.path.dirname(compiled_name(options, "c++")) else 1
+    """Where include_path starts among search_dirs(options)."""
+    return FIRST_INCLUDE
 
 
 def toolchain_header_roots(options: Any) -> list[str]:
@@ -160,11 +172,18 @@ def toolchain_header_roots(options: Any) -> list[str]:
     return roots
 
 
-def headers_from_trace(trace_path: str, cwd: str) -> list[str] | None:
-    """Absolute paths of the headers the trace lists; None if there is no usable trace.
+# NVRTC processes this header (inside the library) first in every C++ compile; its event is the
+# first a trace loses after an earlier failed traced compile (compilers.header_pass).
+BUILTIN_HEADER = "__nv_nvrtc_builtin_header.h"
 
-    Usable: NVRTC's front end reported into it. Every NVRTC C++ compile processes NVRTC's
-    builtin header, so a trace with no header event at all lost the front end's part.
+
+def headers_from_trace(trace_path: str, cwd: str) -> tuple[list[str] | None, str]:
+    """(absolute paths of the headers the trace lists, "") or (None, why it is not usable).
+
+    Usable: NVRTC wrote it and it is whole. A failed traced compile earlier in the process
+    makes NVRTC drop the first header events of every later trace (measured with 13.5:
+    the builtin header, the pre-includes and the source's first include go; deeper ones
+    stay), so a trace without the builtin header is refused, however many it lists.
     """
     # NVRTC appends ".json" to the name it is given; accept both spellings.
     for candidate in (trace_path + ".json", trace_path):
@@ -175,16 +194,78 @@ def headers_from_trace(trace_path: str, cwd: str) -> list[str] | None:
         except (OSError, ValueError):
             continue
     else:
-        return None
+        return None, "NVRTC wrote no usable header trace"
     events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
     if not isinstance(events, list):
-        return None
+        return None, "NVRTC wrote no usable header trace"
     seen: dict[str, None] = {}
-    front_end = False
+    whole = False
     for event in events:
         if isinstance(event, dict) and event.get("name") == "Processing Header File":
-            front_end = True
             detail = (event.get("args") or {}).get("detail")
             if isinstance(detail, str) and detail:
+                whole = whole or os.path.basename(detail) == BUILTIN_HEADER
                 seen[os.path.normpath(os.path.join(cwd, detail))] = None
-    return list(seen) if front_end else None
+    if not whole:
+        return None, (
+            "NVRTC's header trace is incomplete (an earlier traced compile in this process failed, and NVRTC "
+            "then drops header events from every later trace: restart the process to cache again)"
+        )
+    return list(seen), ""
+
+
+def changed_during(
+    digests: Mapping[str, str],
+    probes: Sequence[tuple[Any, str, str, str, int, list[str]]],
+    start_ns: int,
+) -> list[str]:
+    """Paths whose state at the end of the compile may not be what NVRTC read, each as "path
+    (why)" (``probes``: headers.variants' resolved probes).
+
+    Race: NVRTC reads each header at some moment of the compile and we hash it after. A
+    header stamped at or after the start (mtime, or ctime: a rename or a copy keeping the
+    mtime still moves it) may have been read before its change and hashed after. For a
+    probe: a file at the place it resolved to that appeared during the compile (NVRTC may
+    not have seen it), or, for __has_include, a searched directory whose entries changed (a
+    file NVRTC saw may be gone). An #include that NVRTC followed is in the trace, so its
+    disappearance shows as a missing header.
+    """
+    stats: dict[str, os.stat_result | None] = {}
+
+    def moved(path: str) -> bool:
+        if path not in stats:
+            try:
+                stats[path] = os.stat(path)
+            except OSError:
+                stats[path] = None
+        st = stats[path]
+        return st is not None and changed_since(st, start_ns)
+
+    out = [
+        f"{path} ({GONE if stats.get(path) is None else TOUCHED})"
+        for path in digests
+        if moved(path) or stats.get(path, True) is None
+    ]
+    for _includer, how, _kind, name, at, places in probes:
+        if at >= 0:
+            found = os.path.join(places[at], name) if places[at] else name
+            if moved(found):
+                out.append(f"{found} ({TOUCHED})")
+        if how == HAS_INCLUDE:
+            for place in places[: at if at >= 0 else len(places)]:
+                if place and moved(place):
+                    out.append(f"{place} ({TOUCHED})")
+    return out
+
+
+GONE, REWRITTEN = "gone", "rewritten"  # what certainly changed during the compile
+TOUCHED = "stamped at or after the compile's start"  # what may have: its timestamps say so
+
+
+def why_not_stored(changed: Sequence[str]) -> str:
+    """The not-stored reason for build_variant's ``changed``: it says a header changed only
+    when one certainly did (gone, rewritten), else that its timestamps say it may have."""
+    certain = [c for c in changed if c.endswith(f"({GONE})") or c.endswith(f"({REWRITTEN})")]
+    if certain:
+        return "a header changed during the compile: " + ", ".join(certain[:3])
+    return "a header may have changed during the compile: " + ", ".join(changed[:3])

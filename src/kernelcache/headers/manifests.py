@@ -26,9 +26,11 @@ import threading
 from typing import Any
 
 from kernelcache import forksafe
+from kernelcache.headers import index as header_index
 from kernelcache.headers import scan as includes
 from kernelcache.headers import variants
 from kernelcache.headers.digests import file_digest
+from kernelcache.headers.watch import Look
 from kernelcache.keys.derive import digest_components
 from kernelcache.keys.options import OPTION_POLICY, TRACKED, emits_flag
 from kernelcache.memo import remember
@@ -44,6 +46,7 @@ _manifest_memo_lock = threading.Lock()
 # nothing of what another holds. An id reused by a later store can only cost a look-up.
 _manifest_memo: dict[bytes, dict[int, dict[str, Any]]] = {}
 _full_key_memo: dict[tuple[bytes, str], bytes] = {}
+_looked_up: dict[bytes, bool] = {}  # manifest keys this process looked up
 
 
 def _fresh_lock_in_child() -> None:
@@ -78,14 +81,56 @@ def _tiers(cache: ProgramCacheResource) -> list[ProgramCacheResource]:
     return leaf_tiers(cache)
 
 
-def _stored(tier: ProgramCacheResource, manifest_key: bytes) -> dict[str, Any] | None:
+def _stored(
+    tier: ProgramCacheResource, manifest_key: bytes, cache: ProgramCacheResource | None = None
+) -> dict[str, Any] | None:
+    """The manifest ``tier`` holds, its variants loaded (from that tier, else from ``cache``:
+    one whose record is gone from every tier is left out: it can only cost a compile)."""
     record = read_record(tier, manifest_key)
-    return variants.parse_manifest(record[0]) if record else None
+    listed = parse_manifest(record[0]) if record else None
+    if listed is None:
+        return None
+    loaded = [v for v in (_variant(tier, d, cache) for d in listed["variants"]) if v is not None]
+    return {"format": variants.MANIFEST_FORMAT, "variants": loaded}
 
 
-def _first_match(manifest: dict[str, Any] | None, dirs: list[str]) -> dict[str, Any] | None:
+def variant_key(digest: str) -> bytes:
+    """The key a variant's record is stored under (content-addressed: one record per variant,
+    shared by every source+options whose compiles read the same headers)."""
+    return digest_components([("header-variant", digest.encode()), ("format", b"%d" % variants.MANIFEST_FORMAT)])
+
+
+_variant_memo: dict[str, dict[str, Any]] = {}  # digest -> variant (content-addressed: any store's)
+
+
+def _variant(tier: ProgramCacheResource, digest: str, cache: ProgramCacheResource | None) -> dict[str, Any] | None:
+    known = _variant_memo.get(digest)
+    if known is not None:
+        return known
+    for store in (tier, cache) if cache is not None and cache is not tier else (tier,):
+        record = read_record(store, variant_key(digest))
+        variant = variants.variant_from_bytes(record[0], digest) if record else None
+        if variant is not None:
+            remember(_variant_memo, digest, variant, 1024)
+            return variant
+    return None
+
+
+def _write_variant(store: ProgramCacheResource, variant: dict[str, Any]) -> None:
+    write_record(
+        store, variant_key(variant["digest"]), variants.variant_bytes(variant), {"kind": "manifest"}, internal=True
+    )
+
+
+def _manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """A manifest as stored: its variants' digests, newest first (each variant a record of its own)."""
+    listed = [v["digest"] for v in manifest["variants"]]
+    return json.dumps({"format": variants.MANIFEST_FORMAT, "variants": listed}, separators=(",", ":")).encode()
+
+
+def _first_match(manifest: dict[str, Any] | None, dirs: list[str], look: Look) -> dict[str, Any] | None:
     for variant in (manifest or {}).get("variants", ()):
-        if variants.variant_matches(variant, dirs):
+        if variants.variant_matches(variant, dirs, look):
             return variant
     return None
 
@@ -121,23 +166,40 @@ def matching_variant(cache: ProgramCacheResource, manifest_key: bytes, dirs: lis
     stored copy, nearest first. A variant found only in a farther tier is written to the
     nearer ones (as a hit promotes an artifact), merged with what they hold.
     """
-    found = _first_match(_memo_get(cache, manifest_key), dirs)
+    index = header_index.for_store(cache)
+    with _manifest_memo_lock:
+        again = manifest_key in _looked_up  # watched from its second look-up on (headers.watch.Look)
+        if not again:
+            remember(_looked_up, manifest_key, True, _MEMO_LIMIT)
+    look = Look(index, watching=again)
+    try:
+        return _matching_variant(cache, manifest_key, dirs, look)
+    finally:
+        look.commit()  # what it proved under watch, trusted by this process's next look-ups
+        index.save()  # what this look-up learned, for the next process (a write only if it learned)
+
+
+def _matching_variant(
+    cache: ProgramCacheResource, manifest_key: bytes, dirs: list[str], look: Look
+) -> dict[str, Any] | None:
+    found = _first_match(_memo_get(cache, manifest_key), dirs, look)
     if found is not None:
         return found
     tiers = _tiers(cache)
     merged: dict[str, Any] | None = None
     for i, tier in enumerate(tiers):
-        stored = _stored(tier, manifest_key)
+        stored = _stored(tier, manifest_key, cache)
         if stored is None:
             continue
-        merged = variants.merge_manifests(merged, stored)
-        found = _first_match(stored, dirs)
+        merged = merge_manifests(merged, stored)
+        found = _first_match(stored, dirs, look)
         if found is not None:
             if i:
-                promoted = variants.add_variant(merged, found)  # bounded, the one that matched first
-                raw = json.dumps(promoted, separators=(",", ":")).encode()
+                promoted = add_variant(merged, found)  # bounded, the one that matched first
+                raw = _manifest_bytes(promoted)
                 for upper in tiers[:i]:
                     if not upper.read_only:
+                        _write_variant(upper, found)  # the record before the manifest naming it
                         write_record(upper, manifest_key, raw, {"kind": "manifest"}, internal=True)
             break
     if merged is not None:
@@ -155,7 +217,7 @@ def digests_before(manifest_key: bytes, dirs: list[str]) -> dict[str, str]:
         known = list(_manifest_memo.get(manifest_key, {}).values())
     manifest = None
     for each in known:  # every store's: a header any of them names
-        manifest = variants.merge_manifests(manifest, each)
+        manifest = merge_manifests(manifest, each)
     out = {}
     for path in variants.header_paths(manifest, dirs):
         digest = file_digest(path)
@@ -179,10 +241,14 @@ def store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: di
     merged: dict[str, Any] | None = None
     for tier in reversed(_tiers(cache)):
         if not tier.read_only:
-            merged = variants.merge_manifests(merged, _stored(tier, manifest_key))
-    manifest = variants.add_variant(merged, variant)
-    raw = json.dumps(manifest, separators=(",", ":")).encode()
-    write_record(cache, manifest_key, raw, {"kind": "manifest"}, internal=True)
+            merged = merge_manifests(merged, _stored(tier, manifest_key, cache))
+    manifest = add_variant(merged, variant)
+    # The variant's record first: a reader that finds the manifest finds what it names (a
+    # record gone later, evicted or cleared, leaves that variant out: a compile, never a
+    # wrong entry, since a variant is only trusted as the bytes its digest names).
+    _write_variant(cache, variant)
+    write_record(cache, manifest_key, _manifest_bytes(manifest), {"kind": "manifest"}, internal=True)
+    remember(_variant_memo, variant["digest"], variant, 1024)
     _memo_put(cache, manifest_key, manifest)
 
 
@@ -195,28 +261,29 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
     """
     if not manifest_key:
         return None  # a source that names no header has no manifest
-    record = read_record(cache, manifest_key)
-    stored = variants.parse_manifest(record[0]) if record else None
+    stored = _stored(cache, manifest_key)
     if stored is None or not stored["variants"]:
         return None
     changes: dict[str, list[str]] = {"changed": [], "added": [], "vanished": []}
     newest = stored["variants"][0]
-    paths = []
-    for index, rel, digest in newest.get("headers", ()):
-        path = rel if index < 0 or index >= len(dirs) else os.path.join(dirs[index], rel)
-        paths.append(path)
+    paths = variants.entry_paths(newest, dirs)
+    for entry, path in zip(newest.get("headers", ()), paths):
+        if path is None:
+            continue
+        index = entry[0] if not isinstance(entry[0], str) else -1
         for earlier in dirs[:index] if index >= 0 else ():
-            if os.path.isfile(os.path.join(earlier, rel)):
-                changes["added"].append(os.path.join(earlier, rel))
+            if earlier and os.path.isfile(os.path.join(earlier, entry[1])):
+                changes["added"].append(os.path.join(earlier, entry[1]))
                 break
         now = file_digest(path)
         if now is None:
             changes["vanished"].append(path)
-        elif now != digest:
+        elif now != entry[-1]:
             changes["changed"].append(path)
     # Probed names (includes, __has_include) that now resolve elsewhere, or no longer at all.
     for where, kind, name, at in newest.get("probes", ()):
-        includer = os.path.dirname(paths[where]) if 0 <= where < len(paths) else None
+        known = paths[where] if 0 <= where < len(paths) else None
+        includer = os.path.dirname(known) if known else None
         places = includes.candidates(kind, name, includer, dirs, newest.get("first_include", len(dirs)))
         now_at = includes.resolve(name, places)
         if now_at != at:
@@ -224,4 +291,36 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
                 changes["added"].append(os.path.join(places[now_at], name))
             elif 0 <= at < len(places):
                 changes["vanished"].append(os.path.join(places[at], name))
-    return {what: list(dict.fromkeys(paths)) for what, paths in changes.items()}
+    return {what: list(dict.fromkeys(found)) for what, found in changes.items()}
+
+
+def add_variant(manifest: dict[str, Any] | None, variant: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with ``variant`` first (deduplicated, at most variants.MAX_VARIANTS)."""
+    old = (manifest or {}).get("variants", [])
+    kept = [variant] + [v for v in old if v != variant]
+    return {"format": variants.MANIFEST_FORMAT, "variants": kept[: variants.MAX_VARIANTS]}
+
+
+def merge_manifests(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
+    """first's variants, then second's that first lacks (either may be None)."""
+    if first is None or second is None:
+        return first if second is None else second
+    ours = first.get("variants", [])
+    theirs = [v for v in second.get("variants", []) if v not in ours]
+    return {"format": variants.MANIFEST_FORMAT, "variants": ours + theirs}
+
+
+def parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
+    """The manifest in ``raw`` (its variants' digests); None when it is not one of this format."""
+    if not raw:
+        return None
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(manifest, dict) or manifest.get("format") != variants.MANIFEST_FORMAT:
+        return None
+    listed = manifest.get("variants")
+    if not isinstance(listed, list) or not all(isinstance(d, str) and len(d) == 64 for d in listed):
+        return None
+    return manifest

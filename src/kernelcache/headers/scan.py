@@ -8,11 +8,26 @@ source and of every header it read is scanned for the names it probes (``#includ
 ``__has_include`` with a literal name); each is recorded with the place where it resolved
 (or that it did not), and a look-up resolves it again.
 
-NVRTC's search order (measured with NVRTC 13.5): a quoted name from the main source tries
-the directory of ``options.name``, the current directory, then ``include_path``; from a
-header, that header's own directory first; an angle-bracket name tries ``include_path``
-only (then NVRTC's builtin and bundled headers, pinned by the toolchain in the key). An
-absolute name is just that path.
+Where a name resolves: the one rule (measured with NVRTC 13.5; tests/headers/test_resolution.py
+checks each place against NVRTC itself):
+- an absolute name is that path and nothing else;
+- a quoted name tries its includer's directory first: for the main source, the directory of
+  the program name (``options.name`` as cuda.core encodes it), joined to the working
+  directory when relative, so the working directory itself for a name without one; for a
+  header, the directory of the path it was read from. Then ``include_path`` in order
+  (relative entries joined to the working directory, "" is the working directory). The
+  working directory is searched only as one of those: a header's quoted include does not
+  look in it, nor in the main source's directory;
+- an angle-bracket name tries ``include_path`` only, then NVRTC's builtin and bundled headers
+  (pinned by the toolchain in the key, not tracked);
+- ``--no-source-include`` drops the includer's directory from quoted names (main source and
+  headers alike: search_dirs then gives "" as the main source's directory).
+``#include_next`` is read as ``#include``: the header it reads is then not derived from a
+probe, and is vouched for by its place under the deepest search directory holding it.
+A header read by a compile is vouched for on a look-up only as the file this rule gives for
+the same name from the same includer now (headers.variants: each header is recorded as the
+probe that found it, and its path is derived again, from the look-up's working directory
+and search path, before its content is compared), never as the path it had then.
 
 The scan reads each text twice, as it is and with line splices joined and comments
 blanked (C's translation phases 2 and 3), so ``__has_include(/* c */ "opt.h")`` is read.
@@ -170,12 +185,16 @@ def pre_includes(options: Any) -> list[str]:
 
 
 def candidates(kind: str, name: str, includer_dir: str | None, dirs: Sequence[str], first_include: int) -> list[str]:
-    """The directories NVRTC tries for ``name``, in order ([""] for an absolute name)."""
+    """The directories NVRTC tries for ``name``, in order ([""] for an absolute name);
+    ``includer_dir`` None for the main source (its directory is ``dirs[0]``)."""
     if os.path.isabs(name):
         return [""]
     if kind == "a":
         return list(dirs[first_include:])
-    return ([includer_dir] if includer_dir is not None else []) + list(dirs)
+    own = dirs[0] if includer_dir is None and dirs else includer_dir
+    if dirs and not dirs[0]:
+        own = None  # --no-source-include
+    return ([own] if own is not None else []) + list(dirs[first_include:])
 
 
 def resolve(name: str, places: Sequence[str]) -> int:
@@ -184,3 +203,28 @@ def resolve(name: str, places: Sequence[str]) -> int:
         if os.path.isfile(os.path.join(place, name) if place else name):
             return i
     return -1
+
+
+def entry_path(entry: Sequence[Any], paths: Sequence[str], dirs: Sequence[str], first_include: int) -> str | None:
+    """The path a header entry names under the search dirs ``dirs`` (``paths``: those of the
+    entries before it); None when it names none (fewer search dirs than it was found with)."""
+    if isinstance(entry[0], str):  # [kind, includer, name, place, digest]: found by that probe
+        kind, where, name, at = entry[0], entry[1], entry[2], entry[3]
+        includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
+        places = candidates(kind, name, includer_dir, dirs, first_include)
+        if not 0 <= at < len(places):
+            return None
+        return os.path.normpath(os.path.join(places[at], name) if places[at] else name)
+    index, rel = entry[0], entry[1]
+    if index < 0:
+        return str(rel)
+    return f"{dirs[index]}{os.sep}{rel}" if index < len(dirs) and dirs[index] else None
+
+
+def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None]:
+    """The path of each header entry of ``variant`` under ``dirs``, in order."""
+    first_include = variant.get("first_include", len(dirs))
+    paths: list[str | None] = []
+    for entry in variant.get("headers", ()):
+        paths.append(entry_path(entry, paths, dirs, first_include))  # type: ignore[arg-type]
+    return paths

@@ -1,9 +1,15 @@
 """Header variants: what one compile of a source read, checked again on every look-up.
 
 A variant holds
-- ``headers``: each header the trace listed as (search dir index, path relative to it,
-  content SHA-256); index -1 keeps an absolute path (a header named by its absolute path,
-  or outside every search dir);
+- ``headers``: each header the trace listed, with its content SHA-256, recorded as *how it
+  was found* (headers.scan states the rule): ``[kind, includer, name, place, digest]`` for
+  one that a literal name found (kind "q" or "a"; includer -1 for the main source, else the
+  position of an earlier header; place: the index among scan.candidates), so a look-up
+  derives its path again from its own working directory and search path; else (a name
+  spelled by a macro, ``#include_next``) ``[search dir index, path relative to it, digest]``
+  under the deepest search dir holding it, or ``[-1, absolute path, digest]`` outside all
+  (the variant then also records ``cwd`` and matches only there: how NVRTC found it is
+  unknown);
 - ``probes``: each literal name the source and its headers look for (headers.scan) as
   (includer, kind, name, where it resolved or -1): the includer is -1 for the main source,
   else the position of its header in ``headers``;
@@ -21,17 +27,23 @@ before the compile, may not be what NVRTC read. Such a compile is returned, not 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kernelcache.headers import scan as includes
-from kernelcache.headers.digests import changed_since, file_digest
+from kernelcache.headers.digests import GONE, REWRITTEN, changed_during, file_digest
+from kernelcache.headers.scan import entry_paths
 from kernelcache.memo import remember
 
-MANIFEST_FORMAT = 2  # 2: probes and first_include (format 1 manifests are a miss)
+if TYPE_CHECKING:
+    from kernelcache.headers.index import HeaderIndex
+    from kernelcache.headers.watch import Look
+
+MANIFEST_FORMAT = 4  # 4: variants as records of their own; 3: headers derived from probes (older ones are a miss)
 MAX_VARIANTS = 8  # header versions remembered per source (switching back is still a hit)
 
 _directives_memo: dict[str, list[tuple[str, str, str]]] = {}  # content digest -> directives
@@ -63,20 +75,21 @@ def build_variant(
     start_ns: int,
     before: Mapping[str, str],
     option_macros: Sequence[tuple[str, str, str]] = (),
+    index: HeaderIndex | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """(the variant for the headers one compile read, the paths that changed during it).
+    """(the variant for the headers one compile read, the paths that changed during it, each
+    as "path (why)": see why_not_stored).
 
-    ``option_macros``: includes.option_macros(options), names the options' macros hold."""
+    ``option_macros``: includes.option_macros(options), names the options' macros hold;
+    ``index``: the cache's headers.index (the digests read now are remembered there)."""
     texts: dict[str | None, list[tuple[str, str, str]]] = {None: includes.directives(source)}
     texts[None] += [(includes.INCLUDE, "q", name) for name in pre_include]
-    digests, changed = _read_headers(headers, skip_roots, before, texts)
+    digests, changed = _read_headers(headers, skip_roots, before, texts, index.digest if index else file_digest)
     # Probes, resolved now against the files as they are; the race checks below make sure
     # "now" is what NVRTC saw.
-    probes, named_absolute, named_relative = _resolve_probes(
-        includes.probes(texts, option_macros), dirs, first_include
-    )
-    changed += _changed_during(digests, probes, start_ns)
-    entries, position = _header_entries(digests, dirs, named_absolute, named_relative)
+    probes = _resolve_probes(includes.probes(texts, option_macros), dirs, first_include)
+    changed += changed_during(digests, probes, start_ns)
+    entries, position, bound = _header_entries(digests, dirs, probes)
     recorded: dict[tuple[int, str, str], int] = {}
     for includer, _how, kind, name, at, _places in probes:
         where = -1 if includer is None else position.get(includer, -2)
@@ -87,6 +100,8 @@ def build_variant(
         "probes": sorted([w, k, n, at] for (w, k, n), at in recorded.items()),
         "first_include": first_include,
     }
+    if bound:
+        variant["cwd"] = os.getcwd()
     variant["digest"] = variant_digest(variant)
     return variant, sorted(set(changed))
 
@@ -96,6 +111,7 @@ def _read_headers(
     skip_roots: Sequence[str],
     before: Mapping[str, str],
     texts: dict[str | None, list[tuple[str, str, str]]],
+    digest_of: Callable[[str], str | None],
 ) -> tuple[dict[str, str], list[str]]:
     """(path -> content digest of each header the trace listed, the paths that changed); the
     directives of each header's text are added to ``texts``."""
@@ -104,18 +120,18 @@ def _read_headers(
     for path in sorted(headers):
         if any(path == r or path.startswith(r + os.sep) for r in skip_roots):
             continue
-        digest = file_digest(path)
+        digest = digest_of(path)
         if digest is None:
             if os.path.basename(path).startswith("__nv"):
                 continue  # NVRTC's builtin headers exist only inside the library
-            changed.append(path)  # listed by the trace, gone now
+            changed.append(f"{path} ({GONE})")  # listed by the trace, gone now
             digest = "unreadable"
         elif path in before and before[path] != digest:
-            changed.append(path)  # not the content this process saw before the compile
+            changed.append(f"{path} ({REWRITTEN})")  # not the content this process saw before the compile
         digests[path] = digest
         found = _directives_of(path, digest) if digest != "unreadable" else []
         if found is None:
-            changed.append(path)
+            changed.append(f"{path} ({REWRITTEN})")
             found = []
         texts[path] = found
     return digests, changed
@@ -126,78 +142,50 @@ _Probe = tuple[str | None, str, str, str, int, list[str]]  # includer, how, kind
 
 def _resolve_probes(
     texts: Mapping[str | None, Sequence[tuple[str, str, str]]], dirs: Sequence[str], first_include: int
-) -> tuple[list[_Probe], set[str], set[str]]:
-    """Each probe resolved against the files as they are, and the paths found through an
-    absolute and through a relative name."""
+) -> list[_Probe]:
+    """Each probe resolved against the files as they are (its includer's directory: the
+    path the trace gave that header)."""
     probes: list[_Probe] = []
-    named_absolute: set[str] = set()
-    named_relative: set[str] = set()
     for includer, found in texts.items():
         includer_dir = os.path.dirname(includer) if includer is not None else None
         for how, kind, name in found:
             places = includes.candidates(kind, name, includer_dir, dirs, first_include)
-            at = includes.resolve(name, places)
-            probes.append((includer, how, kind, name, at, places))
-            if at >= 0:
-                path = os.path.normpath(os.path.join(places[at], name) if places[at] else name)
-                (named_absolute if os.path.isabs(name) else named_relative).add(path)
-    return probes, named_absolute, named_relative
+            probes.append((includer, how, kind, name, includes.resolve(name, places), places))
+    return probes
 
 
 def _header_entries(
-    digests: Mapping[str, str], dirs: Sequence[str], named_absolute: set[str], named_relative: set[str]
-) -> tuple[list[list[Any]], dict[str, int]]:
-    """The variant's header entries ([dir index or -1, path, digest]) and each path's position."""
+    digests: Mapping[str, str], dirs: Sequence[str], probes: Sequence[_Probe]
+) -> tuple[list[list[Any]], dict[str, int], bool]:
+    """(the variant's header entries, each path's position, whether one is kept absolute).
+
+    Each header is recorded as the first probe that finds it, in the order NVRTC reads
+    (the main source's probes, then those of the headers they find, breadth first), so an
+    entry's includer always comes before it; the headers no literal name finds are kept
+    by their place under a search dir (or absolute)."""
+    by_includer: dict[str | None, list[_Probe]] = {}
+    for probe in probes:
+        by_includer.setdefault(probe[0], []).append(probe)
     entries: list[list[Any]] = []
     position: dict[str, int] = {}
+    queue: list[str | None] = [None]
+    for includer in queue:
+        for _inc, _how, kind, name, at, places in by_includer.get(includer, ()):
+            if at < 0:
+                continue
+            path = os.path.normpath(os.path.join(places[at], name) if places[at] else name)
+            if path in digests and path not in position:
+                position[path] = len(entries)
+                entries.append([kind, -1 if includer is None else position[includer], name, at, digests[path]])
+                queue.append(path)
+    bound = False
     for path, digest in digests.items():
-        if path in named_absolute:
-            position.setdefault(path, len(entries))
-            entries.append([-1, path, digest])
-        if path in named_relative or path not in named_absolute:
-            position.setdefault(path, len(entries))
+        if path not in position:
+            position[path] = len(entries)
             index, rel = _locate(path, dirs)
+            bound = bound or index < 0
             entries.append([index, rel, digest])
-    return entries, position
-
-
-def _changed_during(
-    digests: Mapping[str, str],
-    probes: Sequence[_Probe],
-    start_ns: int,
-) -> list[str]:
-    """Paths whose state at the end of the compile may not be what NVRTC read.
-
-    Race: NVRTC reads each header at some moment of the compile and we hash it after. A
-    header stamped at or after the start (mtime, or ctime: a rename or a copy keeping the
-    mtime still moves it) may have been read before its change and hashed after. For a
-    probe: a file at the place it resolved to that appeared during the compile (NVRTC may
-    not have seen it), or, for __has_include, a searched directory whose entries changed (a
-    file NVRTC saw may be gone). An #include that NVRTC followed is in the trace, so its
-    disappearance shows as a missing header.
-    """
-    stats: dict[str, os.stat_result | None] = {}
-
-    def moved(path: str) -> bool:
-        if path not in stats:
-            try:
-                stats[path] = os.stat(path)
-            except OSError:
-                stats[path] = None
-        st = stats[path]
-        return st is not None and changed_since(st, start_ns)
-
-    out = [path for path in digests if moved(path) or stats.get(path, True) is None]
-    for _includer, how, _kind, name, at, places in probes:
-        if at >= 0:
-            found = os.path.join(places[at], name) if places[at] else name
-            if moved(found):
-                out.append(found)
-        if how == includes.HAS_INCLUDE:
-            for place in places[: at if at >= 0 else len(places)]:
-                if place and moved(place):
-                    out.append(place)
-    return out
+    return entries, position, bound
 
 
 def _locate(path: str, dirs: Sequence[str]) -> tuple[int, str]:
@@ -209,81 +197,189 @@ def _locate(path: str, dirs: Sequence[str]) -> tuple[int, str]:
     """
     best = None
     for i, d in enumerate(dirs):
-        if path.startswith(d.rstrip(os.sep) + os.sep) and (best is None or len(d) > len(dirs[best])):
+        if d and path.startswith(d.rstrip(os.sep) + os.sep) and (best is None or len(d) > len(dirs[best])):
             best = i
     if best is None:
         return -1, path  # outside every search dir: kept absolute
     return best, os.path.relpath(path, dirs[best])
 
 
-def variant_matches(variant: dict[str, Any], dirs: Sequence[str]) -> bool:
-    """True when every header still has its recorded content, none is shadowed, and every
-    probed name resolves where it did."""
+def variant_matches(variant: dict[str, Any], dirs: Sequence[str], look: Look | None = None) -> bool:
+    """True when every header the variant names, at the path the current working directory
+    and search path give it, still has its recorded content, none is shadowed, and every
+    probed name resolves where it did.
+
+    ``look``: this look-up's view of the cache's headers.index (a stat per header and per
+    directory searched where its facts hold, none where this process watches them)."""
+    if look is None:
+        digest_of: Callable[[str], str | None] = file_digest
+        is_file: Callable[[str], tuple[bool, bool]] = lambda path: (os.path.isfile(path), False)  # noqa: E731
+    else:
+        digest_of, is_file = look.digest, look.is_file
     try:
-        paths = []
+        if "cwd" in variant and variant["cwd"] != os.getcwd():
+            return False  # a header found by a name kernelcache cannot see, outside every search dir
+        key = (variant["digest"], tuple(dirs))
+        if look is not None and look.variant_known(key):
+            return True  # matched under watch in this process, nothing changed since (headers.watch)
+        paths = _paths_memo.get(key)
+        if paths is None:
+            derived = entry_paths(variant, dirs)
+            if None in derived:
+                return False  # fewer search dirs than it was found with
+            paths = [str(p) for p in derived]
+            remember(_paths_memo, key, paths, 4096)
         absent = set()  # paths this call saw missing, and (paths) those it saw present:
-        for index, rel, digest in variant.get("headers", ()):  # probes reuse both, no stat
-            if index < 0:
-                path = rel
-            elif index < len(dirs):
-                path = f"{dirs[index]}{os.sep}{rel}"
+        for entry, path in zip(variant["headers"], paths):  # probes reuse both, no stat
+            if not isinstance(entry[0], str) and entry[0] >= 0:
                 # Shadowing: an earlier search dir that now holds the same relative name wins
                 # (a file: NVRTC passes over a directory of that name, as includes.resolve does).
-                for earlier in dirs[:index]:
-                    shadow = f"{earlier}{os.sep}{rel}"
-                    if os.path.isfile(shadow):
+                for earlier in dirs[: entry[0]]:
+                    shadow = f"{earlier}{os.sep}{entry[1]}"
+                    if earlier and is_file(shadow)[0]:
                         return False
                     absent.add(shadow)
-            else:
-                return False  # fewer search dirs than when it was compiled
-            if file_digest(path) != digest:
+            if digest_of(path) != entry[-1]:
                 return False
-            paths.append(path)
-        present = set(paths)
-        for places, at in _probe_plan(variant, dirs, paths):
-            found = -1
-            for i, place in enumerate(places):
-                if place in present or (place not in absent and os.path.isfile(place)):
-                    found = i
-                    break
-            if found != at:
-                return False
-    except (TypeError, ValueError, IndexError):
+        held = _probes_hold(variant, dirs, paths, absent, is_file, look)
+        if held and look is not None and not absent:  # shadow checks are not watched: no whole trust
+            look.variant_held(key)
+        return held
+    except (TypeError, ValueError, IndexError, KeyError):
         return False  # a malformed variant (not written by this code) never matches
+
+
+def _probes_hold(
+    variant: dict[str, Any],
+    dirs: Sequence[str],
+    paths: list[str],
+    absent: set[str],
+    is_file: Callable[[str], tuple[bool, bool]],
+    look: Look | None,
+) -> bool:
+    """Whether every probe of the plan resolves where it did (its headers already checked).
+
+    Proved once per state of the directories the probes search (Look.holds): while no
+    entry was created, removed or renamed in any of them (their mtimes and ctimes stay), each
+    probe's answer stays. Race: the state is read before the listings that prove the answers;
+    a directory changed in between has another state by the next look-up, which then proves
+    again. A proof is kept only when every answer came from a listing (no symlink entry, no
+    directory too big to list) and every state is safely past (the racy rule)."""
+    key = _proof_key(variant["digest"], dirs)
+    if look is not None:
+        if look.probes_known(key):
+            return True  # proved in this process under watch, nothing changed since (headers.watch)
+        searched = look.proof_dirs(key)  # a proof names its directories: no plan needed to check it
+        if searched is not None:
+            state, _safe = look.dir_state(searched)
+            if look.proved(key, state):
+                look.holds(key, searched, state, kept=False)
+                return True
+    plan = _probe_plan(variant, dirs, paths)
+    state, safe = look.dir_state(plan.dirs) if look is not None else ([], False)
+    present = set(paths)
+    proven = True
+    for places, at in plan.probes:
+        found = -1
+        for i, place in enumerate(places):
+            if place in present:
+                found = i
+                break
+            if place in absent:
+                continue
+            here, by_listing = is_file(place)
+            proven = proven and by_listing
+            if here:
+                found = i
+                break
+        if found != at:
+            return False
+    if look is not None and proven:
+        look.holds(key, plan.dirs, state, kept=safe)
     return True
 
 
-_plans: dict[tuple[str, tuple[str, ...]], list[tuple[list[str], int]]] = {}
+_proof_keys: dict[tuple[str, tuple[str, ...]], str] = {}
 
 
-def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) -> list[tuple[list[str], int]]:
-    """Per probe, the full paths to try in order and where it resolved; memoised per variant
-    and search dirs (the includers' places follow from both), so a hit only stats."""
+def _proof_key(variant_digest: str, dirs: Sequence[str]) -> str:
+    """The name of a variant's probe proof under one search path (headers.index)."""
+    memo_key = (variant_digest, tuple(dirs))
+    key = _proof_keys.get(memo_key)
+    if key is None:
+        key = hashlib.sha256("\0".join([variant_digest, *dirs]).encode()).hexdigest()
+        remember(_proof_keys, memo_key, key, 4096)
+    return key
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """A variant's probes under one search path: per probe the full paths to try in order and
+    where it resolved; the directories they search."""
+
+    probes: list[tuple[list[str], int]]
+    dirs: list[str]
+
+
+_plans: dict[tuple[str, tuple[str, ...]], _Plan] = {}
+# (variant digest, search dirs) -> the path of each of its headers there (entry_paths)
+_paths_memo: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+
+
+def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) -> _Plan:
+    """The variant's plan under ``dirs``; memoised per variant and search dirs (the includers'
+    places follow from both, once its headers are checked)."""
     memo_key = (variant["digest"], tuple(dirs))
     plan = _plans.get(memo_key)
     if plan is None:
         first_include = variant.get("first_include", len(dirs))
-        plan = []
+        probes = []
         for where, kind, name, at in variant.get("probes", ()):
             includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
             places = includes.candidates(kind, name, includer_dir, dirs, first_include)
-            plan.append(([os.path.normpath(os.path.join(place, name)) for place in places], at))
+            probes.append(([os.path.normpath(os.path.join(place, name)) for place in places], at))
+        searched = sorted({os.path.dirname(place) for places, _ in probes for place in places})
+        plan = _Plan(probes, searched)
         remember(_plans, memo_key, plan, 4096)
     return plan
 
 
-def variant_digest(variant: dict[str, Any]) -> str:
-    """The key component for a variant (headers, probes, search layout), hex."""
+def variant_bytes(variant: dict[str, Any]) -> bytes:
+    """A variant's canonical bytes (headers, probes, search layout, the bound cwd): what its
+    record holds (headers.manifests) and what its digest is of."""
     parts = [variant.get("headers", []), variant.get("probes", []), variant.get("first_include")]
-    return hashlib.sha256(json.dumps(parts, separators=(",", ":")).encode()).hexdigest()
+    if "cwd" in variant:
+        parts.append(variant["cwd"])
+    return json.dumps(parts, separators=(",", ":")).encode()
+
+
+def variant_digest(variant: dict[str, Any]) -> str:
+    """The key component for a variant, hex: the SHA-256 of its canonical bytes."""
+    return hashlib.sha256(variant_bytes(variant)).hexdigest()
+
+
+def variant_from_bytes(raw: bytes, digest: str) -> dict[str, Any] | None:
+    """The variant whose canonical bytes ``raw`` are, if their SHA-256 is ``digest``: a record
+    is never trusted for what it claims to be (the digest decides which entry a hit reads)."""
+    if hashlib.sha256(raw).hexdigest() != digest:
+        return None
+    try:
+        parts = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(parts, list) or len(parts) not in (3, 4):
+        return None
+    variant: dict[str, Any] = {"headers": parts[0], "probes": parts[1], "first_include": parts[2]}
+    if len(parts) == 4:
+        variant["cwd"] = parts[3]
+    variant["digest"] = digest
+    return variant
 
 
 def tracked_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str]:
     """The absolute paths of a variant's headers under the search dirs ``dirs``."""
-    out = []
-    for index, rel, _ in variant.get("headers", ()):
-        out.append(rel if index < 0 or index >= len(dirs) else os.path.join(dirs[index], rel))
-    return list(dict.fromkeys(out))
+    known = _paths_memo.get((variant["digest"], tuple(dirs))) if "digest" in variant else None
+    return list(dict.fromkeys(known if known is not None else (p for p in entry_paths(variant, dirs) if p)))
 
 
 def header_paths(manifest: dict[str, Any] | None, dirs: Sequence[str]) -> list[str]:
@@ -292,37 +388,3 @@ def header_paths(manifest: dict[str, Any] | None, dirs: Sequence[str]) -> list[s
     for variant in (manifest or {}).get("variants", ()):
         out.update(dict.fromkeys(tracked_paths(variant, dirs)))
     return list(out)
-
-
-def add_variant(manifest: dict[str, Any] | None, variant: dict[str, Any]) -> dict[str, Any]:
-    """The manifest with ``variant`` first (deduplicated, at most MAX_VARIANTS)."""
-    old = (manifest or {}).get("variants", [])
-    variants = [variant] + [v for v in old if v != variant]
-    return {"format": MANIFEST_FORMAT, "variants": variants[:MAX_VARIANTS]}
-
-
-def merge_manifests(first: dict[str, Any] | None, second: dict[str, Any] | None) -> dict[str, Any] | None:
-    """first's variants, then second's that first lacks (either may be None)."""
-    if first is None or second is None:
-        return first if second is None else second
-    ours = first.get("variants", [])
-    return {"format": MANIFEST_FORMAT, "variants": ours + [v for v in second.get("variants", []) if v not in ours]}
-
-
-def parse_manifest(raw: bytes | None) -> dict[str, Any] | None:
-    """The manifest in ``raw``; None when it is not one of this format."""
-    if not raw:
-        return None
-    try:
-        manifest = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        return None
-    variants = manifest.get("variants")
-    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
-        return None
-    for variant in variants:
-        # Recomputed, never trusted from disk: the digest decides which entry a hit reads.
-        variant["digest"] = variant_digest(variant)
-    return manifest

@@ -54,7 +54,7 @@ _MAX_MARKER = 4096  # a marker is a few lines: a bigger file there is not ours
 # The directory of this version's layout under the root, and what it may hold (see
 # FileStreamProgramCache's layout).
 FORMAT_DIR = "v2"
-_V2_CHILDREN = frozenset({"entries", "tmp", "locks", "stats"})
+_V2_CHILDREN = frozenset({"entries", "tmp", "locks", "stats", "index"})  # index: headers.index
 # The root's cap file (stores/file/dircap.py), and every name kernelcache gives a file in a
 # root: layout v1's tree, Triton's materialized copies, the marker.
 ROOT_CONFIG = "config.toml"

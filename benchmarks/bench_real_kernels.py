@@ -1,0 +1,195 @@
+"""Real kernels nobody on the project wrote (benchmarks/kernels), side by side with cuda.core in one run.
+
+    python benchmarks/bench_real_kernels.py                 # the 12 deep kernels (716 headers each)
+    python benchmarks/bench_real_kernels.py --set all       # all 183 (171 CuPy + 12 deep)
+    python benchmarks/bench_real_kernels.py --set cupy      # the 171 CuPy kernels
+
+Each phase runs in fresh processes, one per contender:
+- cold: a plain ``Program.compile`` loop (no cache), cuda.core's ``FileStreamProgramCache`` used
+  as its docs show for include paths (``make_program_cache_key(..., extra_digest=<digest of the
+  include paths>)``), and kernelcache's ``compile_program``: the miss's cost over a plain compile;
+- warm, fresh process, all hits: the same two caches (imports excluded, reported apart);
+- warm, repeated in one process: the best of 5 passes over all kernels, after one pass;
+- bytes: every kernelcache miss and hit is the plain compile's (corpus.same_code).
+Prints each figure and the ratio ours / theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "kernels"))
+import corpus  # noqa: E402
+
+
+def _select(bundled: str, which: str) -> list[corpus.Kernel]:
+    return corpus.kernels(bundled, deep={"deep": True, "cupy": False, "all": None}[which])
+
+
+def _theirs(cache, kernel: corpus.Kernel) -> tuple[bytes, bool]:  # noqa: ANN001
+    """cuda.core's cache the way its docs show for include paths: (bytes, hit)."""
+    from cuda.core import ObjectCode, Program, ProgramOptions
+    from cuda.core.utils import make_program_cache_key
+
+    options = ProgramOptions(**kernel.options)
+    paths = "\0".join(options.include_path or []).encode()
+    key = make_program_cache_key(
+        code=kernel.code,
+        code_type="c++",
+        options=options,
+        target_type="cubin",
+        name_expressions=kernel.name_expressions,
+        extra_digest=hashlib.sha256(paths).digest(),
+    )
+    data = cache.get(key)
+    if data is not None:
+        return bytes(ObjectCode.from_cubin(data).code), True
+    program = Program(kernel.code, "c++", options=options)
+    try:
+        obj = program.compile("cubin", name_expressions=kernel.name_expressions)
+    finally:
+        program.close()
+    cache[key] = obj
+    return bytes(obj.code), False
+
+
+def _ours(cache, kernel: corpus.Kernel) -> tuple[bytes, bool]:  # noqa: ANN001
+    from cuda.core import ProgramOptions
+
+    from kernelcache import CompileInfo, compile_program
+
+    info = CompileInfo()
+    obj = compile_program(
+        kernel.code,
+        cache=cache,
+        options=ProgramOptions(**kernel.options),
+        name_expressions=kernel.name_expressions,
+        info=info,
+    )
+    return bytes(obj.code), info.hit
+
+
+def child(who: str, phase: str, which: str, work: str) -> None:
+    """One contender, one phase, in this fresh process; a JSON line out."""
+    warnings.simplefilter("ignore")
+    t0 = time.perf_counter()
+    from cuda.core.utils import FileStreamProgramCache as TheirFile
+
+    from kernelcache import FileStreamProgramCache
+
+    kernels = _select(os.path.join(work, "bundled"), which)
+    imported = time.perf_counter()
+    if who == "plain":
+        cache, run = None, lambda k: (corpus.plain_compile(k), False)
+    elif who == "theirs":
+        cache = TheirFile(os.path.join(work, "theirs"))
+        run = lambda k: _theirs(cache, k)  # noqa: E731
+    else:
+        cache = FileStreamProgramCache(os.path.join(work, "ours"))
+        run = lambda k: _ours(cache, k)  # noqa: E731
+    start = time.perf_counter()
+    got = [run(k) for k in kernels]
+    seconds = time.perf_counter() - start
+    passes = []
+    if phase == "repeat":
+        for _ in range(5):
+            t = time.perf_counter()
+            got = [run(k) for k in kernels]
+            passes.append(time.perf_counter() - t)
+    if who in ("plain", "ours") and phase in ("cold", "warm"):
+        out = os.path.join(work, "bytes", f"{who}-{phase}")
+        os.makedirs(out, exist_ok=True)
+        for i, (data, _) in enumerate(got):
+            with open(os.path.join(out, str(i)), "wb") as f:
+                f.write(data)
+    hits = sum(hit for _, hit in got)
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "best_pass": min(passes, default=seconds),
+                "hits": hits,
+                "imports": imported - t0,
+                "n": len(kernels),
+            }
+        )
+    )
+
+
+def _run(who: str, phase: str, which: str, work: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    args = [sys.executable, os.path.abspath(__file__), "--child", who, phase, which, work]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode:
+        raise SystemExit(f"{who} {phase} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=["deep", "cupy", "all"], default="deep")
+    parser.add_argument("--rounds", type=int, default=3, help="warm children per contender (best of them)")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="kc-bench-real-")
+    try:
+        corpus.bundled_headers(os.path.join(work, "bundled"))
+        n = len(_select(os.path.join(work, "bundled"), args.set))
+        print(f"{n} kernels ({args.set}); cold phase...", file=sys.stderr, flush=True)
+        cold = {who: _run(who, "cold", args.set, work) for who in ("plain", "theirs", "ours")}
+        warm: dict[str, dict] = {}
+        for r in range(args.rounds):
+            for who in ("theirs", "ours") if r % 2 == 0 else ("ours", "theirs"):
+                for phase in ("warm", "repeat"):
+                    got = _run(who, phase, args.set, work)
+                    best = warm.setdefault(f"{who}-{phase}", got)
+                    for k in ("seconds", "best_pass", "imports"):
+                        best[k] = min(best[k], got[k])
+        wrong = []
+        for i in range(n):
+            with open(os.path.join(work, "bytes", "plain-cold", str(i)), "rb") as f:
+                plain = f.read()
+            for phase in ("cold", "warm"):
+                with open(os.path.join(work, "bytes", f"ours-{phase}", str(i)), "rb") as f:
+                    if not corpus.same_code(f.read(), plain):
+                        wrong.append((i, phase))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = [
+        ("cold: miss vs plain compile (s)", cold["ours"]["seconds"], cold["plain"]["seconds"]),
+        ("cold: miss vs cuda.core cache miss (s)", cold["ours"]["seconds"], cold["theirs"]["seconds"]),
+        (
+            "warm, fresh process, all hits (ms)",
+            warm["ours-warm"]["seconds"] * 1e3,
+            warm["theirs-warm"]["seconds"] * 1e3,
+        ),
+        (
+            "warm, repeated in one process (ms)",
+            warm["ours-repeat"]["best_pass"] * 1e3,
+            warm["theirs-repeat"]["best_pass"] * 1e3,
+        ),
+        ("imports, fresh process (ms)", warm["ours-warm"]["imports"] * 1e3, warm["theirs-warm"]["imports"] * 1e3),
+    ]
+    print(f"{'measure':<42} {'kernelcache':>12} {'other':>12} {'ratio':>7}")
+    for label, ours, theirs in rows:
+        print(f"{label:<42} {ours:>12.2f} {theirs:>12.2f} {ours / theirs:>7.2f}")
+    hits = (warm["ours-warm"]["hits"], warm["theirs-warm"]["hits"])
+    print(f"hits on the warm run: kernelcache {hits[0]}/{n}, cuda.core {hits[1]}/{n}")
+    print(f"bytes differing from a plain compile: {len(wrong)} of {2 * n} (misses and hits) {wrong[:10]}")
+    print(f"(python {sys.version.split()[0]}, {os.cpu_count()} CPUs, warm figures best of {args.rounds} children)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(*sys.argv[2:6])
+    else:
+        main()

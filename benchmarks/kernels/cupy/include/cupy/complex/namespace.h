@@ -1,0 +1,1 @@
+#include <thrust/detail/config/namespace.h>
