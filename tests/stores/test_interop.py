@@ -15,7 +15,7 @@ import pytest
 from cuda.core import Program, ProgramOptions
 from cuda.core import utils as cc
 from helpers import ARCH, run_python, settle_timestamps
-from test_compile import HEAVY, needs_bundled_headers
+from sources import HEAVY, needs_bundled_headers
 
 from kernelcache import (
     CompileInfo,

@@ -14,7 +14,7 @@ import time
 
 from cuda.core import ProgramOptions
 from helpers import ARCH, support_script
-from test_compile import HEAVY, needs_bundled_headers
+from sources import HEAVY, needs_bundled_headers
 
 from kernelcache import CompileInfo, FileStreamProgramCache, compile_many, compile_program
 from kernelcache.compile.workers import pool

@@ -10,7 +10,7 @@ import sys
 import time
 
 from helpers import SUPPORT, support_script
-from test_compile import needs_bundled_headers
+from sources import needs_bundled_headers
 
 CHILD = support_script("_pool_faults.py")
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from cuda.core import ProgramOptions
 from helpers import ARCH, in_forked_child, settle_timestamps, support_script
-from test_compile import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
+from sources import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
 
 from kernelcache import CompileManyError, FileStreamProgramCache, KernelCacheWarning, compile_many
 from kernelcache.compile.flow import probe
