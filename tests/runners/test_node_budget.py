@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 from helpers import support_script
 
@@ -67,3 +68,35 @@ def test_processes_started_together_run_at_most_one_compiler_per_core_and_compil
     assert most <= _cores(), f"{most} compiler workers ran at once on {_cores()} cores"
     assert len({tuple(o["digests"]) for o in outs}) == 1
     assert FileStreamProgramCache(root).stats()["compiles"] == KERNELS
+
+
+def test_idle_workers_of_one_process_give_their_slots_to_a_process_that_waits(tmp_path) -> None:
+    """A process whose workers hold every slot, idle, does not keep another's compile waiting for
+    WAIT_S (and compiling without a slot, with a warning): its idle workers end for it."""
+    holder = subprocess.Popen(
+        [sys.executable, CHILD, "hold_idle_workers", str(tmp_path / "a")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        held = json.loads(holder.stdout.readline())["pids"]  # type: ignore[union-attr]
+        assert len(held) == _cores()  # every slot of the node is theirs
+        from cuda.core import ProgramOptions
+        from helpers import ARCH
+
+        from kernelcache import KernelCacheWarning, compile_program
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compile_program(
+                'extern "C" __global__ void w(float* a) { a[0] = 4.0f; }',
+                options=ProgramOptions(arch=ARCH),
+                cache=FileStreamProgramCache(tmp_path / "b"),
+            )
+        assert [str(w.message) for w in caught if issubclass(w.category, KernelCacheWarning)] == []
+        out, _ = holder.communicate("", timeout=120)
+    finally:
+        holder.kill()
+    alive = json.loads(out.strip().splitlines()[-1])["alive"]
+    assert len(alive) < len(held)  # at least one ended for us (idle for a minute otherwise)

@@ -14,7 +14,7 @@ from cuda.core import ProgramOptions
 from helpers import ARCH, support_script
 
 from kernelcache import FileStreamProgramCache, compile_many
-from kernelcache.compile.workers import pool
+from kernelcache.runners.pool import pool
 
 CHILD = support_script("_cold_children.py")
 

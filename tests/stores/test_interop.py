@@ -26,7 +26,7 @@ from kernelcache import (
     TieredProgramCache,
     compile_program,
 )
-from kernelcache.compile.compilers import driver_available
+from kernelcache.runners.compilers import driver_available
 from kernelcache.stores import cuda_core
 
 SRC = 'extern "C" __global__ void fill(float* a, float v) { a[threadIdx.x] = v; }\n'

@@ -60,6 +60,30 @@ def fleet(root: str, start_at: str, count: str) -> dict[str, object]:
     return {"digests": [hashlib.sha256(bytes(o.code)).hexdigest() for o in objs]}  # type: ignore[attr-defined]
 
 
+def hold_idle_workers(root: str) -> dict[str, object]:
+    """compile_many(processes=True) on every core of the node, its workers then left idle (for a
+    minute, were nobody to wait for their slots); prints their pids, then reports which are alive
+    once stdin closes."""
+    from kernelcache.runners.pool import pool
+    from kernelcache.runners.slots import usable_cores
+
+    warnings.simplefilter("ignore")
+    pool().idle_s = 60.0
+    _many(root, range(usable_cores() * 2))
+    pids = pool().pids()
+    print(json.dumps({"pids": pids}), flush=True)
+    sys.stdin.read()
+    return {"alive": [p for p in pids if os.path.exists(f"/proc/{p}") and _running(p)]}
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 if __name__ == "__main__":
     import faulthandler
 

@@ -39,7 +39,7 @@ def interrupt_starts(root: str) -> dict[str, object]:
     from cuda.core import ProgramOptions
 
     from kernelcache import FileStreamProgramCache, compile_many
-    from kernelcache.compile.workers import pool
+    from kernelcache.runners.pool import pool
 
     def batch(n: int) -> list[object]:
         reqs = [{"code": KERNEL.format(n=n), "options": ProgramOptions(arch=ARCH)}]
@@ -68,10 +68,10 @@ def interrupt_starts(root: str) -> dict[str, object]:
 
 def compile_heavy(root: str) -> dict[str, object]:
     from cuda.core import ProgramOptions
-    from test_compile import HEAVY
+    from sources import HEAVY
 
     from kernelcache import FileStreamProgramCache, compile_many
-    from kernelcache.compile.workers import pool
+    from kernelcache.runners.pool import pool
 
     def say_when_compiling() -> None:
         while not pool().pids(compiling=True):

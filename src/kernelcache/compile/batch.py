@@ -36,8 +36,8 @@ from kernelcache.compile.flight import SingleFlight
 from kernelcache.compile.flow import Call, CompileInfo, compile_uncached, fly, replay_hit, resolve_cache
 from kernelcache.compile.lookup import Lookup
 from kernelcache.compile.request import CompileRequest
-from kernelcache.compile.runners import batch_threads, batch_uses_processes
-from kernelcache.compile.workers import pool as workers_pool
+from kernelcache.runners.choice import batch_threads, batch_uses_processes
+from kernelcache.runners.pool import pool as workers_pool
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -130,7 +130,7 @@ class _Batch:
         self.errors: dict[int, BaseException] = {}
         self.infos: list[CompileInfo | None] = [None] * size
         self.budget = budget
-        self.processes = False  # misses compile in worker processes (runners.batch_uses_processes)
+        self.processes = False  # misses compile in worker processes (runners.choice.batch_uses_processes)
         # The thread whose compiles stay in this process, if any (the default's choice: the
         # caller's thread needs no worker to start, and one thread of NVRTC runs unserialised).
         self.here: threading.Thread | None = None
@@ -305,7 +305,7 @@ def compile_many(
     Hits are looked up first; misses compile on up to ``max_workers`` threads (default:
     the CPU count). ``processes=True``: each thread hands its C++ compiles to a worker
     process. None (default): so do all threads but the caller's, which compiles here, when
-    at least runners.MIN_MISSES misses remain on a host with more than one usable core.
+    at least runners.choice.MIN_MISSES misses remain on a host with more than one usable core.
     Workers are started once per process and reused; results, logs and errors are those of
     a compile in this process; a worker killed during a compile costs that compile one retry.
     Processes sharing the store split the misses: each compiles the keys no peer is

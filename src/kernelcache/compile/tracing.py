@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelcache.compile.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state
 from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests, variants
 from kernelcache.headers import scan as includes
+from kernelcache.runners.compilers import lost_trace, new_trace_path, remove_trace, reset_nvrtc_trace_state
 
 
 class HeaderTrace:

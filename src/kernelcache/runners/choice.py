@@ -1,11 +1,14 @@
-"""Where a compile runs: in the caller's process, or in a compiler worker (workers.py).
+"""Where a compile runs: in the caller's process, or in a compiler worker (pool.py).
 
 ``runner_for`` decides, per compile, and both runners take the same arguments and return the
 same ``(ObjectCode, log text, seconds)``: a result, a log, a warning or an error from a worker
-is what the same compile in this process would have given (worker_main.py runs the very
-NvrtcCall that compilers.plan_compile makes here). What goes to a worker:
-- every C++ compile with ``restrict=True`` (NVRTC keeps ``--restrict`` on for the rest of the
-  process that ran one: it must never be this process);
+is what the same compile in this process would have given (job.py runs the very NvrtcCall that
+compilers.plan_compile makes here). Either way the compile holds one of the node's compile
+slots while it runs (slots.py). What goes to a worker:
+- every C++ compile with ``restrict=True``: NVRTC keeps ``--restrict`` on for the rest of the
+  process that ran one, so it never runs in the caller; where no worker can start, it runs in a
+  process forked for it alone (_in_a_fork), and the caller's later compiles stay a fresh
+  process's (and are stored);
 - with ``processes``: every C++ compile except C++ -> PTX where this process has a driver
   (cuda.core then checks the PTX against the driver, which a worker never loads).
 Anything else (NVVM IR, PTX input, which may need the driver's linker) runs here.
@@ -14,16 +17,14 @@ Anything else (NVVM IR, PTX input, which may need the driver's linker) runs here
 from __future__ import annotations
 
 import os
+import pickle
+import sys
+import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from kernelcache.compile import compilers
 from kernelcache.log import WarnOnce
-
-if TYPE_CHECKING:
-    from cuda.core import ObjectCode
-
-    from kernelcache.compile.request import CompileRequest
+from kernelcache.runners import compilers, slots
 
 __all__ = [
     "IN_PROCESS",
@@ -55,14 +56,20 @@ MISSES_PER_WORKER = 8
 
 
 class Runner(Protocol):
-    def run_compiler(self, request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]: ...
+    def run_compiler(self, request: Any, trace_path: str | None) -> tuple[Any, str, float]: ...
 
 
 class _InProcess:
-    """The compile runs in this process, on the calling thread."""
+    """The compile runs in this process, on the calling thread, holding a slot of the node's."""
 
-    def run_compiler(self, request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]:
-        return compilers.run_compiler(request, trace_path)
+    def run_compiler(self, request: Any, trace_path: str | None) -> tuple[Any, str, float]:
+        slot = slots.take()
+        try:
+            with _COMPILING:
+                return compilers.run_compiler(request, trace_path)
+        finally:
+            if slot is not None:
+                slot.release()
 
 
 class _InWorkers:
@@ -71,7 +78,7 @@ class _InWorkers:
     A traced compile that fails leaves NVRTC's trace state set in the thread that ran it
     (compilers.reset_nvrtc_trace_state): the worker resets itself before it answers."""
 
-    def run_compiler(self, request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]:
+    def run_compiler(self, request: Any, trace_path: str | None) -> tuple[Any, str, float]:
         ptx = request.code_type == "c++" and request.target_type == "ptx"
         _, _, call = compilers.plan_compile(request, trace_path, direct_ptx=ptx)
         if call is not None:
@@ -79,19 +86,21 @@ class _InWorkers:
         else:
             kind, args = "program", (request, trace_path)
         restrict = bool(getattr(request.options, "restrict", False))
-        from kernelcache.compile import workers as pool_mod  # here: a hit never needs multiprocessing
+        from kernelcache.runners import pool as pool_mod  # here: a hit never needs the pool
 
         try:
             outcome, value, shown = pool_mod.pool().run(kind, args, restrict, trace_path)
         except pool_mod.PoolUnavailable as exc:
             what = "this compile" if exc.this_call else "compiles"
+            where = "a process forked for it" if restrict else "this process"
             _warned.warn(
                 f"no-workers-{restrict}-{exc.this_call or 'start'}",
-                f"compiler workers cannot take {what} ({exc}); compiling in this process"
-                + (" (restrict=True: this process's later compiles are built with --restrict)" if restrict else ""),
+                f"compiler workers cannot take {what} ({exc}); compiling in {where}",
                 stacklevel=3,
             )
-            return IN_PROCESS.run_compiler(request, trace_path)
+            if not restrict:
+                return IN_PROCESS.run_compiler(request, trace_path)
+            outcome, value, shown = _in_a_fork(kind, args)
         _replay(shown)
         if outcome == "ok":
             data, mapping, log_text, seconds = value
@@ -111,7 +120,7 @@ IN_PROCESS: Runner = _InProcess()
 IN_WORKERS: Runner = _InWorkers()
 
 
-def runner_for(request: CompileRequest, processes: bool = False) -> Runner:
+def runner_for(request: Any, processes: bool = False) -> Runner:
     """The runner for one compile (see the module docstring for the rule)."""
     if request.code_type != "c++":
         return IN_PROCESS
@@ -126,9 +135,7 @@ def batch_uses_processes(processes: bool | None, misses: int) -> bool:
     """compile_many's choice: ``processes`` when given, else workers from MIN_MISSES misses on
     a host with more than one usable core. TypeError for anything but True, False or None."""
     if processes is None:
-        from kernelcache.compile import workers as pool_mod
-
-        return misses >= MIN_MISSES and pool_mod.usable_cores() > 1
+        return misses >= MIN_MISSES and slots.usable_cores() > 1
     if type(processes) is not bool:
         raise TypeError(f"processes must be True, False or None (decide by the misses), not {processes!r}")
     return processes
@@ -160,3 +167,100 @@ def _replay(shown: list[tuple[str, str, str]]) -> None:
         except Exception:
             pass
         warnings.warn(text, category, stacklevel=4)
+
+
+class _Gate:
+    """Compiles in this process hold it shared; a fork for a compile holds it alone, for the fork.
+
+    Race: NVRTC serialises parts of a compile under a lock of its own. A fork while another
+    thread holds it leaves it held forever in the child, whose compile then never ends. So the
+    fork waits until no compile of ours runs here, and compiles wait for the fork (microseconds
+    to milliseconds); a compile started by code other than kernelcache's is not seen."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._forking = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+    def fork(self) -> int:
+        with self._cond:
+            while self._forking or self._running:
+                self._cond.wait()
+            self._forking = True
+        try:
+            with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock": the gate is why not
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return os.fork()
+        finally:
+            with self._cond:  # in the child too: a fresh gate there (_reset_in_child) makes this moot
+                self._forking = False
+                self._cond.notify_all()
+
+
+_COMPILING = _Gate()
+
+
+def _in_a_fork(kind: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``job.run_job``'s reply for one compile run in a child forked for it alone, which ends
+    with it (NVRTC's --restrict ends with it). The child holds one of the node's slots; it
+    reads nothing and writes nothing but its reply."""
+    from kernelcache.keys.toolchain import library_file
+    from kernelcache.runners.job import run_job
+    from kernelcache.runners.pool import WorkerCrashed
+    from kernelcache.runners.worker import environ_copy
+
+    pickled = pickle.dumps(args, pickle.HIGHEST_PROTOCOL)
+    library_file("nvrtc", load=True)  # loaded here, before the fork: the child loads nothing
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:
+        cwd = None  # deleted: so it is for the child's compile (job.take_on)
+    slot = slots.take()
+    read_end, write_end = os.pipe()
+    try:
+        pid = _COMPILING.fork()
+        if pid == 0:  # the child: one compile, its reply, and out (no atexit, no finalizers)
+            try:
+                os.close(read_end)
+                reply = run_job(kind, pickled, cwd, environ_copy(), list(sys.path))
+                with os.fdopen(write_end, "wb") as out:
+                    out.write(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        write_end = -1
+        with os.fdopen(read_end, "rb") as f:
+            read_end = -1
+            data = f.read()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+        if slot is not None:
+            slot.release()
+    if not data:
+        code = os.waitstatus_to_exitcode(status)
+        raise WorkerCrashed(f"the process forked for this compile ended with status {code}")
+    return pickle.loads(data)  # type: ignore[no-any-return]
+
+
+def _reset_in_child() -> None:
+    global _COMPILING
+    _COMPILING = _Gate()  # another thread's compile runs in the parent, not here
+
+
+from kernelcache import forksafe  # noqa: E402 - registered once the gate exists
+
+forksafe.reset_function_in_child(_reset_in_child)

@@ -1,0 +1,294 @@
+"""One compiler worker process and the two pipes to it (the pool that uses them: pool.py).
+
+Started as ``python [-S] -c <boot> <sys.path> <libnvrtc> <idle s> <slots' waiting file> <request fd>
+<reply fd>``, a child of
+this process (subprocess: fork + exec, so a caller holding a CUDA context is never forked into a
+Python child). Why not concurrent.futures / multiprocessing: their spawn and forkserver children
+re-import the caller's ``__main__`` (a script without a main guard starts itself again, one that
+imports torch at its top pays that import per worker), and their fork children copy the caller,
+CUDA context included. A worker imports only kernelcache and cuda.bindings.
+
+What it gets: the very libnvrtc file this process runs (keys.toolchain.library_file), which it
+loads before cuda.bindings looks for one, so cuda.pathfinder takes it (a library already loaded
+wins); and it says which file it mapped before its first compile. A worker that mapped another
+build is never used. It holds one of the node's compile slots for its life (slots.py: the
+locked file is its own), writes its stderr to a file of ours (read back when it dies: what it
+said is in the warning, never on the user's terminal), and ends when this process closes its
+request pipe or exits; idle, it ends after ``idle_s`` (IDLE_S), and at once where a process waits
+for a slot of the node's (it says "bye" first).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+__all__ = ["FORK_LOCK", "IDLE_S", "Died", "Retired", "Worker", "boot_flags", "environ_copy"]
+
+# An idle worker ends after this long (its slot goes back to the node; one another process waits
+# for goes at once): a batch right after another finds its workers warm, an idle process holds
+# none for long (an idle worker is ~90 MB, ~30 MB of it its own).
+IDLE_S = 5.0
+_BOOT = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from kernelcache.runners.worker_main import main; main()"
+)
+
+
+def worker_argv(sys_path: list[str], nvrtc_path: str, idle_s: float, waiting: str) -> list[str]:
+    """The command line of a worker that imports from ``sys_path`` and loads ``nvrtc_path`` (its two fds follow)."""
+    import json
+
+    entries = [p for p in sys_path if isinstance(p, str)]  # what imports look in (a Path entry is skipped)
+    return [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps(entries), nvrtc_path, repr(idle_s), waiting]
+
+
+def boot_flags() -> tuple[str, ...]:
+    """``("-S",)`` when a worker finds kernelcache and cuda through the caller's sys.path alone,
+    else ``()``; computed once per process. ``site`` is 41-46 ms of a worker's start on the hosts
+    measured (.pth files that import hooks); the worker gets the caller's sys.path anyway, and
+    its NVRTC by path (in a venv, -S leaves sys.prefix the base interpreter's, where
+    cuda.pathfinder would look for another libnvrtc or none). An editable install's import hook
+    or a zipimport needs ``site``: then it runs there too."""
+    global _BOOT_FLAGS
+    if _BOOT_FLAGS is None:
+        _BOOT_FLAGS = ("-S",) if all(_found_on_path(name) for name in ("kernelcache", "cuda")) else ()
+    return _BOOT_FLAGS
+
+
+def _found_on_path(name: str) -> bool:
+    """A plain sys.path search finds the package this process imported as ``name``."""
+    import importlib
+    import importlib.machinery
+
+    try:
+        here = list(importlib.import_module(name).__path__)
+        spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
+    except Exception:
+        return False
+    return spec is not None and list(spec.submodule_search_locations or ()) == here
+
+
+_BOOT_FLAGS: tuple[str, ...] | None = None
+
+
+def package_dir() -> str:
+    """The kernelcache package this process imported (a worker must run the same one)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Died(Exception):
+    """The worker ended during an exchange (``started``: after it said it was ready; ``foreign``:
+    it runs another kernelcache or NVRTC than ours, so no worker started now can be used)."""
+
+    def __init__(self, started: bool, why: str, foreign: bool = False) -> None:
+        super().__init__(why)
+        self.started, self.foreign = started, foreign
+
+
+class Retired(Exception):
+    """The worker ended by itself (idle) as this compile was sent: nothing ran, try another."""
+
+
+class Worker:
+    """One worker process and the two pipes to it (``start`` one, never the constructor)."""
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], to: Connection, from_: Connection, errors: Any, nvrtc: tuple[str, str]
+    ) -> None:
+        self.proc, self._to, self._from, self._errors = proc, to, from_, errors
+        self.nvrtc = nvrtc  # (the libnvrtc file it must map, that file's identity)
+        self.started = False  # it said "ready", with our kernelcache and NVRTC
+        self.compiling = False  # it has a compile to answer
+        self.restrict = False  # it ran a restrict=True compile: NVRTC keeps --restrict on in it
+        self._seq = 0
+
+    @classmethod
+    def start(cls, nvrtc: tuple[str, str], slot_fd: int, idle_s: float = IDLE_S) -> Worker:
+        """A new worker, a child of this process, given the slot ``slot_fd`` (closed here, -1: none) and
+        ``nvrtc``: (the libnvrtc file it must load, that file's identity). It says "ready" in
+        answer to its first compile, and ends after ``idle_s`` without one."""
+        # Race: a fork by another thread copies every fd we have. Mid-start, a child holding
+        # subprocess's exec-status pipe keeps Popen waiting until it exits; one holding the
+        # reply pipe hides this worker's death (no EOF); one holding the request pipe or the
+        # slot outlives us with them. So a start runs under FORK_LOCK, which every fork waits
+        # for, and the worker is in _LIVE before it is let go: a forked child closes copies.
+        from kernelcache.runners.slots import waiting_path
+
+        args = worker_argv(sys.path, nvrtc[0], idle_s, waiting_path())
+        errors = tempfile.TemporaryFile(prefix="kernelcache-worker-")  # noqa: SIM115 - unlinked at once: ours alone, kept
+        with FORK_LOCK:
+            req_r, req_w = os.pipe()
+            rep_r, rep_w = os.pipe()
+            to, from_ = Connection(req_w, readable=False), Connection(rep_r, writable=False)
+            try:
+                proc = subprocess.Popen(
+                    [*args, str(req_r), str(rep_w)],
+                    pass_fds=(req_r, rep_w, slot_fd) if slot_fd >= 0 else (req_r, rep_w),
+                    stdin=subprocess.DEVNULL,
+                    stderr=errors,
+                    env=environ_copy(),
+                )
+            except BaseException:
+                to.close()
+                from_.close()
+                errors.close()
+                raise
+            finally:
+                os.close(req_r)
+                os.close(rep_w)
+                if slot_fd >= 0:
+                    os.close(slot_fd)  # the worker's now (or, had it not started, free): it frees the slot when it ends
+            worker = cls(proc, to, from_, errors, nvrtc)
+            _LIVE.add(worker)
+        return worker
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    def exchange(self, kind: str, args: bytes) -> tuple[Any, ...]:
+        """Send one compile (its arguments pickled), return its reply ``(outcome, value,
+        warnings)``; Died if the worker ended, Retired if it ended by itself, idle."""
+        self._seq += 1
+        try:
+            cwd: str | None = os.getcwd()
+        except OSError:
+            cwd = None  # deleted: the worker compiles in a deleted directory too (job.take_on)
+        # Only builtins around the arguments: a worker can always read the sequence number,
+        # and answers "unreadable" for arguments it cannot unpickle.
+        message = (self._seq, kind, cwd, environ_copy(), list(sys.path), args)
+        try:
+            self._to.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+            if not self.started:
+                self._check_hello(pickle.loads(self._from.recv_bytes()))
+            self.compiling = True
+            # A whole message or EOFError: a worker killed while writing its reply leaves
+            # nothing that could be taken for a result.
+            reply = pickle.loads(self._from.recv_bytes())
+        except (EOFError, OSError) as exc:
+            # Race: an idle worker ends by itself (worker_main._next_compile) and says "bye"
+            # first; a compile sent after it ended finds the pipe closed (EPIPE), yet its
+            # "bye" is still there to read: it retired, it did not die.
+            if self._said_bye():
+                raise Retired(f"compiler worker {self.pid} ended, idle") from None
+            raise Died(self.started, self._why_ended(exc)) from None
+        finally:
+            self.compiling = False
+        if reply == ("bye",):
+            raise Retired(f"compiler worker {self.pid} ended, idle")
+        if reply[0] != self._seq:
+            raise Died(self.started, f"compiler worker {self.pid} answered #{reply[0]} for #{self._seq}")
+        return reply[1:]  # type: ignore[no-any-return]
+
+    def _said_bye(self) -> bool:
+        try:
+            while self._from.poll(0):
+                if pickle.loads(self._from.recv_bytes()) == ("bye",):
+                    return True
+        except (EOFError, OSError, pickle.UnpicklingError):
+            pass
+        return False
+
+    def _check_hello(self, said: Any) -> None:
+        """It is ready, runs our kernelcache, and mapped our NVRTC (or it is never used)."""
+        if said == ("bye",):
+            raise Retired(f"compiler worker {self.pid} ended, idle")
+        if not (isinstance(said, tuple) and len(said) == 4 and said[:2] == ("ready", self.pid)):
+            raise Died(False, f"compiler worker {self.pid} said {said!r}, not that it is ready")
+        theirs, mapped = said[2], said[3]
+        if theirs != package_dir():
+            # A checkout moved or deleted since we imported ours leaves another copy found
+            # further down sys.path (an editable install's), whose code is not ours.
+            raise Died(False, f"compiler worker {self.pid} runs kernelcache from {theirs}, not {package_dir()}", True)
+        if [identity for _, identity in mapped] != [self.nvrtc[1]]:
+            shown = ", ".join(f"{path} ({identity})" for path, identity in mapped) or "none"
+            raise Died(
+                False,
+                f"compiler worker {self.pid} mapped libnvrtc {shown}, not {self.nvrtc[0]} ({self.nvrtc[1]}), "
+                "which this process compiles with",
+                True,
+            )
+        self.started = True
+
+    def _why_ended(self, exc: BaseException) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return f"compiler worker {self.pid} stopped answering ({type(exc).__name__})"
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        said = self.last_words()
+        return f"compiler worker {self.pid} {how}" + (f"; its last words: {said}" if said else "")
+
+    def last_words(self, limit: int = 600) -> str:
+        """The end of what the worker wrote to its stderr, on one line ("" for nothing)."""
+        try:
+            size = os.fstat(self._errors.fileno()).st_size
+            text = os.pread(self._errors.fileno(), limit, max(0, size - limit)).decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return " | ".join(lines[-4:])
+
+    def close(self, kill: bool = False) -> None:
+        """End the worker: closing its request pipe ends it; ``kill`` ends it now."""
+        if kill:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+        with FORK_LOCK:  # a fork never copies a pipe half closed (see start)
+            self._to.close()
+            self._from.close()
+            _LIVE.discard(self)
+        try:
+            self.proc.wait(timeout=None if kill else 5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._errors.close()
+
+    def forget(self) -> None:
+        """In a forked child: drop this process's copies of the pipes; the worker is the parent's."""
+        for end in (self._to, self._from, self._errors):
+            try:
+                end.close()
+            except OSError:
+                pass  # one end that cannot be closed must not keep the other, or other workers', open
+
+
+def environ_copy() -> dict[str, str]:
+    """A copy of os.environ now. Race: a variable another thread removes while it is copied
+    raises KeyError: copy again. Workers start with this copy, not the C library's ``environ``,
+    which such a thread rewrites while the child execs (execve failed with EFAULT)."""
+    while True:
+        try:
+            return dict(os.environ)
+        except KeyError:
+            continue
+
+
+# Held while workers' pipes are made or closed, and by each fork; reentrant: a fork by its holder goes on.
+FORK_LOCK = threading.RLock()
+_LIVE: set[Worker] = set()  # every worker whose pipes this process holds open
+_FORGOTTEN: list[Any] = []  # the parent's workers, in a forked child: never collected there
+
+
+def _forget_in_child() -> None:
+    global FORK_LOCK
+    FORK_LOCK = threading.RLock()  # held by the forking thread, in the parent's copy
+    for worker in list(_LIVE):
+        worker.forget()
+    _FORGOTTEN.append(list(_LIVE))
+    _LIVE.clear()
+
+
+# No worker starts or closes while a fork copies this process (Worker.start says why).
+os.register_at_fork(
+    before=lambda: FORK_LOCK.acquire(), after_in_parent=lambda: FORK_LOCK.release(), after_in_child=_forget_in_child
+)
