@@ -26,32 +26,15 @@ from typing import Any, Protocol
 from kernelcache.log import WarnOnce
 from kernelcache.runners import compilers, slots
 
-__all__ = [
-    "IN_PROCESS",
-    "IN_WORKERS",
-    "MIN_MISSES",
-    "MISSES_PER_WORKER",
-    "Runner",
-    "batch_threads",
-    "batch_uses_processes",
-    "runner_for",
-]
+__all__ = ["IN_PROCESS", "IN_WORKERS", "MIN_MISSES", "MISSES_PER_WORKER", "batch_threads", "batch_uses_processes"]
+__all__ += ["runner_for"]
 
-# compile_many(processes=None) compiles in workers from this many misses on, on a host with
-# more than one usable core. Measured with benchmarks/bench_cold.py --only b on 2 cores (a
-# fresh process, workers started inside the time; ratios to cuda.core's loop): K=8 threads
-# 0.72, default 0.80; K=12 threads 0.58, default 0.67; K=16 0.61 vs 0.56; K=32 0.53 vs 0.50.
-# Below it a worker's start (an interpreter and NVRTC's load, ~0.1 CPU-s) is not paid back.
+# compile_many(processes=None) compiles in workers from MIN_MISSES misses on, on a host with more
+# than one usable core, with one worker per MISSES_PER_WORKER misses at most: a worker's start (an
+# interpreter, NVRTC's load, and on a GPU host the CUDA driver's initialisation in NVRTC's first
+# compile: ~0.2 s, benchmarks/bench_nvrtc_first.py) must be paid back. The figures behind both
+# (bench_cold.py --only b, here and on the H200 host) are in README's "Compile workers".
 MIN_MISSES = 16
-
-# The default choice also starts at most one worker per this many misses. A worker's start is an
-# interpreter plus NVRTC's first compile, in which NVRTC 13.0 loads the CUDA driver and initialises
-# it (H200 host, benchmarks/bench_nvrtc_first.py: ~200 ms, nearly all system time; 15 ms once the
-# process ran cuInit itself; then 16-19 ms per compile of the benchmark's), and starts slow each
-# other down when many run at once (the first compile in a worker: ~260 ms with 5 starting
-# together, ~440 ms with 15). So a worker must be given enough misses to pay
-# its start back. Measured there (16 cores, K=64 misses in a fresh process, compile_many with max_workers 6 to 16):
-# 5 workers 0.43-0.45 s, 7: 0.45-0.46, 9: 0.43-0.47, 11: 0.49-0.52, 15 (one per core): 0.52-0.55.
 MISSES_PER_WORKER = 8
 
 
@@ -90,6 +73,8 @@ class _InWorkers:
 
         try:
             outcome, value, shown = pool_mod.pool().run(kind, args, restrict, trace_path)
+        except pool_mod.NoSlot:
+            return IN_PROCESS.run_compiler(request, trace_path)  # never restrict=True (pool.NoSlot)
         except pool_mod.PoolUnavailable as exc:
             what = "this compile" if exc.this_call else "compiles"
             where = "a process forked for it" if restrict else "this process"

@@ -1,24 +1,20 @@
 """This process's compiler workers: compiles that run outside the caller's process.
 
 Why processes: NVRTC serialises part of every compile inside one process, so compiles on threads
-stop scaling long before the cores do (benchmarks/bench_nvrtc_scaling.py); compiles in separate
-processes do not. And NVRTC keeps ``--restrict`` on for the rest of a process once one compile
-used it: a ``restrict=True`` compile always runs outside the caller (choice.py), and a worker
-that ran one compiles only ``restrict=True`` requests from then on.
+stop scaling long before the cores do (benchmarks/bench_nvrtc_scaling.py); and NVRTC keeps
+``--restrict`` on for the rest of a process once one compile used it (a worker that ran one
+takes only ``restrict=True`` compiles from then on).
 
-One pool per process, created on first use. A worker is started when a compile finds none idle,
-only with one of the node's compile slots (slots.py), which it holds for its life: where every
-slot is held, a compile waits for one of this process's workers to come back, or (with none)
-for a slot, WAIT_S at most. A worker idle for IDLE_S ends by itself, and so does one that is
-idle or finishes a compile while another process waits for a slot: slots go where compiles wait.
+A worker is started when a compile finds none idle and one of the node's compile slots is free
+(slots.py); it holds that slot for its life. Where none is free, a compile waits for a worker of
+ours to come back, or runs in the caller (NoSlot). Workers end idle (worker_main), and after a
+compile while another process waits for a slot: slots go where compiles wait.
 
 Failures: a worker that dies during a compile (killed, out of memory) costs that compile one
-retry on a fresh worker; a second death is that compile's error (WorkerCrashed). Nothing of a
-dead worker's reply is used: a reply is read whole or not at all. Workers that cannot start here
-(no usable interpreter, a broken environment, another NVRTC or kernelcache than ours) make the
-pool unavailable: compiles then run in the caller (restrict=True ones in a forked process,
-choice.py), with one warning that carries the worker's last words. A forked child does not
-inherit the pool: it closes its copies of the pipes and starts its own workers if it needs any.
+retry on a fresh worker; a second death is that compile's error (WorkerCrashed); a reply is read
+whole or not at all. Workers that cannot start here (no usable interpreter, a broken environment,
+another NVRTC or kernelcache than ours) make the pool unavailable, and the warning carries the
+worker's last words. A forked child does not inherit the pool: it starts its own workers.
 """
 
 from __future__ import annotations
@@ -34,13 +30,18 @@ from typing import Any
 from kernelcache.runners import compilers, slots
 from kernelcache.runners.worker import IDLE_S, Died, Retired, Worker
 
-__all__ = ["PoolUnavailable", "WorkerCrashed", "WorkerPool", "pool"]
+__all__ = ["NoSlot", "PoolUnavailable", "WorkerCrashed", "WorkerPool", "pool"]
 
 _POLL_S = 0.005  # how often a compile waiting for a worker of ours also tries for a slot
 
 
 class WorkerCrashed(RuntimeError):
     """A compiler worker died during this compile, and so did the fresh one it was retried on."""
+
+
+class NoSlot(Exception):
+    """Every compile slot of the node is held and no worker of ours will come back: the compile
+    runs in the caller (waiting for a slot there), not in a worker started for it."""
 
 
 class PoolUnavailable(Exception):
@@ -153,16 +154,16 @@ class WorkerPool:
                     self._all.discard(retire)
                 ours = len(self._all) + self._starting
                 self._starting += 1
-            worker = self._start(retire, ours, waited_since)
+            worker = self._start(retire, ours, waited_since, restrict)
             if worker is not None:
                 return worker
             with self._cond:  # no slot free, and workers of ours will come back: wait for one
                 self._cond.wait(_POLL_S)
 
-    def _start(self, retire: Worker | None, ours: int, waited_since: float) -> Worker | None:
+    def _start(self, retire: Worker | None, ours: int, waited_since: float, restrict: bool) -> Worker | None:
         """A new worker on a free slot; None where there is none now and a worker of ours will
-        come back (or another process waits for a slot while we have some); raises
-        PoolUnavailable where no worker can start here."""
+        come back (or another process waits for a slot while we have some); NoSlot where none is
+        free and none of ours will come back; PoolUnavailable where no worker can start here."""
         worker = None
         try:
             if retire is not None:
@@ -170,10 +171,15 @@ class WorkerPool:
             # With workers of ours that will come back, start none while another process waits
             # (the slot one of ours gave up is for it), nor without a slot.
             slot = None if ours and slots.others_wait() else slots.try_take()
-            if slot is None and ours and slots.enabled() and time.monotonic() - waited_since < slots.WAIT_S:
-                return None
-            if slot is None:  # none of ours to wait for: wait for a slot (bounded)
-                slot = slots.take(max(0.0, slots.WAIT_S - (time.monotonic() - waited_since)))
+            waited = time.monotonic() - waited_since
+            if slot is None and slots.enabled():
+                if ours and waited < slots.WAIT_S:
+                    return None
+                if not ours and not restrict:
+                    # Every core compiles already (other processes' compiles, say): a worker's
+                    # start now would only add to them. The compile waits for a slot in the caller.
+                    raise NoSlot()
+                slot = slots.take(max(0.0, slots.WAIT_S - waited))  # restrict=True: elsewhere, whatever it waits
             try:
                 from kernelcache.keys.toolchain import file_identity, library_file
 

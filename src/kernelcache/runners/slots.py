@@ -1,28 +1,21 @@
 """The node's compile budget: one slot per usable core, shared by every process of this user here.
 
-A compile holds a slot while it runs: a compile in the caller's process for that compile, and a
-compiler worker for its whole life (its slot's locked file is passed to it and closed here: the
-lock is the worker's). So the compiles running on the node never outnumber its cores, and P
-processes never run more than N compiler processes, however many call compile_many at once.
+A compile holds a slot while it runs: one in the caller's process for that compile, a compiler
+worker for its whole life (the slot's locked file is passed to it and closed here). So the
+compiles running on a node never outnumber its cores, however many processes call compile_many.
+A slot is a file locked with flock: the lock goes with its holder, so the slot of a process that
+died is free at once, with nobody to clean up and no daemon to keep count.
 
-Why files and flock: the lock goes with its holder's open file, so a slot of a process that died
-(killed, out of memory) is free the moment it is gone, with nobody to clean up, and no daemon
-keeps the count. Measured against a shared pool (the compile server this replaced, whose warm
-workers paid NVRTC's start before they were needed) in README's "Compile workers".
+Where: ``$XDG_RUNTIME_DIR/kernelcache/slots`` where that directory is this euid's (the XDG spec),
+else ``<tmp>/kernelcache-<euid>/slots``, used only if it is a directory of ours closed to others
+(0700): whoever can put a file there could hold our slots. Containers that share it (the same
+/tmp or runtime directory, the same uid) share one budget; containers that do not have one each.
+N (usable_cores): the CPUs this process may run on, capped by a cgroup v2 CPU quota (cpu.max of
+its cgroup and their parents, rounded up): a container limited to 4 CPUs of 64 gets 4 slots.
 
-Where: ``$XDG_RUNTIME_DIR/kernelcache`` where that is this euid's (the XDG spec), else
-``<tmp>/kernelcache-<euid>``; used only if it is a directory of ours closed to others (0700):
-whoever can put a file there could hold our slots. Containers that share it (the same /tmp or
-runtime dir, the same uid) share one budget; containers that do not have one each.
-
-N (usable_cores): the CPUs this process may run on (sched_getaffinity), and no more than a
-cgroup v2 CPU quota allows (cpu.max of this cgroup and its parents, rounded up): a container
-limited to 4 CPUs on a 64-core host gets 4 slots.
-
-Every wait is bounded: a holder that is stopped (SIGSTOP, a debugger) never hangs anyone; past
-WAIT_S the compile runs without a slot, with one warning. A process that waits tells the others
-(a read lock on ``waiting``); a worker that ends a compile while another process waits retires,
-so a batch of one process does not keep another's single compile waiting for its end.
+Waits are bounded: past WAIT_S (a holder stopped by SIGSTOP or a debugger) the compile runs
+without a slot, with one warning. A process that waits says so (a read lock on ``waiting``):
+workers of other processes then end, idle or after their compile, and their slots go to it.
 """
 
 from __future__ import annotations
@@ -40,20 +33,10 @@ import time
 from kernelcache import forksafe
 from kernelcache.log import WarnOnce
 
-__all__ = [
-    "WAIT_S",
-    "Slot",
-    "enabled",
-    "others_wait",
-    "runtime_dir",
-    "take",
-    "try_take",
-    "usable_cores",
-    "waiting_path",
-]
+__all__ = ["WAIT_S", "Slot", "enabled", "held_elsewhere", "others_wait", "take", "try_take", "usable_cores"]
 
 WAIT_S = 10.0  # the longest a compile waits for a slot; then it runs without one (one warning)
-_POLL_S = (0.001, 0.01)  # a waiter tries every slot again after this long, doubling up to the second
+_POLL_S = (0.001, 0.005)  # a waiter tries every slot again after this long, doubling up to the second
 _warned = WarnOnce()
 
 
@@ -64,82 +47,86 @@ def usable_cores() -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    quota = _cgroup_quota()
-    return max(1, min(cores, quota)) if quota else cores
-
-
-def _cgroup_quota() -> int | None:
-    """The smallest cpu.max quota of this process's cgroup v2 and its parents, in whole CPUs."""
+    quotas = []
     try:
         with open("/proc/self/cgroup") as f:
-            rel = next((line[3:].strip() for line in f if line.startswith("0::")), None)
+            rel = next((line[3:].strip() for line in f if line.startswith("0::")), "")
+        path = os.path.normpath("/sys/fs/cgroup/" + rel.lstrip("/")) if rel else ""
     except OSError:
-        return None
-    if rel is None:
-        return None  # cgroup v1 only: no quota read
-    best = None
-    path = os.path.normpath("/sys/fs/cgroup/" + rel.lstrip("/"))
+        path = ""  # no cgroup v2: no quota read
     while path.startswith("/sys/fs/cgroup"):
         try:
             with open(os.path.join(path, "cpu.max")) as f:
                 quota, period = f.read().split()[:2]
             if quota != "max":
-                cpus = math.ceil(int(quota) / int(period))
-                best = cpus if best is None else min(best, cpus)
+                quotas.append(math.ceil(int(quota) / int(period)))
         except (OSError, ValueError):
             pass
-        if path == "/sys/fs/cgroup":
-            break
-        path = os.path.dirname(path)
-    return best
+        path = "" if path == "/sys/fs/cgroup" else os.path.dirname(path)
+    return max(1, min([cores, *quotas]))
 
 
-def runtime_dir() -> str | None:
-    """This user's runtime directory for kernelcache, created if absent, when it is ours and
-    closed to others; else None, with one warning (compiles then run without the node's budget)."""
+def _checked_dir() -> str | None:
+    """The slots' directory, created if absent, when it is ours and closed to others; else None
+    with one warning (compiles then run without the node's budget)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
-    if runtime and os.path.isabs(runtime) and _owned(runtime):
-        path = os.path.join(runtime, "kernelcache")
+    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime) and os.stat(runtime).st_uid == os.geteuid():
+        root = os.path.join(runtime, "kernelcache")
     else:  # under sudo it may name the user's: root's slots do not move in there
         import tempfile
 
-        path = os.path.join(tempfile.gettempdir(), f"kernelcache-{os.geteuid()}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        _warned.warn(f"dir-{path}", f"compile slots not used: cannot create {path} ({exc})", stacklevel=4)
-        return None
-    try:
+        root = os.path.join(tempfile.gettempdir(), f"kernelcache-{os.geteuid()}")
+    for path in (root, os.path.join(root, "slots")):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            _warned.warn(f"dir-{path}", f"compile slots not used: cannot create {path} ({exc})", stacklevel=5)
+            return None
         st = os.lstat(path)
-    except OSError as exc:
-        _warned.warn(f"dir-{path}", f"compile slots not used: {path}: {exc}", stacklevel=4)
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        # Never chmod or remove it: it may be somebody else's (a planted directory, a team's).
-        _warned.warn(
-            f"dir-{path}",
-            f"compile slots not used: {path} is not a directory of uid {os.geteuid()} closed to others "
-            f"(owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); remove it or set XDG_RUNTIME_DIR",
-            stacklevel=4,
-        )
-        return None
-    return path
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            # Never chmod or remove it: it may be somebody else's (a planted directory, a team's).
+            _warned.warn(
+                f"dir-{path}",
+                f"compile slots not used: {path} is not a directory of uid {os.geteuid()} closed to others "
+                f"(owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); remove it or set XDG_RUNTIME_DIR",
+                stacklevel=5,
+            )
+            return None
+    return os.path.join(root, "slots")
 
 
-def _owned(path: str) -> bool:
+_dirs: dict[str, str | None] = {}  # XDG_RUNTIME_DIR -> the checked slots' directory
+
+
+def _slot_dir() -> str | None:
+    key = os.environ.get("XDG_RUNTIME_DIR", "")
+    if key not in _dirs:
+        _dirs[key] = _checked_dir()
+    return _dirs[key]
+
+
+def enabled() -> bool:
+    """Whether the node's budget is kept here (a usable slots' directory)."""
+    return _slot_dir() is not None
+
+
+def _open(name: str) -> int:
+    folder = _slot_dir()
+    if folder is None:
+        return -1
     try:
-        return os.stat(path).st_uid == os.geteuid()
+        return os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
-        return False
+        return -1
 
 
 class Slot:
-    """One held slot: its locked file. ``release`` frees it; ``fd`` goes to a worker that keeps it."""
+    """One held slot: its locked file. ``release`` frees it; ``fd`` may go to a worker instead."""
 
-    def __init__(self, fd: int, index: int) -> None:
-        self.fd, self.index = fd, index
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
 
     def release(self) -> None:
         """Unlock, then close. Unlocked explicitly: a child forked meanwhile holds a copy of the
@@ -152,47 +139,39 @@ class Slot:
                 self.fd = -1
 
 
-def enabled() -> bool:
-    """Whether this node's budget is kept here (a usable runtime directory)."""
-    return _slot_dir() is not None
-
-
 def try_take() -> Slot | None:
-    """A free slot now, or None (all held, or no usable runtime directory: see ``take``)."""
-    folder = _slot_dir()
-    if folder is None:
-        return None
+    """A free slot now, or None (all held, or no usable slots' directory: see ``take``)."""
     count = usable_cores()
     first = random.randrange(count)  # processes starting together do not all try slot 0 first
     for n in range(count):
-        index = (first + n) % count
-        try:
-            fd = os.open(os.path.join(folder, str(index)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError:
-            continue
+        fd = _open(str((first + n) % count))
+        if fd < 0:
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return Slot(fd)
         except OSError:
             os.close(fd)
-            continue
-        return Slot(fd, index)
     return None
 
 
 def take(bound: float = WAIT_S) -> Slot | None:
-    """A slot, waiting for one to free up ``bound`` seconds at most; None past it (one warning:
-    the compile runs without one) or where the node has no usable runtime directory."""
+    """A slot, waiting ``bound`` seconds at most for one to free up; None past it (one warning:
+    the compile runs without one) or where the node's budget is not kept."""
     slot = try_take()
-    if slot is not None or _slot_dir() is None:
+    if slot is not None or not enabled():
         return slot
     deadline, pause = time.monotonic() + bound, _POLL_S[0]
-    with _Waiting():
+    _waiting(+1)
+    try:
         while time.monotonic() < deadline:
             time.sleep(pause)
             slot = try_take()
             if slot is not None:
                 return slot
             pause = min(pause * 2, _POLL_S[1])
+    finally:
+        _waiting(-1)
     _warned.warn(
         "slot-wait",
         f"every one of this node's {usable_cores()} compile slots stayed held for {bound:g} s (a stopped or "
@@ -202,37 +181,26 @@ def take(bound: float = WAIT_S) -> Slot | None:
     return None
 
 
-_dir_checked: dict[str, str | None] = {}  # XDG_RUNTIME_DIR -> the checked slot folder
-
-
-def _slot_dir() -> str | None:
-    key = os.environ.get("XDG_RUNTIME_DIR", "")
-    if key not in _dir_checked:
-        root = runtime_dir()
-        folder = None if root is None else os.path.join(root, "slots")
-        if folder is not None:
-            try:
-                os.mkdir(folder, 0o700)
-            except FileExistsError:
-                pass
-            except OSError:
-                folder = None
-        _dir_checked[key] = folder
-    return _dir_checked[key]
-
-
-# -- "some process waits": a read lock on <slots>/waiting while it does ---------------------------
-# Open-file-description locks (fcntl F_OFD_*): they conflict between open files only, so this
-# process's own waiters never count as "others", and F_OFD_GETLK tests for another's lock without
-# taking one (a test that took a lock, even for a moment, would look like a waiter to the others).
+# "Some process waits": a read lock on <slots>/waiting while one does. Open-file-description
+# locks (fcntl F_OFD_*): they conflict between open files only, so this process's own waiters
+# (one open file for all its threads) never count as "others", and F_OFD_GETLK tests for another
+# open file's lock without taking one (a test that took one, even for a moment, would look like a
+# waiter to the others).
+_FLOCK = struct.Struct("@hhqqi4x")  # struct flock: l_type, l_whence, l_start, l_len, l_pid
 _wait_lock = threading.Lock()
 _wait_fd = -1
 _waiters = 0  # this process's threads waiting now
-_FLOCK = struct.Struct("@hhqqi4x")  # struct flock: l_type, l_whence, l_start, l_len, l_pid
 
 
-def _ofd_lock(fd: int, kind: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _FLOCK.pack(kind, os.SEEK_SET, 0, 0, 0))
+def _waiting(change: int) -> None:
+    global _wait_fd, _waiters
+    with _wait_lock:
+        if _wait_fd < 0:
+            _wait_fd = _open("waiting")
+        _waiters += change
+        if _wait_fd >= 0 and _waiters == (1 if change > 0 else 0):
+            kind = fcntl.F_RDLCK if change > 0 else fcntl.F_UNLCK
+            fcntl.fcntl(_wait_fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, 0, 0, 0))
 
 
 def held_elsewhere(fd: int) -> bool:
@@ -244,39 +212,10 @@ def held_elsewhere(fd: int) -> bool:
     return bool(_FLOCK.unpack(got)[0] != fcntl.F_UNLCK)
 
 
-class _Waiting:
-    def __enter__(self) -> None:
-        global _wait_fd, _waiters
-        with _wait_lock:
-            if _wait_fd < 0:
-                _wait_fd = open_waiting()
-            _waiters += 1
-            if _waiters == 1 and _wait_fd >= 0:
-                _ofd_lock(_wait_fd, fcntl.F_RDLCK)
-
-    def __exit__(self, *exc: object) -> None:
-        global _waiters
-        with _wait_lock:
-            _waiters -= 1
-            if _waiters == 0 and _wait_fd >= 0:
-                _ofd_lock(_wait_fd, fcntl.F_UNLCK)
-
-
 def waiting_path() -> str:
-    """The file whose read lock says "a process waits for a slot" ("" where slots are not kept)."""
+    """The file whose read lock says that a process waits for a slot ("" where none is kept)."""
     folder = _slot_dir()
     return "" if folder is None else os.path.join(folder, "waiting")
-
-
-def open_waiting(path: str | None = None) -> int:
-    """An open file of ``path`` (default: waiting_path()), created if absent; -1 where it cannot be."""
-    path = waiting_path() if path is None else path
-    if not path:
-        return -1
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return -1
 
 
 def others_wait() -> bool:
@@ -284,19 +223,17 @@ def others_wait() -> bool:
     global _wait_fd
     with _wait_lock:
         if _wait_fd < 0:
-            _wait_fd = open_waiting()
+            _wait_fd = _open("waiting")
         return _wait_fd >= 0 and held_elsewhere(_wait_fd)
 
 
 def _reset_in_child() -> None:
-    # A forked child: the parent's waiters are not ours, nor its lock on ``waiting`` (the same
-    # open file: unlocking it here would unlock the parent's); a fresh one is opened if needed.
-    # (OFD locks are not the process's: a child holding a copy keeps the parent's lock only as
-    # long as the parent does, since the parent unlocks it explicitly.)
+    # A forked child: the parent's waiters are not its own, nor the parent's lock on ``waiting``
+    # (the same open file: unlocking it here would unlock the parent's); it opens its own.
     global _wait_lock, _wait_fd, _waiters
     _wait_lock, _waiters = threading.Lock(), 0
     if _wait_fd >= 0:
-        os.close(_wait_fd)  # closing our copy leaves the parent's lock as it is (flock: per open file)
+        os.close(_wait_fd)  # our copy only: the parent's lock stays as it is
     _wait_fd = -1
 
 

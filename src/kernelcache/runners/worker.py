@@ -1,25 +1,24 @@
 """One compiler worker process and the two pipes to it (the pool that uses them: pool.py).
 
-Started as ``python [-S] -c <boot> <sys.path> <libnvrtc> <idle s> <slots' waiting file> <request fd>
-<reply fd>``, a child of
-this process (subprocess: fork + exec, so a caller holding a CUDA context is never forked into a
-Python child). Why not concurrent.futures / multiprocessing: their spawn and forkserver children
+Started as ``python [-S] -c <boot> <sys.path> <libnvrtc> <idle s> <waiting> <request fd> <reply fd>``,
+a child of this process (fork + exec: a caller holding a CUDA context is never forked into a
+Python child). Not concurrent.futures or multiprocessing: their spawn and forkserver children
 re-import the caller's ``__main__`` (a script without a main guard starts itself again, one that
-imports torch at its top pays that import per worker), and their fork children copy the caller,
-CUDA context included. A worker imports only kernelcache and cuda.bindings.
+imports torch at its top pays that per worker), their fork children copy the caller, CUDA
+context included. A worker imports kernelcache and cuda.bindings, nothing else.
 
-What it gets: the very libnvrtc file this process runs (keys.toolchain.library_file), which it
-loads before cuda.bindings looks for one, so cuda.pathfinder takes it (a library already loaded
-wins); and it says which file it mapped before its first compile. A worker that mapped another
-build is never used. It holds one of the node's compile slots for its life (slots.py: the
-locked file is its own), writes its stderr to a file of ours (read back when it dies: what it
-said is in the warning, never on the user's terminal), and ends when this process closes its
-request pipe or exits; idle, it ends after ``idle_s`` (IDLE_S), and at once where a process waits
-for a slot of the node's (it says "bye" first).
+It gets the very libnvrtc file this process runs (keys.toolchain.library_file), loads it before
+cuda.bindings looks for one (cuda.pathfinder takes a library already loaded), and says which file
+it mapped before its first compile: one that mapped another build is never used. It holds one of
+the node's compile slots for its life (slots.py), writes its stderr to a file of ours (its last
+words go into the warning when it dies, never onto the user's terminal), and ends when this
+process closes its request pipe or exits, or idle (worker_main: it says "bye" first).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import pickle
 import subprocess
@@ -40,41 +39,25 @@ _BOOT = (
 )
 
 
-def worker_argv(sys_path: list[str], nvrtc_path: str, idle_s: float, waiting: str) -> list[str]:
-    """The command line of a worker that imports from ``sys_path`` and loads ``nvrtc_path`` (its two fds follow)."""
-    import json
-
-    entries = [p for p in sys_path if isinstance(p, str)]  # what imports look in (a Path entry is skipped)
-    return [sys.executable, *boot_flags(), "-c", _BOOT, json.dumps(entries), nvrtc_path, repr(idle_s), waiting]
-
-
+@functools.cache
 def boot_flags() -> tuple[str, ...]:
     """``("-S",)`` when a worker finds kernelcache and cuda through the caller's sys.path alone,
-    else ``()``; computed once per process. ``site`` is 41-46 ms of a worker's start on the hosts
-    measured (.pth files that import hooks); the worker gets the caller's sys.path anyway, and
-    its NVRTC by path (in a venv, -S leaves sys.prefix the base interpreter's, where
-    cuda.pathfinder would look for another libnvrtc or none). An editable install's import hook
-    or a zipimport needs ``site``: then it runs there too."""
-    global _BOOT_FLAGS
-    if _BOOT_FLAGS is None:
-        _BOOT_FLAGS = ("-S",) if all(_found_on_path(name) for name in ("kernelcache", "cuda")) else ()
-    return _BOOT_FLAGS
-
-
-def _found_on_path(name: str) -> bool:
-    """A plain sys.path search finds the package this process imported as ``name``."""
+    else ``()``. ``site`` is 41-46 ms of a worker's start on the hosts measured (.pth files that
+    import hooks); a worker gets the caller's sys.path anyway, and its NVRTC by path (in a venv,
+    -S leaves sys.prefix the base interpreter's, where cuda.pathfinder finds another libnvrtc or
+    none). An editable install's import hook or a zipimport needs ``site``: it runs there too."""
     import importlib
     import importlib.machinery
 
-    try:
-        here = list(importlib.import_module(name).__path__)
-        spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
-    except Exception:
-        return False
-    return spec is not None and list(spec.submodule_search_locations or ()) == here
+    def found_on_path(name: str) -> bool:  # a plain sys.path search finds the package imported here
+        try:
+            here = list(importlib.import_module(name).__path__)
+            spec = importlib.machinery.PathFinder.find_spec(name, sys.path)
+        except Exception:
+            return False
+        return spec is not None and list(spec.submodule_search_locations or ()) == here
 
-
-_BOOT_FLAGS: tuple[str, ...] | None = None
+    return ("-S",) if found_on_path("kernelcache") and found_on_path("cuda") else ()
 
 
 def package_dir() -> str:
@@ -120,7 +103,8 @@ class Worker:
         # for, and the worker is in _LIVE before it is let go: a forked child closes copies.
         from kernelcache.runners.slots import waiting_path
 
-        args = worker_argv(sys.path, nvrtc[0], idle_s, waiting_path())
+        entries = json.dumps([p for p in sys.path if isinstance(p, str)])  # what imports look in (not a Path)
+        args = [sys.executable, *boot_flags(), "-c", _BOOT, entries, nvrtc[0], repr(idle_s), waiting_path()]
         errors = tempfile.TemporaryFile(prefix="kernelcache-worker-")  # noqa: SIM115 - unlinked at once: ours alone, kept
         with FORK_LOCK:
             req_r, req_w = os.pipe()
@@ -197,8 +181,6 @@ class Worker:
 
     def _check_hello(self, said: Any) -> None:
         """It is ready, runs our kernelcache, and mapped our NVRTC (or it is never used)."""
-        if said == ("bye",):
-            raise Retired(f"compiler worker {self.pid} ended, idle")
         if not (isinstance(said, tuple) and len(said) == 4 and said[:2] == ("ready", self.pid)):
             raise Died(False, f"compiler worker {self.pid} said {said!r}, not that it is ready")
         theirs, mapped = said[2], said[3]

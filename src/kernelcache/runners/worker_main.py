@@ -55,9 +55,12 @@ def _next_compile(inbox: Connection, idle_s: float, waiting: str) -> bool:
     ``idle_s``, or idle while a process waits for a slot: a lock on ``waiting`` held elsewhere)."""
     import time
 
-    from kernelcache.runners.slots import held_elsewhere, open_waiting
+    from kernelcache.runners.slots import held_elsewhere
 
-    fd = open_waiting(waiting) if waiting else -1
+    try:
+        fd = os.open(waiting, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600) if waiting else -1
+    except OSError:
+        fd = -1
     try:
         end = time.monotonic() + idle_s
         while not inbox.poll(min(_TICK_S, max(0.0, end - time.monotonic()))):
