@@ -77,3 +77,14 @@ def test_processes_that_differ_in_finalizer_use_legacy_elf_builder_get_their_own
     assert (first["hit"], then["hit"], again["hit"]) == (False, False, True)
     assert then["sha"] == truth["plain"]["sha"] and again["sha"] == truth["legacy"]["sha"]
     assert FileStreamProgramCache(shared).stats()["compiles"] == 2
+
+
+def test_kernelcache_config_names_the_file_and_identity_the_key_records() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "config", "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["setting"]: r for r in json.loads(out.stdout)}
+    explained = json.loads(run_python(LOADED % ARCH).strip().splitlines()[-1])
+    path = explained["after"][0]
+    assert rows["nvrtc library"]["value"] == f"{path} ({explained['compiler']})"
