@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers import SUPPORT
 
 
@@ -30,12 +31,13 @@ def child(role: str, *args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_without_workers_restrict_compiles_elsewhere_and_the_caller_keeps_storing(tmp_path) -> None:
+@pytest.mark.parametrize("context", ["", pytest.param("gpu", marks=pytest.mark.gpu)], ids=["no-context", "context"])
+def test_without_workers_restrict_compiles_elsewhere_and_the_caller_keeps_storing(tmp_path, context) -> None:
     root = str(tmp_path / "cache")
     fresh = {n: child("fresh", str(n))["ptx"] for n in (2, 4)}
     assert not any("ld.global.nc" in ptx for ptx in fresh.values())
 
-    written = child("writer", root)
+    written = child("writer", root, context)
     assert "ld.global.nc" in written["restricted"]  # restrict=True did apply, out of this process
     # The writer's own compiles afterwards are a fresh process's, and they are stored.
     assert written["clean"] == [fresh[2], fresh[4]]

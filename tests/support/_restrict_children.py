@@ -14,12 +14,15 @@ import warnings
 from _pool_children import ARCH, _ptx, fresh, kernel, reader
 
 
-def writer_without_workers(root: str) -> dict[str, object]:
+def writer_without_workers(root: str, context: str = "") -> dict[str, object]:
     """No compiler worker can start here: a restrict=True compile (kernel 1), then kernels 2
-    and 4 without it, into the store at ``root``."""
-    from cuda.core import ProgramOptions
+    and 4 without it, into the store at ``root`` (``context`` "gpu": with a CUDA context current)."""
+    from cuda.core import Device, ProgramOptions
 
     from kernelcache import FileStreamProgramCache, KernelCacheWarning, compile_program
+
+    if context == "gpu":
+        Device(0).set_current()  # the process forked for the restrict=True compile holds a copy of it
 
     sys.executable = os.path.join(root, "no-such-python")  # as in an embedded interpreter
     cache = FileStreamProgramCache(root)
