@@ -188,15 +188,25 @@ def take(bound: float = WAIT_S) -> Slot | None:
 # waiter to the others).
 _FLOCK = struct.Struct("@hhqqi4x")  # struct flock: l_type, l_whence, l_start, l_len, l_pid
 _wait_lock = threading.Lock()
-_wait_fd = -1
+_wait_fd, _wait_dir = -1, ""  # this process's open file of <_wait_dir>/waiting
 _waiters = 0  # this process's threads waiting now
 
 
+def _wait_file() -> int:
+    """This process's open file of the waiting file of the slots in use now (under _wait_lock)."""
+    global _wait_fd, _wait_dir
+    folder = _slot_dir() or ""
+    if folder != _wait_dir and not _waiters:  # XDG_RUNTIME_DIR changed (a test's, say): that folder's
+        if _wait_fd >= 0:
+            os.close(_wait_fd)
+        _wait_fd, _wait_dir = _open("waiting"), folder
+    return _wait_fd
+
+
 def _waiting(change: int) -> None:
-    global _wait_fd, _waiters
+    global _waiters
     with _wait_lock:
-        if _wait_fd < 0:
-            _wait_fd = _open("waiting")
+        _wait_file()
         _waiters += change
         if _wait_fd >= 0 and _waiters == (1 if change > 0 else 0):
             kind = fcntl.F_RDLCK if change > 0 else fcntl.F_UNLCK
@@ -220,21 +230,19 @@ def waiting_path() -> str:
 
 def others_wait() -> bool:
     """Whether another process waits for a slot now (this process's own waiters never count)."""
-    global _wait_fd
     with _wait_lock:
-        if _wait_fd < 0:
-            _wait_fd = _open("waiting")
-        return _wait_fd >= 0 and held_elsewhere(_wait_fd)
+        fd = _wait_file()
+        return fd >= 0 and held_elsewhere(fd)
 
 
 def _reset_in_child() -> None:
     # A forked child: the parent's waiters are not its own, nor the parent's lock on ``waiting``
     # (the same open file: unlocking it here would unlock the parent's); it opens its own.
-    global _wait_lock, _wait_fd, _waiters
+    global _wait_lock, _wait_fd, _wait_dir, _waiters
     _wait_lock, _waiters = threading.Lock(), 0
     if _wait_fd >= 0:
         os.close(_wait_fd)  # our copy only: the parent's lock stays as it is
-    _wait_fd = -1
+    _wait_fd, _wait_dir = -1, ""
 
 
 forksafe.reset_function_in_child(_reset_in_child)
