@@ -27,6 +27,20 @@ def _children(tid: int) -> set[str]:
         return set(f.read().split())
 
 
+def _running_children() -> list[str]:
+    """This process's children that still run (a zombie has ended: its slot is free)."""
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        for pid in _children(int(tid)):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        found.append(pid)
+            except OSError:
+                pass
+    return found
+
+
 def _interrupt_at_its_next_child(tid: int, known: set[str], done: threading.Event) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not done.is_set():
@@ -62,6 +76,12 @@ def interrupt_starts(root: str) -> dict[str, object]:
                 watcher.join()
         except KeyboardInterrupt:
             interrupted += 1
+    # A worker whose start was cut short ends once it sees its pipes closed, and frees its slot of
+    # the node's then; the batch after that gets a worker again.
+    pool().close()
+    deadline = time.monotonic() + 30
+    while _running_children() and time.monotonic() < deadline:
+        time.sleep(0.01)
     objs = batch(1000)
     return {"interrupted": interrupted, "compiled": len(objs), "workers": len(pool().pids())}
 
