@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from importlib import metadata
 
+import pytest
 from helpers import run_python
 
 from kernelcache.keys import toolchain
@@ -30,12 +31,16 @@ print(json.dumps({"found": found, "loaded": loaded, "after": {lib: toolchain.loa
 
 def test_the_file_found_without_loading_is_the_one_cuda_pathfinder_loads() -> None:
     got = json.loads(run_python(PATHFINDER).strip().splitlines()[-1])
-    for lib, (path, how) in got["found"].items():
-        assert how in ("site-packages", "conda") and path == got["loaded"][lib] == got["after"][lib]
+    if not any(got["found"].values()):
+        pytest.skip("no compiler wheel here: only the system's loader finds them (the key loads them then)")
+    for lib, found in got["found"].items():
+        if found is not None:
+            path, how = found
+            assert how in ("site-packages", "conda") and path == got["loaded"][lib] == got["after"][lib]
 
 
 def test_the_build_id_is_read_from_the_elf_notes(tmp_path) -> None:
-    path, _ = toolchain.library_file("nvrtc")
+    path, _ = toolchain.library_file("nvrtc", load=True)
     name, size, build = toolchain.file_identity(path).split(";")
     assert len(bytes.fromhex(build)) == 20
     # The same bytes elsewhere (a copy on another machine): the same identity, path aside.

@@ -1,17 +1,12 @@
 """Where a compile runs: in the caller's process, or in a compiler worker (pool.py).
 
-``runner_for`` decides, per compile, and both runners take the same arguments and return the
-same ``(ObjectCode, log text, seconds)``: a result, a log, a warning or an error from a worker
-is what the same compile in this process would have given (job.py runs the very NvrtcCall that
-compilers.plan_compile makes here). Either way the compile holds one of the node's compile
-slots while it runs (slots.py). What goes to a worker:
-- every C++ compile with ``restrict=True``: NVRTC keeps ``--restrict`` on for the rest of the
-  process that ran one, so it never runs in the caller; where no worker can start, it runs in a
-  process forked for it alone (_in_a_fork), and the caller's later compiles stay a fresh
-  process's (and are stored);
-- with ``processes``: every C++ compile except C++ -> PTX where this process has a driver
-  (cuda.core then checks the PTX against the driver, which a worker never loads).
-Anything else (NVVM IR, PTX input, which may need the driver's linker) runs here.
+Both runners return the same ``(ObjectCode, log text, seconds)``: what a worker gives is what the
+same compile here would (job.py runs the very NvrtcCall that compilers.plan_compile makes here),
+and either holds one of the node's compile slots while it runs (slots.py). To a worker go every
+C++ compile with ``restrict=True`` (NVRTC keeps ``--restrict`` on for the rest of a process that
+ran one: never the caller; where no worker can start, a process forked for it alone), and with
+``processes`` every C++ compile but C++ -> PTX where this process has a driver (cuda.core checks
+that PTX against the driver, which a worker never loads). NVVM IR and PTX input run here.
 """
 
 from __future__ import annotations
@@ -157,10 +152,9 @@ def _replay(shown: list[tuple[str, str, str]]) -> None:
 class _Gate:
     """Compiles in this process hold it shared; a fork for a compile holds it alone, for the fork.
 
-    Race: NVRTC serialises parts of a compile under a lock of its own. A fork while another
-    thread holds it leaves it held forever in the child, whose compile then never ends. So the
-    fork waits until no compile of ours runs here, and compiles wait for the fork (microseconds
-    to milliseconds); a compile started by code other than kernelcache's is not seen."""
+    Race: NVRTC serialises parts of a compile under a lock of its own; a fork while another thread
+    holds it leaves it held forever in the child. So the fork waits until no compile of ours runs
+    here (a compile of code other than kernelcache's is not seen), and compiles wait for the fork."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()

@@ -1,15 +1,10 @@
 """The one compile a process runs for another: what a compiler worker runs, and what a Dask worker
-will run for ``warm --executor``.
-
-``run_job`` is a plain top-level function of builtins and picklable values: a request in
-(``kind``, its pickled arguments, and the caller's working directory, environment and sys.path
-at that moment), the result out (the artifact, its symbol mapping, the compile log and seconds;
-or the error the same compile raises in the caller; and the warnings it raised). It never
-touches a store: look-ups, single flight, header tracking and storing stay with the caller.
-
-kind "nvrtc": a compilers.NvrtcCall (C++ -> cubin, LTO-IR or PTX), which needs cuda.bindings'
-NVRTC alone; kind "program": (request, trace path) through cuda.core's Program (debug,
-lineinfo, PCH), which for C++ needs no CUDA driver either.
+will run for ``warm --executor``. ``run_job`` is a plain top-level function of picklable values:
+a request in (its kind and pickled arguments; the caller's working directory, environment and
+sys.path of that moment), the artifact, log and warnings out, or the error the same compile
+raises in the caller. It never touches a store. Kind "nvrtc": a compilers.NvrtcCall (needs
+cuda.bindings' NVRTC alone); "program": (request, trace path) through cuda.core's Program
+(debug, lineinfo, PCH), which for C++ needs no CUDA driver either.
 """
 
 from __future__ import annotations

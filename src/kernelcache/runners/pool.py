@@ -1,20 +1,14 @@
-"""This process's compiler workers: compiles that run outside the caller's process.
+"""This process's compiler workers: NVRTC serialises part of every compile inside one process, so
+compiles on threads stop scaling long before the cores do (benchmarks/bench_nvrtc_scaling.py);
+and it keeps ``--restrict`` on for the rest of a process that used it (a worker that ran one takes
+only ``restrict=True`` compiles from then on).
 
-Why processes: NVRTC serialises part of every compile inside one process, so compiles on threads
-stop scaling long before the cores do (benchmarks/bench_nvrtc_scaling.py); and NVRTC keeps
-``--restrict`` on for the rest of a process once one compile used it (a worker that ran one
-takes only ``restrict=True`` compiles from then on).
-
-A worker is started when a compile finds none idle and one of the node's compile slots is free
-(slots.py); it holds that slot for its life. Where none is free, a compile waits for a worker of
-ours to come back, or runs in the caller (NoSlot). Workers end idle (worker_main), and after a
-compile while another process waits for a slot: slots go where compiles wait.
-
-Failures: a worker that dies during a compile (killed, out of memory) costs that compile one
-retry on a fresh worker; a second death is that compile's error (WorkerCrashed); a reply is read
-whole or not at all. Workers that cannot start here (no usable interpreter, a broken environment,
-another NVRTC or kernelcache than ours) make the pool unavailable, and the warning carries the
-worker's last words. A forked child does not inherit the pool: it starts its own workers.
+A worker is started when a compile finds none idle and a compile slot of the node's is free; it
+holds that slot for its life. Where none is free, a compile waits for a worker of ours, or runs in
+the caller (NoSlot). Workers end idle, and after a compile while another process waits for a slot.
+A worker that dies during a compile costs it one retry on a fresh worker; a second death is its
+error (WorkerCrashed). Workers that cannot start here (no interpreter, a broken environment,
+another NVRTC or kernelcache than ours) make the pool unavailable. A forked child starts its own.
 """
 
 from __future__ import annotations

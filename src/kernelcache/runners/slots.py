@@ -1,10 +1,9 @@
 """The node's compile budget: one slot per usable core, shared by every process of this user here.
 
 A compile holds a slot while it runs: one in the caller's process for that compile, a compiler
-worker for its whole life (the slot's locked file is passed to it and closed here). So the
-compiles running on a node never outnumber its cores, however many processes call compile_many.
-A slot is a file locked with flock: the lock goes with its holder, so the slot of a process that
-died is free at once, with nobody to clean up and no daemon to keep count.
+worker for its whole life (its slot's locked file is passed to it). So the compiles on a node never
+outnumber its cores. A slot is a file locked with flock: the lock goes with its holder, so the slot
+of a process that died is free at once, with nobody to clean up and no daemon to keep count.
 
 Where: ``$XDG_RUNTIME_DIR/kernelcache/slots`` where that directory is this euid's (the XDG spec),
 else ``<tmp>/kernelcache-<euid>/slots``, used only if it is a directory of ours closed to others

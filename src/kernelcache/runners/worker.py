@@ -1,18 +1,15 @@
 """One compiler worker process and the two pipes to it (the pool that uses them: pool.py).
 
-Started as ``python [-S] -c <boot> <sys.path> <libnvrtc> <idle s> <waiting> <request fd> <reply fd>``,
-a child of this process (fork + exec: a caller holding a CUDA context is never forked into a
-Python child). Not concurrent.futures or multiprocessing: their spawn and forkserver children
-re-import the caller's ``__main__`` (a script without a main guard starts itself again, one that
-imports torch at its top pays that per worker), their fork children copy the caller, CUDA
-context included. A worker imports kernelcache and cuda.bindings, nothing else.
-
-It gets the very libnvrtc file this process runs (keys.toolchain.library_file), loads it before
-cuda.bindings looks for one (cuda.pathfinder takes a library already loaded), and says which file
-it mapped before its first compile: one that mapped another build is never used. It holds one of
-the node's compile slots for its life (slots.py), writes its stderr to a file of ours (its last
-words go into the warning when it dies, never onto the user's terminal), and ends when this
-process closes its request pipe or exits, or idle (worker_main: it says "bye" first).
+``python [-S] -c <boot> <sys.path> <libnvrtc> <idle s> <waiting> <request fd> <reply fd>``, a child
+of this process (fork + exec: a caller holding a CUDA context is never forked into Python). Not
+concurrent.futures or multiprocessing: their spawn and forkserver children re-import the caller's
+``__main__`` (a script without a main guard starts itself again; one that imports torch pays that
+per worker), their fork children copy the caller, CUDA context included. A worker gets the very
+libnvrtc file this process runs (keys.toolchain.library_file), loads it before cuda.bindings looks
+for one (cuda.pathfinder takes a library already loaded) and says which it mapped: one that mapped
+another build is never used. It holds a compile slot for its life (slots.py), writes its stderr to
+a file of ours (its last words go into the warning when it dies, never onto the terminal), and ends
+when this process closes its pipe or exits, or idle (worker_main: it says "bye" first).
 """
 
 from __future__ import annotations

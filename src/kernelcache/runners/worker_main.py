@@ -1,13 +1,10 @@
 """Inside a compiler worker process: load the caller's NVRTC, say so, then run compiles until told to end.
 
-worker.py starts this as ``python -c <boot> <sys.path> <libnvrtc> <idle s> <waiting> <request fd> <reply fd>``
-(spawned, never forked from the caller). Nothing here imports the CUDA driver or creates a
-context. One compile at a time, in the order received; each message is one pickled tuple framed
-by multiprocessing's Connection (a length, then the bytes): a reader gets a whole message or
-EOFError, never part of one. The first thing sent is the hello (after the imports): ready, the
-pid, the kernelcache imported, and each libnvrtc file mapped with its identity; a worker that
-dies before that never started (pool.py). Idle for ``idle s``, or idle while some process waits
-for a compile slot (a read lock on the slots' ``waiting`` file), it says "bye" and ends.
+Started by worker.py (spawned, never forked from the caller); nothing here imports the CUDA driver
+or creates a context. One compile at a time; each message is one pickled tuple framed by
+multiprocessing's Connection: a reader gets a whole message or EOFError, never part of one. The
+hello comes first: ready, the pid, the kernelcache imported, and each libnvrtc file mapped with its
+identity. Idle for ``idle s``, or idle while a process waits for a slot, it says "bye" and ends.
 """
 
 from __future__ import annotations
