@@ -73,15 +73,9 @@ def hold_idle_workers(root: str) -> dict[str, object]:
     pids = pool().pids()
     print(json.dumps({"pids": pids}), flush=True)
     sys.stdin.read()
-    return {"alive": [p for p in pids if os.path.exists(f"/proc/{p}") and _running(p)]}
+    from helpers import running
 
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return {"alive": [p for p in pids if running(p)]}
 
 
 if __name__ == "__main__":

@@ -29,16 +29,9 @@ def _children(tid: int) -> set[str]:
 
 def _running_children() -> list[str]:
     """This process's children that still run (a zombie has ended: its slot is free)."""
-    found = []
-    for tid in os.listdir("/proc/self/task"):
-        for pid in _children(int(tid)):
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                        found.append(pid)
-            except OSError:
-                pass
-    return found
+    from helpers import running
+
+    return [pid for tid in os.listdir("/proc/self/task") for pid in _children(int(tid)) if running(int(pid))]
 
 
 def _interrupt_at_its_next_child(tid: int, known: set[str], done: threading.Event) -> None:
@@ -61,7 +54,7 @@ def interrupt_starts(root: str) -> dict[str, object]:
             reqs, cache=FileStreamProgramCache(os.path.join(root, str(n))), processes=True, max_workers=1
         )
 
-    interrupted = 0
+    interrupted, rounds = 0, []
     tid = threading.get_native_id()
     for n in range(pool().limit + 1):  # more rounds than the pool has workers
         pool().close()
@@ -76,6 +69,7 @@ def interrupt_starts(root: str) -> dict[str, object]:
                 watcher.join()
         except KeyboardInterrupt:
             interrupted += 1
+        rounds.append({"started": pool().started, "compiles": pool().compiles, "unavailable": pool().unavailable})
     # A worker whose start was cut short ends once it sees its pipes closed, and frees its slot of
     # the node's then; the batch after that gets a worker again.
     pool().close()
@@ -83,7 +77,7 @@ def interrupt_starts(root: str) -> dict[str, object]:
     while _running_children() and time.monotonic() < deadline:
         time.sleep(0.01)
     objs = batch(1000)
-    return {"interrupted": interrupted, "compiled": len(objs), "workers": len(pool().pids())}
+    return {"interrupted": interrupted, "compiled": len(objs), "workers": len(pool().pids()), "rounds": rounds}
 
 
 def compile_heavy(root: str) -> dict[str, object]:
