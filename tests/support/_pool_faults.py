@@ -35,11 +35,18 @@ def _running_children() -> list[str]:
 
 
 def _interrupt_at_its_next_child(tid: int, known: set[str], done: threading.Event) -> None:
+    """SIGINT the moment the compiling thread has forked a worker: seen in /proc, or in the
+    workers this process holds pipes to (worker._LIVE: right after the fork, while the worker
+    imports; /proc/PID/task/TID/children alone missed whole starts under load)."""
+    from kernelcache.runners import worker
+
+    live = set(worker._LIVE)  # a start cut short may leave one there: only a new one counts
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not done.is_set():
-        if _children(tid) - known:
+        if set(worker._LIVE) - live or _children(tid) - known:
             os.kill(os.getpid(), signal.SIGINT)
             return
+        time.sleep(0.0005)
 
 
 def interrupt_starts(root: str) -> dict[str, object]:
