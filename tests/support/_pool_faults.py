@@ -40,10 +40,10 @@ def _interrupt_at_its_next_child(tid: int, known: set[str], done: threading.Even
     imports; /proc/PID/task/TID/children alone missed whole starts under load)."""
     from kernelcache.runners import worker
 
-    live = set(worker._LIVE)  # a start cut short may leave one there: only a new one counts
+    live = len(worker._LIVE)  # a start cut short may leave one there: only a new one counts
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not done.is_set():
-        if set(worker._LIVE) - live or _children(tid) - known:
+        if len(worker._LIVE) > live or _children(tid) - known:
             os.kill(os.getpid(), signal.SIGINT)
             return
         time.sleep(0.0005)
