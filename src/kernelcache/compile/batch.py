@@ -36,6 +36,7 @@ from kernelcache.compile.flight import SingleFlight
 from kernelcache.compile.flow import Call, CompileInfo, compile_uncached, fly, replay_hit, resolve_cache
 from kernelcache.compile.lookup import Lookup
 from kernelcache.compile.request import CompileRequest
+from kernelcache.runners import slots
 from kernelcache.runners.choice import batch_threads, batch_uses_processes
 from kernelcache.runners.pool import pool as workers_pool
 
@@ -229,6 +230,11 @@ def run_batch(
     if batch.processes and processes is None:
         batch.here = threading.current_thread()
     workers = batch_threads(workers, len(jobs), default_choice=batch.here is not None and max_workers is None)
+    if batch.here is not None and max_workers is None:
+        # The default's threads are no more than the node's free compile slots: on a node where
+        # other processes compile already, a worker's start would only wait for a slot (or add
+        # an NVRTC start, ~0.2 s on a GPU host, to cores that are busy).
+        workers = max(1, min(workers, slots.free_now()))
     if batch.processes:  # every thread may hold a worker at once
         workers_pool().limit = max(workers_pool().limit, workers - (batch.here is not None))
     threads = [threading.Thread(target=batch.work, name=f"kernelcache-compile-{n}") for n in range(1, workers)]

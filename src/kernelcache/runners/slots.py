@@ -32,7 +32,8 @@ import time
 from kernelcache import forksafe
 from kernelcache.log import WarnOnce
 
-__all__ = ["WAIT_S", "Slot", "enabled", "held_elsewhere", "others_wait", "take", "try_take", "usable_cores"]
+__all__ = ["WAIT_S", "Slot", "enabled", "free_now", "held_elsewhere", "others_wait", "take", "try_take"]
+__all__ += ["usable_cores"]
 
 WAIT_S = 10.0  # the longest a compile waits for a slot; then it runs without one (one warning)
 _POLL_S = (0.001, 0.005)  # a waiter tries every slot again after this long, doubling up to the second
@@ -152,6 +153,19 @@ def try_take() -> Slot | None:
         except OSError:
             os.close(fd)
     return None
+
+
+def free_now() -> int:
+    """How many slots are free this moment (each taken and let go at once; the node's count where
+    its budget is not kept). A moment's view: others may take them the next."""
+    if not enabled():
+        return usable_cores()
+    held = []
+    while (slot := try_take()) is not None:
+        held.append(slot)
+    for slot in held:
+        slot.release()
+    return len(held)
 
 
 def take(bound: float = WAIT_S) -> Slot | None:
