@@ -50,6 +50,9 @@ def _interrupt_at_its_next_child(tid: int, known: set[str], done: threading.Even
 
 
 def interrupt_starts(root: str) -> dict[str, object]:
+    # Python's own Ctrl-C handler, also where this process was started with SIGINT ignored (a
+    # background job of a non-interactive shell, `./scripts/test &`: every round went by).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from cuda.core import ProgramOptions
 
     from kernelcache import FileStreamProgramCache, compile_many
