@@ -8,14 +8,13 @@
     cuda.core's Program.compile(cache=FileStreamProgramCache) on an empty cache, and plain
     NVRTC (Program.compile, no cache);
 (b) a fresh process needing K variants: our loop of compile_program, our compile_many (its
-    default choice, processes=True: worker processes, processes=False: threads; all three
-    without the compile server), compile_many with the compile server (warm: a server that an
-    earlier process left, topped up; first: the process that starts it), cuda.core's loop of
-    Program.compile(cache=...); time after imports (workers start inside it unless the server
-    had them), and the CPU seconds spent, this process's compiler workers included;
-(c) P processes each needing the same K variants, one cache dir, started together: wall
-    and compiles (ours: compile_many without the server, with it (the burst that starts it,
-    and one that finds it warm), and our loop for reference; cuda.core: its loop);
+    default choice, processes=True: worker processes, processes=False: threads), cuda.core's
+    loop of Program.compile(cache=...); time after imports (workers start inside it), and the
+    CPU seconds spent, this process's compiler workers included;
+(c) P processes each needing the same K variants, one cache dir, started together on a node
+    where nothing of kernelcache runs (the fleet's first burst), default settings: wall and
+    compiles (ours: compile_many, and our loop for reference; cuda.core: its loop), and what of
+    kernelcache is left running once they exited (nothing, or the row says so);
 (d) the first hit in a fresh process, after imports (imports themselves shown apart);
 (e) a hit in a warm process, the full call (best of alternating batches of 100 calls).
 Every other figure is a median of --reps runs; children run with bytecode caches as installed
@@ -87,7 +86,7 @@ def child(mode: str, root: str, sources_file: str, start_at: float) -> None:
     began = time.perf_counter()
     cpu_began = sum(os.times()[:2])
     compiles = 0
-    if mode.startswith("many-"):  # many-ours, many-server*: the default choice; many-procs, many-threads: forced
+    if mode.startswith("many-"):  # many-ours: the default choice; many-procs, many-threads: forced
         processes = {"many-procs": True, "many-threads": False}.get(mode)
         compile_many([{"code": s, "options": opts} for s in sources], cache=cache, processes=processes)
     elif mode in ("loop-ours", "first-ours"):
@@ -102,11 +101,6 @@ def child(mode: str, root: str, sources_file: str, start_at: float) -> None:
     done = time.perf_counter()
     cpu = sum(os.times()[:2]) - cpu_began + workers_cpu(mode)
     out = {"imports": imported - t0, "work": done - began, "end": time.time(), "compiles": compiles, "cpu": cpu}
-    if mode.startswith("many-server"):
-        from kernelcache.compile import server_link
-        from kernelcache.compile.workers import pool
-
-        out |= {"socket": server_link.socket_path(), "adopted": pool().adopted}
     print(json.dumps(out))
 
 
@@ -114,7 +108,7 @@ def workers_cpu(mode: str) -> float:
     """CPU seconds of kernelcache's compiler workers, all started inside the measurement."""
     if mode.endswith("theirs"):
         return 0.0
-    from kernelcache.compile.workers import pool
+    from kernelcache.runners.pool import pool
 
     total = 0
     for pid in pool().pids():
@@ -126,8 +120,6 @@ def workers_cpu(mode: str) -> float:
 
 def spawn(mode: str, root: str, sources_file: str, start_at: float = 0.0) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    # The compile server only where a mode says so, in this run's own directory (main sets it).
-    env["KERNELCACHE_COMPILE_SERVER"] = "1" if mode.startswith("many-server") else "0"
     args = [sys.executable, os.path.abspath(__file__), "--child", mode, root, sources_file, repr(start_at)]
     return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
 
@@ -172,7 +164,6 @@ def fresh_processes(work: str, modes: list[str], sources_file: str, reps: int) -
     for _ in range(reps):
         for m in modes:
             root = tempfile.mkdtemp(dir=work)
-            _server_as(m, [r.get("socket") for rs in runs.values() for r in rs])
             runs[m].append(collect(spawn(m, root, sources_file)))
             shutil.rmtree(root, ignore_errors=True)
     return {
@@ -180,50 +171,38 @@ def fresh_processes(work: str, modes: list[str], sources_file: str, reps: int) -
     }
 
 
-def _server_as(mode: str, sockets: list[object]) -> None:
-    """many-server: wait until the server has its idle workers back; many-server-first: stop it."""
-    from kernelcache.compile import server_link
-
-    path = next((s for s in reversed(sockets) if isinstance(s, str)), None)
-    if path is None or not mode.startswith("many-server"):
-        return
-    if mode == "many-server-first":
-        server_link.stop_server(path)
-        deadline = time.monotonic() + 10
-        while os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        status = server_link.server_status(path)
-        if status and status["idle"] >= status["target"]:
-            return
-        time.sleep(0.05)
-
-
-def fleet(work: str, mode: str, sources_file: str, procs: int) -> tuple[float, int]:
-    """(wall seconds, compiles) for ``procs`` processes started together on one empty dir."""
-    if mode == "many-server-first":
-        _stop_servers(os.environ["XDG_RUNTIME_DIR"])  # the burst finds none: its processes start one
-    else:
-        _server_as(mode, _FLEET_SOCKETS)  # many-server: the one the last burst left, topped up
+def fleet(work: str, mode: str, sources_file: str, procs: int) -> tuple[float, int, int]:
+    """(wall seconds, compiles, kernelcache processes left 5 s after they exited) for ``procs``
+    processes started together on one empty dir."""
     root = tempfile.mkdtemp(dir=work)
     start_at = time.time() + 3.0 + 0.3 * procs  # after every interpreter imported cuda.core
     children = [spawn(mode, root, sources_file, start_at) for _ in range(procs)]
     results = [collect(c) for c in children]
-    _FLEET_SOCKETS.extend(r.get("socket") for r in results)
     wall = max(r["end"] for r in results) - start_at
-    if mode.endswith("ours") or mode.startswith("many-server"):
+    if mode.endswith("ours"):
         from kernelcache import FileStreamProgramCache
 
         compiles = int(FileStreamProgramCache(root).stats()["compiles"])
     else:
         compiles = int(sum(r["compiles"] for r in results))
     shutil.rmtree(root, ignore_errors=True)
-    return wall, compiles
+    time.sleep(5)  # a worker ends with its process: at once, or when it sees its pipe hang up
+    return wall, compiles, len(_left_running(os.environ["XDG_RUNTIME_DIR"]))
 
 
-_FLEET_SOCKETS: list[object] = []  # the compile servers' sockets that fleets' processes used
+def _left_running(marker: str) -> list[int]:
+    """Processes whose environment names this run's runtime directory (all of the fleet's had it)."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if marker.encode() in f.read() and int(name) != os.getpid():
+                    with open(f"/proc/{name}/stat") as st:
+                        if st.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(int(name))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def first_hit(work: str, which: str, sources_file: str, reps: int) -> tuple[float, float]:
@@ -258,15 +237,6 @@ def warm_hit_us(work: str) -> tuple[float, float]:
     return min(ours_us), min(theirs_us)
 
 
-def _stop_servers(runtime: str) -> None:
-    from kernelcache.compile import server_link
-
-    folder = os.path.join(runtime, "kernelcache")
-    for name in os.listdir(folder) if os.path.isdir(folder) else ():
-        if name.endswith(".sock"):
-            server_link.stop_server(os.path.join(folder, name))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-P", "--procs", type=int, default=4, help="processes in the fleet (c)")
@@ -278,7 +248,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
     P, K, reps = args.procs, args.kernels, args.reps
     work = tempfile.mkdtemp(prefix="kc-bench-cold-")
-    os.environ["XDG_RUNTIME_DIR"] = os.path.join(work, "rt")  # this run's compile server, stopped at the end
+    os.environ["XDG_RUNTIME_DIR"] = os.path.join(work, "rt")  # this run's compile slots, and a mark on its processes
     os.mkdir(os.environ["XDG_RUNTIME_DIR"], 0o700)
     rows: list[tuple[str, float, float, float | None, str]] = []
 
@@ -302,30 +272,23 @@ def main() -> None:
             row("(a) one miss, CUB kernel", o * 1e3, t * 1e3, p * 1e3)
         if "b" in args.only:
             modes = ["loop-theirs", "loop-ours", "many-ours", "many-procs", "many-threads"]
-            modes += ["many-server-first", "many-server"]
             got = fresh_processes(work, modes, variants, reps)
             theirs, theirs_cpu = got["loop-theirs"]
-            labels = {"loop-ours": "our loop", "many-ours": "compile_many, no server"}
+            labels = {"loop-ours": "our loop", "many-ours": "compile_many (default)"}
             labels |= {"many-procs": "compile_many, processes=True", "many-threads": "compile_many, threads"}
-            labels |= {"many-server-first": "server (default with a driver), its first process"}
-            labels |= {"many-server": "server (default with a driver), warm"}
             for m, label in labels.items():
                 row(f"(b) fresh process, K={K}: {label}", got[m][0], theirs, unit="s")
             for m, label in labels.items():  # what the wall time is made of on a loaded machine
                 row(f"(b) CPU seconds, K={K}: {label}", got[m][1], theirs_cpu, unit="s")
         if "c" in args.only:
-            w_many, c_many = fleet(work, "many-ours", variants, P)
-            w_loop, c_loop = fleet(work, "loop-ours", variants, P)
-            w_first, c_first = fleet(work, "many-server-first", variants, P)
-            w_server, c_server = fleet(work, "many-server", variants, P)
-            w_theirs, c_theirs = fleet(work, "loop-theirs", variants, P)
-            row(f"(c) P={P} x K={K}, one dir: wall, compile_many", w_many, w_theirs, unit="s")
-            row(f"(c) P={P} x K={K}, one dir: wall, compile_many, server's first burst", w_first, w_theirs, unit="s")
-            row(f"(c) P={P} x K={K}, one dir: wall, compile_many, server warm", w_server, w_theirs, unit="s")
-            row(f"(c) P={P} x K={K}, one dir: wall, our loop", w_loop, w_theirs, unit="s")
-            row(f"(c) P={P} x K={K}, one dir: compiles, compile_many", c_many, c_theirs, unit="")
-            row(f"(c) P={P} x K={K}, one dir: compiles, compile_many, server warm", c_server, c_theirs, unit="")
+            w_many, c_many, left_many = fleet(work, "many-ours", variants, P)
+            w_loop, c_loop, left_loop = fleet(work, "loop-ours", variants, P)
+            w_theirs, c_theirs, _ = fleet(work, "loop-theirs", variants, P)
+            row(f"(c) P={P} x K={K}, one dir, first burst: wall, compile_many (default)", w_many, w_theirs, unit="s")
+            row(f"(c) P={P} x K={K}, one dir, first burst: wall, our loop", w_loop, w_theirs, unit="s")
+            row(f"(c) P={P} x K={K}, one dir: compiles, compile_many (default)", c_many, c_theirs, unit="")
             row(f"(c) P={P} x K={K}, one dir: compiles, our loop", c_loop, c_theirs, unit="")
+            row(f"(c) P={P} x K={K}: kernelcache processes left running after", left_many + left_loop, 0, unit="")
         if "d" in args.only:
             oi, oh = first_hit(work, "ours", single, reps)
             ti, th = first_hit(work, "theirs", single, reps)
@@ -335,7 +298,6 @@ def main() -> None:
             ours_us, theirs_us = warm_hit_us(work)
             row("(e) warm process: a hit, full call", ours_us, theirs_us, unit="us")
     finally:
-        _stop_servers(os.environ["XDG_RUNTIME_DIR"])
         shutil.rmtree(work, ignore_errors=True)
     w = max([52, *(len(r[0]) for r in rows)])
     print(f"{'measure':<{w}} {'kernelcache':>12} {'cuda.core':>12} {'plain NVRTC':>12} {'ours/cuda.core':>15}")

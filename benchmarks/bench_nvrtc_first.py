@@ -8,7 +8,9 @@ one-off probes, before this script gathered them): the first compile 196-320 ms,
 time, and libcuda mapped after it; after cuInit (187-190 ms by itself) the first compile is 15 ms. So a
 worker's start there is the driver's initialisation, which NVRTC does in any process that compiles.
 
-Run: python3 benchmarks/bench_nvrtc_first.py [--runs 3]
+Run: python3 benchmarks/bench_nvrtc_first.py [--runs 3] [--env NAME=VALUE ...]
+(--env: the children run with these variables too, e.g. CUDA_VISIBLE_DEVICES= to see whether NVRTC's
+first compile still initialises the driver where no device is visible: what a compiler worker would pay.)
 """
 
 from __future__ import annotations
@@ -72,7 +74,11 @@ def child(init_driver: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the children (repeatable)")
     args = parser.parse_args()
+    extra = dict(item.split("=", 1) for item in args.env)
+    if extra:
+        print(f"children's environment adds {extra}")
     print(
         f"{'case':28s} {'cuInit ms':>9s} {'1st ms':>7s} {'1st sys':>7s} {'2nd ms':>7s} {'2nd sys':>7s}  libcuda by 1st"
     )
@@ -82,7 +88,7 @@ def main() -> None:
                 [sys.executable, __file__, "--child", str(int(init_driver))],
                 capture_output=True,
                 text=True,
-                env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                env={**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, **extra},
             )
             if out.returncode != 0:
                 raise SystemExit(out.stderr[-2000:])

@@ -42,7 +42,7 @@ def engines() -> dict[str, Callable[[str], object]]:
     from cuda.bindings import nvrtc
     from cuda.core import Program, ProgramOptions
 
-    from kernelcache.compile.compilers import LogCollector, nvrtc_compile
+    from kernelcache.runners.compilers import LogCollector, nvrtc_compile
 
     opts = ProgramOptions(arch=ARCH)
     nvrtc.nvrtcVersion()  # loads libnvrtc; ctypes then finds the same library by its soname
@@ -134,7 +134,7 @@ def environment() -> str:
     from cuda.bindings import nvrtc
     from cuda.core import __version__ as core_version
 
-    from kernelcache.compile.compilers import driver_available
+    from kernelcache.runners.compilers import driver_available
 
     try:
         with open("/sys/fs/cgroup/cpu.max") as f:

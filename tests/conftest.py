@@ -22,10 +22,11 @@ def _private_default_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch
     # No test may touch the user's real cache: the default root points into tmp.
     monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path_factory.mktemp("default-cache")))
     monkeypatch.delenv("KERNELCACHE_DISABLE", raising=False)
-    # Workers are this process's own unless a test asks for the node's compile server
-    # (test_compile_server.py), which then runs in a directory of the test's: also where a
-    # user's environment or config file turns it on.
-    monkeypatch.setenv("KERNELCACHE_COMPILE_SERVER", "0")
+    # The node's compile slots (runners/slots.py) of each test are its own: a test never waits
+    # for the workers another test left (they end with their process, or idle).
+    runtime = tmp_path_factory.mktemp("runtime")
+    runtime.chmod(0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
 
 
 @pytest.fixture(scope="module")

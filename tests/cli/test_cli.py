@@ -89,7 +89,7 @@ def test_stats_ls_show_export(warm_cache, tmp_path) -> None:
     assert len(json.loads(kc("ls", "--json", "--limit", "2", cache=warm_cache).stdout)) == 2
     cubin = next(r for r in rows if r["target_type"] == "cubin" and r["kernels"] == ["saxpy"])
     shown = json.loads(kc("show", cubin["key"][:12], "--json", cache=warm_cache).stdout)
-    assert shown["meta"]["toolchain"]["compiler"].startswith(("nvidia-cuda-nvrtc==", "system-nvrtc=="))
+    assert shown["meta"]["toolchain"]["compiler"].startswith("libnvrtc.so")  # the file that compiled: name;size;build id
     shown_text = kc("show", cubin["key"][:12], cache=warm_cache).stdout
     assert f"key: {cubin['key']}" in shown_text and "options:" in shown_text and "  std = c++17" in shown_text
     out = tmp_path / "saxpy.cubin"

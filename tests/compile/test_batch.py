@@ -12,7 +12,7 @@ import _batch_workers as bw
 import pytest
 from cuda.core import ProgramOptions
 from helpers import ARCH, settle_timestamps
-from test_compile import HEAVY, TEMPLATE, needs_bundled_headers
+from sources import HEAVY, TEMPLATE, needs_bundled_headers
 
 from kernelcache import (
     CompileInfo,

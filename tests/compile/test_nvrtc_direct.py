@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from kernelcache.compile.compilers import LogCollector, _nvrtc_check, _nvrtc_directly, nvrtc_compile, run_compiler
 from kernelcache.compile.request import CompileRequest
+from kernelcache.runners.compilers import LogCollector, _nvrtc_check, _nvrtc_directly, nvrtc_compile, run_compiler
 
 TEMPLATE = r"""
 #include "scale.h"

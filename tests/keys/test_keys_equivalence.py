@@ -234,9 +234,9 @@ def test_nvvm_use_libdevice_false_is_none_and_true_differs() -> None:
 
 def test_nvvm_use_libdevice_needs_extra_digest_only_where_no_wheel_pins_it() -> None:
     common = {"code": NVVM_SRC, "code_type": "nvvm", "target_type": "ptx", "options": opts(use_libdevice=True)}
-    wheel = Toolchain(cuda_core="cuda-core==1.2.2", compiler="nvidia-nvvm==13.5.37;libnvvm.so.4;1")
+    wheel = Toolchain(cuda_core="cuda-core==1.2.2", compiler="libnvvm.so.4;73647008;6629d5f654c5;wheel")
     keys_mod.key_components(**common, toolchain=wheel)  # libdevice is in the pinned wheel
-    system = Toolchain(cuda_core="cuda-core==1.2.2", compiler="system-nvvm==(2, 0);ir=(2, 0, 3, 2)")
+    system = Toolchain(cuda_core="cuda-core==1.2.2", compiler="libnvvm.so.4.0.0;73647008;6629d5f654c5")
     with pytest.raises(ValueError, match="libdevice.*extra_digest"):
         keys_mod.key_components(**common, toolchain=system)
     keys_mod.key_components(**common, toolchain=system, extra_digest=b"libdevice-digest")

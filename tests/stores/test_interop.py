@@ -15,7 +15,7 @@ import pytest
 from cuda.core import Program, ProgramOptions
 from cuda.core import utils as cc
 from helpers import ARCH, run_python, settle_timestamps
-from test_compile import HEAVY, needs_bundled_headers
+from sources import HEAVY, needs_bundled_headers
 
 from kernelcache import (
     CompileInfo,
@@ -26,7 +26,7 @@ from kernelcache import (
     TieredProgramCache,
     compile_program,
 )
-from kernelcache.compile.compilers import driver_available
+from kernelcache.runners.compilers import driver_available
 from kernelcache.stores import cuda_core
 
 SRC = 'extern "C" __global__ void fill(float* a, float v) { a[threadIdx.x] = v; }\n'

@@ -91,7 +91,7 @@ def pool_pids(root: str, seconds: str) -> dict[str, object]:
     from cuda.core import ProgramOptions
 
     from kernelcache import FileStreamProgramCache, compile_many
-    from kernelcache.compile.workers import pool
+    from kernelcache.runners.pool import pool
 
     reqs = [{"code": kernel(n), "options": ProgramOptions(arch=ARCH)} for n in (1, 2)]
     compile_many(reqs, cache=FileStreamProgramCache(root), processes=True)

@@ -27,19 +27,36 @@ def _children(tid: int) -> set[str]:
         return set(f.read().split())
 
 
+def _running_children() -> list[str]:
+    """This process's children that still run (a zombie has ended: its slot is free)."""
+    from helpers import running
+
+    return [pid for tid in os.listdir("/proc/self/task") for pid in _children(int(tid)) if running(int(pid))]
+
+
 def _interrupt_at_its_next_child(tid: int, known: set[str], done: threading.Event) -> None:
+    """SIGINT the moment the compiling thread has forked a worker: seen in /proc, or in the
+    workers this process holds pipes to (worker._LIVE: right after the fork, while the worker
+    imports; /proc/PID/task/TID/children alone missed whole starts under load)."""
+    from kernelcache.runners import worker
+
+    live = len(worker._LIVE)  # a start cut short may leave one there: only a new one counts
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not done.is_set():
-        if _children(tid) - known:
+        if len(worker._LIVE) > live or _children(tid) - known:
             os.kill(os.getpid(), signal.SIGINT)
             return
+        time.sleep(0.0005)
 
 
 def interrupt_starts(root: str) -> dict[str, object]:
+    # Python's own Ctrl-C handler, also where this process was started with SIGINT ignored (a
+    # background job of a non-interactive shell, `./scripts/test &`: every round went by).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from cuda.core import ProgramOptions
 
     from kernelcache import FileStreamProgramCache, compile_many
-    from kernelcache.compile.workers import pool
+    from kernelcache.runners.pool import pool
 
     def batch(n: int) -> list[object]:
         reqs = [{"code": KERNEL.format(n=n), "options": ProgramOptions(arch=ARCH)}]
@@ -47,7 +64,7 @@ def interrupt_starts(root: str) -> dict[str, object]:
             reqs, cache=FileStreamProgramCache(os.path.join(root, str(n))), processes=True, max_workers=1
         )
 
-    interrupted = 0
+    interrupted, rounds = 0, []
     tid = threading.get_native_id()
     for n in range(pool().limit + 1):  # more rounds than the pool has workers
         pool().close()
@@ -62,16 +79,23 @@ def interrupt_starts(root: str) -> dict[str, object]:
                 watcher.join()
         except KeyboardInterrupt:
             interrupted += 1
+        rounds.append({"started": pool().started, "compiles": pool().compiles, "unavailable": pool().unavailable})
+    # A worker whose start was cut short ends once it sees its pipes closed, and frees its slot of
+    # the node's then; the batch after that gets a worker again.
+    pool().close()
+    deadline = time.monotonic() + 30
+    while _running_children() and time.monotonic() < deadline:
+        time.sleep(0.01)
     objs = batch(1000)
-    return {"interrupted": interrupted, "compiled": len(objs), "workers": len(pool().pids())}
+    return {"interrupted": interrupted, "compiled": len(objs), "workers": len(pool().pids()), "rounds": rounds}
 
 
 def compile_heavy(root: str) -> dict[str, object]:
     from cuda.core import ProgramOptions
-    from test_compile import HEAVY
+    from sources import HEAVY
 
     from kernelcache import FileStreamProgramCache, compile_many
-    from kernelcache.compile.workers import pool
+    from kernelcache.runners.pool import pool
 
     def say_when_compiling() -> None:
         while not pool().pids(compiling=True):

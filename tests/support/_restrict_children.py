@@ -14,15 +14,16 @@ import warnings
 from _pool_children import ARCH, _ptx, fresh, kernel, reader
 
 
-def writer_without_workers(root: str) -> dict[str, object]:
-    """No compiler worker can start here: restrict=True compiles in this process (kernel 1),
-    then kernels 2 and 4 without it; then a forked child, whose workers can start, compiles
-    kernel 6 in a worker and kernel 8 in itself."""
-    from cuda.core import ProgramOptions
+def writer_without_workers(root: str, context: str = "") -> dict[str, object]:
+    """No compiler worker can start here: a restrict=True compile (kernel 1), then kernels 2
+    and 4 without it, into the store at ``root`` (``context`` "gpu": with a CUDA context current)."""
+    from cuda.core import Device, ProgramOptions
 
-    from kernelcache import FileStreamProgramCache, KernelCacheWarning, compile_many, compile_program
+    from kernelcache import FileStreamProgramCache, KernelCacheWarning, compile_program
 
-    real_python = sys.executable
+    if context == "gpu":
+        Device(0).set_current()  # the process forked for the restrict=True compile holds a copy of it
+
     sys.executable = os.path.join(root, "no-such-python")  # as in an embedded interpreter
     cache = FileStreamProgramCache(root)
     with warnings.catch_warnings(record=True) as caught:
@@ -35,44 +36,7 @@ def writer_without_workers(root: str) -> dict[str, object]:
             for n in (2, 4)
         ]
     shown = [str(w.message) for w in caught if issubclass(w.category, KernelCacheWarning)]
-    sys.executable = real_python
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: NVRTC's state (and so the leak) is a copy of the parent's
-        os.close(read_end)
-        try:
-            with warnings.catch_warnings(record=True) as in_child:
-                warnings.simplefilter("always")
-                (in_worker,) = compile_many(
-                    [{"code": kernel(6), "target_type": "ptx", "options": ProgramOptions(arch=ARCH)}],
-                    cache=cache,
-                    processes=True,
-                )
-                here = compile_program(kernel(8), "c++", "ptx", options=ProgramOptions(arch=ARCH), cache=cache)
-            out = {"worker": _ptx(in_worker), "here": _ptx(here), "warnings": [str(w.message) for w in in_child]}
-            os.write(write_end, json.dumps(out).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        child = json.loads(f.read() or b"{}")
-    os.waitpid(pid, 0)
-    return {"restricted": restricted, "clean": clean, "warnings": shown, "child": child}
-
-
-def read_back(root: str) -> dict[str, object]:
-    """Kernels 2, 4, 6 (reader's) and 8 from the store."""
-    from cuda.core import ProgramOptions
-
-    from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
-
-    out = reader(root)
-    info = CompileInfo()
-    obj = compile_program(
-        kernel(8), "c++", "ptx", options=ProgramOptions(arch=ARCH), cache=FileStreamProgramCache(root), info=info
-    )
-    out["8"] = {"hit": info.hit, "ptx": _ptx(obj)}
-    return out
+    return {"restricted": restricted, "clean": clean, "warnings": shown}
 
 
 if __name__ == "__main__":
@@ -80,4 +44,4 @@ if __name__ == "__main__":
 
     faulthandler.dump_traceback_later(120, exit=True)
     role, args = sys.argv[1], sys.argv[2:]
-    print(json.dumps({"fresh": fresh, "writer": writer_without_workers, "reader": read_back}[role](*args)), flush=True)
+    print(json.dumps({"fresh": fresh, "writer": writer_without_workers, "reader": reader}[role](*args)), flush=True)

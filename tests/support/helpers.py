@@ -82,6 +82,15 @@ def in_forked_child(run):  # noqa: ANN001, ANN201 - run: a function returning JS
     return (json.loads(data) if data else None), os.waitstatus_to_exitcode(status)
 
 
+def running(pid: int) -> bool:
+    """Process ``pid`` exists and is not a zombie (an orphan's zombie lasts until init reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def remount_read_only(point: str) -> None:
     subprocess.run(["mount", "-o", "remount,ro", point], check=True, capture_output=True)
 

@@ -12,7 +12,6 @@ from kernelcache import config
 from kernelcache.cli import compile_commands, entry_commands
 from kernelcache.cli.bundle import bundle, import_cmd
 from kernelcache.cli.common import ALLOW_SHARED_OPTION, Group
-from kernelcache.cli.server import compile_server
 from kernelcache.cli.setup import config_group, init
 from kernelcache.cli.stats import stats
 
@@ -33,7 +32,6 @@ for _command in (
     init,
     bundle,
     import_cmd,
-    compile_server,
 ):
     main.add_command(_command)
 

@@ -41,6 +41,26 @@ def settings(cache_dir: str | None) -> list[dict[str, str]]:
             in_use = configfile.file_in_use()
             value += "" if in_use else " (not found)" if not os.path.isfile(value) else " (empty)"
         rows.append({"setting": label, "variable": name, "value": value, "source": source})
+    return rows + toolchain_rows()
+
+
+def toolchain_rows() -> list[dict[str, str]]:
+    """The compiler library files that compile here and their identities (what keys record, from
+    keys.toolchain: the one answer workers and keys use), and the node's compile slots."""
+    from kernelcache.keys import toolchain
+    from kernelcache.runners import slots
+
+    rows = []
+    for lib in toolchain.LIBRARIES:
+        try:
+            path, how = toolchain.library_file(lib) or toolchain.library_file(lib, load=True) or ("", "")
+            value = f"{path} ({toolchain.library_identity(lib)})"
+        except Exception as exc:  # none here: what a key records for it then
+            value, how = f"none ({toolchain.library_identity(lib)}: {exc})", "not found"
+        rows.append({"setting": f"{lib} library", "variable": "", "value": value, "source": how})
+    where = slots.waiting_path()
+    shown = f"{slots.usable_cores()} in {os.path.dirname(where)}" if where else "not kept (see the warning)"
+    rows.append({"setting": "compile slots", "variable": "", "value": shown, "source": "usable CPUs (affinity, quota)"})
     return rows
 
 

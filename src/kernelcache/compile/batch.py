@@ -36,8 +36,9 @@ from kernelcache.compile.flight import SingleFlight
 from kernelcache.compile.flow import Call, CompileInfo, compile_uncached, fly, replay_hit, resolve_cache
 from kernelcache.compile.lookup import Lookup
 from kernelcache.compile.request import CompileRequest
-from kernelcache.compile.runners import batch_threads, batch_uses_processes
-from kernelcache.compile.workers import pool as workers_pool
+from kernelcache.runners import slots
+from kernelcache.runners.choice import batch_threads, batch_uses_processes
+from kernelcache.runners.pool import pool as workers_pool
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode
@@ -130,7 +131,7 @@ class _Batch:
         self.errors: dict[int, BaseException] = {}
         self.infos: list[CompileInfo | None] = [None] * size
         self.budget = budget
-        self.processes = False  # misses compile in worker processes (runners.batch_uses_processes)
+        self.processes = False  # misses compile in worker processes (runners.choice.batch_uses_processes)
         # The thread whose compiles stay in this process, if any (the default's choice: the
         # caller's thread needs no worker to start, and one thread of NVRTC runs unserialised).
         self.here: threading.Thread | None = None
@@ -229,6 +230,11 @@ def run_batch(
     if batch.processes and processes is None:
         batch.here = threading.current_thread()
     workers = batch_threads(workers, len(jobs), default_choice=batch.here is not None and max_workers is None)
+    if batch.here is not None and max_workers is None:
+        # The default's threads are no more than the node's free compile slots: on a node where
+        # other processes compile already, a worker's start would only wait for a slot (or add
+        # an NVRTC start, ~0.2 s on a GPU host, to cores that are busy).
+        workers = max(1, min(workers, slots.free_now()))
     if batch.processes:  # every thread may hold a worker at once
         workers_pool().limit = max(workers_pool().limit, workers - (batch.here is not None))
     threads = [threading.Thread(target=batch.work, name=f"kernelcache-compile-{n}") for n in range(1, workers)]
@@ -305,7 +311,7 @@ def compile_many(
     Hits are looked up first; misses compile on up to ``max_workers`` threads (default:
     the CPU count). ``processes=True``: each thread hands its C++ compiles to a worker
     process. None (default): so do all threads but the caller's, which compiles here, when
-    at least runners.MIN_MISSES misses remain on a host with more than one usable core.
+    at least runners.choice.MIN_MISSES misses remain on a host with more than one usable core.
     Workers are started once per process and reused; results, logs and errors are those of
     a compile in this process; a worker killed during a compile costs that compile one retry.
     Processes sharing the store split the misses: each compiles the keys no peer is

@@ -4,8 +4,8 @@ look up -> hit: replay the stored record (log, symbols); no compiler runs
         -> miss: single flight -> a peer's result, or our compile -> store
 
 The request is compile.request, the look-up (key material, the record found) compile.lookup,
-single flight compile.flight, the header trace of a miss compile.tracing, the compilers
-compile.compilers, what is stored beside an artifact compile.metadata. For C++ the key also
+single flight compile.flight, the header trace of a miss compile.tracing, where and how the
+compiler runs kernelcache.runners, what is stored beside an artifact compile.metadata. For C++ the key also
 covers every header the compile read (headers.manifests).
 """
 
@@ -18,18 +18,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
-from kernelcache.compile import lockfile, restrict_leak, strict
+from kernelcache.compile import lockfile, strict
 from kernelcache.compile.flight import BUSY, READY, SingleFlight
 from kernelcache.compile.lookup import Found, Lookup
 from kernelcache.compile.metadata import artifact_meta, object_from_record, refuse_to_store
 from kernelcache.compile.request import CompileRequest
-from kernelcache.compile.runners import runner_for
 from kernelcache.compile.tracing import HeaderTrace
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import manifests, variants
-from kernelcache.keys import basedir
+from kernelcache.keys import basedir, toolchain
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.log import logger
+from kernelcache.runners.choice import runner_for
 from kernelcache.stores.base import ProgramCacheResource, as_value_bytes
 from kernelcache.stores.cuda_core import as_store
 from kernelcache.stores.default import default_cache, default_cache_or_none
@@ -256,7 +256,7 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
         variant = trace.variant() if trace is not None else None
         request = look.request
         not_stored = (
-            restrict_leak.why_not_stored(request)
+            _compiled_by_another(look)
             or (trace.not_stored if trace is not None else "")
             or basedir.unshareable(request.options, request.code_type, request.target_type, as_value_bytes(obj))
         )
@@ -272,10 +272,17 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
             trace.remove()
 
 
+def _compiled_by_another(look: Lookup) -> str:
+    """Why not to store a compile whose key named another compiler build than the one that ran
+    (keys.toolchain.confirm: a library that cuda.pathfinder loaded from elsewhere than foreseen)."""
+    if look.toolchain is None:
+        return ""
+    return toolchain.confirm(look.request.code_type, look.toolchain.compiler)
+
+
 def _compile(request: CompileRequest, trace: HeaderTrace | None, processes: bool) -> tuple[ObjectCode, str, float]:
     """The plain compile, then its header pass (compilers.header_pass) when headers are tracked.
-    Here or in a worker process (compile.runners; restrict=True: never here)."""
-    restrict_leak.start()
+    Here or in a worker process (runners.choice; restrict=True: never here)."""
     return runner_for(request, processes).run_compiler(request, trace.path if trace is not None else None)
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kernelcache.compile.nvrtc_flags import option_fields
+from kernelcache.runners.compilers import nvrtc_argv  # noqa: F401 - the one reading of such options
 
 __all__ = ["argv_options", "nvrtc_argv"]
 
@@ -54,9 +55,3 @@ def argv_options(flags: Sequence[str]) -> Any:
     kernelcache cannot vouch for (see nvrtc_flags: one it does not know, a value NVRTC refuses)."""
     fields = option_fields(flags)
     return _argv_class()(nvrtc_argv=tuple(flags), **fields)
-
-
-def nvrtc_argv(options: Any) -> tuple[str, ...] | None:
-    """The verbatim command line ``options`` carry, or None for ordinary ProgramOptions."""
-    argv = getattr(options, "nvrtc_argv", None)
-    return argv if isinstance(argv, tuple) else None

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelcache.compile.compilers import new_trace_path, remove_trace
 from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
 from kernelcache.headers import index as header_index
 from kernelcache.headers import manifests, variants
 from kernelcache.headers import scan as includes
+from kernelcache.runners.compilers import new_trace_path, remove_trace
 from kernelcache.stores.base import ProgramCacheResource
 
 

@@ -23,8 +23,6 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 | KERNELCACHE_BUNDLE_SECRET     | unset                           | the secret those bundles are signed with |
 | KERNELCACHE_OCI_USERNAME / _PASSWORD / _TOKEN | unset           | credentials for OCI registries           |
 | KERNELCACHE_BASE_DIR          | unset                           | paths under it enter keys relative to it |
-| KERNELCACHE_COMPILE_SERVER    | auto: on where a driver is      | warm compiler workers kept per node/user |
-| KERNELCACHE_COMPILE_SERVER_IDLE | 300                           | seconds an unused compile server lives   |
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ from kernelcache.config import oci, urls
 from kernelcache.config.oci import oci_password, oci_token, oci_username  # noqa: F401 - config.oci_token
 from kernelcache.config.sizes import format_size as format_size  # re-exported: config.format_size
 from kernelcache.config.sizes import parse_size, shown
-from kernelcache.config.variables import KNOWN, VARIABLES  # noqa: F401 - VARIABLES: config.VARIABLES
-from kernelcache.config.workers import compile_server, compile_server_idle_s  # noqa: F401 - config.compile_server
+from kernelcache.config.variables import KNOWN, VARIABLES, warn_removed  # noqa: F401 - VARIABLES: config.VARIABLES
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -380,8 +377,6 @@ _CHECKS = (
     require_hit,
     bundles,
     base_dir,
-    compile_server,
-    compile_server_idle_s,
 )
 
 
@@ -390,6 +385,7 @@ def check() -> None:
     runs this first). A KERNELCACHE_* variable kernelcache does not read is one warning."""
     configfile.ensure_loaded(KNOWN, ConfigError)
     configfile.warn_unknown_variables(KNOWN)
+    warn_removed()
     problems = []
     for read in _CHECKS:
         try:
@@ -398,3 +394,4 @@ def check() -> None:
             problems.append(str(exc))
     if problems:
         raise ConfigError("\n".join(problems))
+

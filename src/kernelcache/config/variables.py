@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kernelcache.log import WarnOnce
+
 # Every variable kernelcache reads: (name, what `kernelcache config` calls it, its default).
 # A KERNELCACHE_* variable not listed here is a warning naming the closest listed one.
 VARIABLES: tuple[tuple[str, str, str], ...] = (
@@ -25,10 +27,31 @@ VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("KERNELCACHE_RECORD", "record", "unset"),
     ("KERNELCACHE_REQUIRE_HIT", "require hit", "off"),
     ("KERNELCACHE_BASE_DIR", "base dir", "unset"),
-    ("KERNELCACHE_COMPILE_SERVER", "compile server", "auto: on where the NVIDIA driver is (1: on; 0: off)"),
-    ("KERNELCACHE_COMPILE_SERVER_IDLE", "compile server idle exit", "300 s"),
     ("KERNELCACHE_CONFIG", "config file", "<user config dir>/kernelcache/config.toml"),
 )
+# Variables of an earlier release that do nothing now: one warning where one is set (not for 0).
+REMOVED = {
+    "KERNELCACHE_COMPILE_SERVER": (
+        "the compile server was removed (compile workers share the node's cores through its compile slots "
+        "and end with their process; README: Compile workers)"
+    ),
+    "KERNELCACHE_COMPILE_SERVER_IDLE": "the compile server was removed (README: Compile workers)",
+}
 # Read by kernelcache's own test suite only (tests/): not a setting, never warned about.
 _TEST_VARIABLES = ("KERNELCACHE_BIG_TESTS",)
-KNOWN = tuple(name for name, _, _ in VARIABLES) + _TEST_VARIABLES
+KNOWN = tuple(name for name, _, _ in VARIABLES) + tuple(REMOVED) + _TEST_VARIABLES
+
+
+def warn_removed() -> None:
+    """One warning per variable of REMOVED that is set (its value is neither "0" nor empty: those
+    ask for what happens now anyway)."""
+    from kernelcache import config
+
+    for name, why in REMOVED.items():
+        value = config.env_get(name)
+        if value is not None and value.strip() not in ("", "0"):
+            text = f"{name}={config.shown(value)} is set, but {name} no longer exists: {why}; unset it"
+            _removed.warn(name, text, stacklevel=3)
+
+
+_removed = WarnOnce()

@@ -27,7 +27,7 @@ from typing import Any
 
 from kernelcache import __version__
 from kernelcache.compile.metadata import read_artifact
-from kernelcache.keys.derive import KEY_SCHEMA_VERSION
+from kernelcache.keys.derive import KEY_SCHEMA_VERSION, environment_bytes
 from kernelcache.keys.toolchain import nvrtc_identity
 from kernelcache.stores.safe import count, read_record, write_record
 
@@ -64,6 +64,7 @@ def index_key(source: str, argv: Sequence[str], target: str, names: Sequence[str
         __version__,
         KEY_SCHEMA_VERSION,
         nvrtc_identity(),
+        environment_bytes().decode("utf-8", "surrogateescape"),  # what changes NVRTC's output, as keys say
         _package_versions(),
         source,
         list(argv),

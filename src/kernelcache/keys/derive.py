@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,18 @@ if TYPE_CHECKING:
 # 2: PTX keys read the linker's fields only; name expressions unordered. 3: define_macro keyed
 # as the macros NVRTC receives (a version-2 key of ("N", "4") is that of ["N", "4"]).
 KEY_SCHEMA_VERSION = 3
+
+# The environment variables known to change what the compilers produce, found by compiling with
+# and without each variable libnvrtc reads (getenv, logged) and comparing the bytes (libnvrtc
+# 13.5): FINALIZER_USE_LEGACY_ELF_BUILDER (read at every compile: a non-zero number gives
+# another cubin), LLVM_OVERRIDE_PRODUCER (read once, when libnvrtc or libNVVM loads: named in
+# every LTO-IR), NV_NVVM_VERSION (any value NVRTC 13.5 was tried with fails every compile).
+# Where one is set, its value as given enters the key ("environment"); a compile in a worker
+# runs with the caller's environment of that moment. Read but not changing the output:
+# FINALIZER_CUBIE (writes a copy of each cubin to the file it names: a hit writes none),
+# CAN_FINALIZE_DEBUG, NVVM_IR_VER_CHK, EDG_BASE, MAKEFLAGS, CUDA_CACHE_DISABLE. PWD names the
+# working directory in -G, -lineinfo and LTO-IR output, as the working directory itself does.
+OUTPUT_VARIABLES = ("FINALIZER_USE_LEGACY_ELF_BUILDER", "LLVM_OVERRIDE_PRODUCER", "NV_NVVM_VERSION")
 
 # code_type -> targets the compiler behind it can produce (cuda.core 1.2's Program).
 SUPPORTED_TARGETS: dict[str, frozenset[str]] = {
@@ -144,14 +157,24 @@ def key_components(
     ]
     if ct != "ptx":  # after the key's own refusals, which say what to do instead
         check_as_cuda_core(options, ct, tt)
+    environment = environment_bytes()
+    if environment:
+        components.append(("environment", environment))
     if extra is not None:
         components.append(("extra_digest", extra))
     return components
 
 
+def environment_bytes() -> bytes:
+    """The OUTPUT_VARIABLES set now, as ``NAME=value`` lines (b"" where none is: the usual case)."""
+    environ = os.environ
+    set_now = [f"{name}={environ[name]}\n" for name in OUTPUT_VARIABLES if name in environ]
+    return "".join(set_now).encode("utf-8", "surrogateescape")
+
+
 def _pins_libdevice(tc: Toolchain) -> bool:
-    # libdevice ships in the nvidia-nvvm wheel, whose exact build the identity names.
-    return tc.compiler.startswith("nvidia-nvvm==")
+    # libdevice ships in the NVVM wheel, whose exact build the identity names (toolchain.nvvm_identity).
+    return tc.compiler.endswith(";wheel")
 
 
 def _driver_links(code_type: str, tc: Toolchain) -> bool:

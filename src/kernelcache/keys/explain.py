@@ -15,7 +15,7 @@ import hashlib
 __all__ = ["explain_components", "shown"]
 
 # Components whose bytes are text a person reads as it is.
-_TEXT = frozenset({"schema", "code_type", "target_type"})
+_TEXT = frozenset({"schema", "code_type", "target_type", "environment"})
 
 
 def explain_components(components: list[tuple[str, bytes]]) -> dict[str, str]:

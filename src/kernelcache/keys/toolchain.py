@@ -1,132 +1,260 @@
-"""Which compiler builds will run: identified once per process, without loading them if possible.
+"""Which compiler library file compiles (NVRTC, nvJitLink, NVVM), and the identity keys record for it.
 
-``nvrtcVersion()`` says "13.5" for every 13.5.x patch, and asking it means loading NVRTC
-(most of the 8-11 ms that cuda.core's first cache hit costs in a fresh process). The wheels
-that ship the compilers say more, for less: their distribution version is the full patch
-release (nvidia-cuda-nvrtc 13.5.37), and the library file they hold is the one cuda.bindings
-loads first. So each probe reads package metadata and the library file's name and size;
-only when no wheel is installed (a system CUDA toolkit) does it load the library and ask.
+One answer for the key, the compiler workers, ``kernelcache config`` and ``explain``:
+``library_file(lib)`` is the file that cuda.bindings runs in this process, found in
+cuda.pathfinder's own order, and ``library_identity(lib)`` names its build:
+1. a library already loaded in this process (by anyone) wins: dlopen(RTLD_NOLOAD) of its sonames;
+2. else the file on disk: the NVIDIA wheels' folders in every site-packages folder, then
+   $CONDA_PREFIX; found with a few stats, nothing loaded (a fresh process's first hit);
+3. else the system's loader would search (a CUDA toolkit through ld.so.conf or
+   LD_LIBRARY_PATH): only loading it says which file that is, so then it is loaded.
+A guess of step 2 that cuda.pathfinder does not make (a version of it that searches elsewhere)
+is caught once the library is loaded: ``confirm`` names the file that did compile, and a compile
+whose key named another build is not stored.
 
-Each probe runs once per process (functools.cache). A probe that fails returns a stable
-"probe-failed:<ExceptionClass>" string: keys stay stable in a broken environment, yet never
-equal the key of a working one (fail closed).
+The identity is the file's name, size and ELF build id (NT_GNU_BUILD_ID, from its PT_NOTE
+segment): one open and a few reads, the same on every machine that has that build (a team
+cache, Redis and bundles are shared between machines: no paths or mtimes). A file without a
+build id is identified by its SHA-256. Each identity is computed once per process; a probe that
+fails gives a stable "probe-failed:<ExceptionClass>" (keys stay stable in a broken environment
+and never equal a working one's).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import hashlib
 import os
-from collections.abc import Callable
+import struct
+import threading
 from dataclasses import dataclass
-from typing import Any
 
-# distribution name -> file-name prefix of the shared library it ships
-_WHEELS = {
-    "nvrtc": ("nvidia-cuda-nvrtc", "libnvrtc.so"),
-    "nvjitlink": ("nvidia-nvjitlink", "libnvJitLink.so"),
-    "nvvm": ("nvidia-nvvm", "libnvvm.so"),
+__all__ = ["LIBRARIES", "Toolchain", "confirm", "file_identity", "library_file", "library_identity"]
+
+# lib -> (sonames, folders inside site-packages, folders inside $CONDA_PREFIX): cuda.pathfinder's
+# descriptors for Linux, in its order.
+LIBRARIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "nvrtc": (("libnvrtc.so.13", "libnvrtc.so.12"), ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"), ("lib64", "lib")),
+    "nvJitLink": (
+        ("libnvJitLink.so.13", "libnvJitLink.so.12"),
+        ("nvidia/cu13/lib", "nvidia/nvjitlink/lib"),
+        ("lib64", "lib"),
+    ),
+    "nvvm": (("libnvvm.so.4", "libnvvm.so"), ("nvidia/cu13/lib", "nvidia/cuda_nvcc/nvvm/lib64"), ("nvvm/lib64",)),
 }
+_RTLD_DI_LINKMAP = 2
 
 
-def _failed(exc: BaseException) -> str:
-    return f"probe-failed:{type(exc).__name__}"
+class _LinkMap(ctypes.Structure):
+    _fields_ = [("l_addr", ctypes.c_void_p), ("l_name", ctypes.c_char_p)]  # the head of glibc's struct link_map
 
 
-def _wheel_identity(dist_name: str, lib_prefix: str) -> str | None:
-    """ "<dist>==<version>;<lib file>;<size>" for an installed wheel, or None if absent."""
-    from importlib import metadata
+def loaded_file(lib: str) -> str | None:
+    """The file of ``lib`` loaded in this process now (by anyone), or None: as cuda.pathfinder
+    asks, dlopen(soname, RTLD_NOLOAD) of each soname in turn (~40 us each where none is loaded:
+    the loader searches its path; cheaper than a walk of all loaded objects in a large process)."""
+    dl = _dl()
+    for soname in LIBRARIES[lib][0]:
+        handle = dl.dlopen(soname.encode(), os.RTLD_NOLOAD | os.RTLD_LAZY)
+        if not handle:
+            continue
+        try:
+            node = ctypes.POINTER(_LinkMap)()
+            if dl.dlinfo(handle, _RTLD_DI_LINKMAP, ctypes.byref(node)) == 0 and node.contents.l_name:
+                return os.fsdecode(node.contents.l_name)
+        finally:
+            dl.dlclose(handle)  # the reference this dlopen took; the library stays loaded by its loader
+    return None
 
+
+@functools.cache
+def _dl() -> ctypes.CDLL:
+    """dlopen, dlinfo and dlclose with their C signatures (glibc 2.34+: in libc; before, in libdl)."""
     try:
-        dist = metadata.distribution(dist_name)
-    except metadata.PackageNotFoundError:
+        dl = ctypes.CDLL(None)
+        dl.dlinfo  # noqa: B018 - is it there
+    except AttributeError:
+        dl = ctypes.CDLL("libdl.so.2")
+    dl.dlopen.restype, dl.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    dl.dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    dl.dlclose.argtypes = [ctypes.c_void_p]
+    return dl
+
+
+@functools.cache
+def _site_dirs() -> list[str]:
+    """The site-packages folders cuda.pathfinder searches, in its order (a venv's first, then the
+    user's, then the system's)."""
+    import site
+    import sys
+
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE and site.getusersitepackages():
+        dirs.insert(1 if sys.prefix != sys.base_prefix else 0, site.getusersitepackages())
+    return dirs
+
+
+def on_disk(lib: str) -> tuple[str, str] | None:
+    """(path, "site-packages" or "conda") of the file cuda.pathfinder finds for ``lib`` without
+    loading anything, or None where only the system's search could find one."""
+    sonames, wheel_dirs, conda_dirs = LIBRARIES[lib]
+    places = [("site-packages", [os.path.join(s, rel) for rel in wheel_dirs for s in _site_dirs()])]
+    conda = os.environ.get("CONDA_PREFIX")
+    if conda:
+        places.append(("conda", [os.path.join(conda, rel) for rel in conda_dirs]))
+    for how, folders in places:
+        for folder in folders:
+            for soname in sonames:
+                path = os.path.join(folder, soname)
+                if os.path.isfile(path):
+                    return path, how
+    return None
+
+
+def _load(lib: str) -> None:
+    """Load ``lib`` as a compile would: through cuda.bindings (cuda.pathfinder's search)."""
+    if lib == "nvrtc":
+        from cuda.bindings import nvrtc
+
+        nvrtc.nvrtcVersion()
+    elif lib == "nvJitLink":
+        from cuda.bindings import nvjitlink
+
+        nvjitlink.version()
+    else:
+        from cuda.bindings import nvvm
+
+        nvvm.version()
+
+
+def library_file(lib: str, load: bool = False) -> tuple[str, str] | None:
+    """(path, how it was found: "loaded", "site-packages", "conda", "system") of the file that
+    compiles ``lib`` in this process; None where none is loaded or on disk and ``load`` is False.
+    ``load=True`` loads it (as a compile would) unless it is loaded already; errors propagate."""
+    path = loaded_file(lib)
+    if path is not None:
+        return path, "loaded"
+    found = on_disk(lib)
+    if found is not None and not load:
+        return found
+    if found is None and not load:
         return None
-    lib = ""
-    record = dist.read_text("RECORD")  # the rows dist.files makes, without its 1 ms of objects
-    paths = [row.split(",", 1)[0] for row in record.splitlines()] if record else (dist.files or ())
-    for f in paths:
-        base = os.path.basename(str(f))
-        if base.startswith(lib_prefix) and "builtins" not in base:
-            try:
-                size = os.stat(dist.locate_file(f)).st_size
-            except OSError:
-                size = -1
-            lib = f"{base};{size}"
-            break
-    return f"{dist_name}=={_version(dist)};{lib}"
+    _load(lib)
+    path = loaded_file(lib)
+    if path is None:
+        raise OSError(f"{lib} was loaded, yet none of {LIBRARIES[lib][0]} is mapped in this process")
+    return path, "loaded" if found is not None else "system"
 
 
-def _version(dist: Any) -> str:
-    """The distribution's version, as ``dist.version`` gives it, for a tenth of the cost.
-
-    ``dist.version`` runs the e-mail parser over the whole METADATA file (3 ms for
-    cuda-bindings', whose long description is in it): most of a fresh process's first hit.
-    The version is a header line, and headers end at the first blank line.
-    """
-    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-    for line in text.splitlines():
-        if not line:
-            break
-        if line.startswith("Version:"):
-            return line[len("Version:") :].strip()
-    return str(dist.version)  # no such line: whatever the full parser makes of it
-
-
-def _loaded_nvrtc_version() -> str:
-    from cuda.bindings import nvrtc
-
-    err, major, minor = nvrtc.nvrtcVersion()
-    if int(err) != 0:
-        raise RuntimeError(f"nvrtcVersion failed: {err}")
-    return f"system-nvrtc=={major}.{minor}"
+def file_identity(path: str) -> str:
+    """"<file name>;<size>;<build id>" of a library file (its SHA-256 where it has no build id)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        build = _build_id(f)
+        if build is None:
+            f.seek(0)
+            digest = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+            build = "sha256:" + digest.hexdigest()
+    name = os.path.basename(os.path.realpath(path) if os.path.islink(path) else path)
+    return f"{name};{size};{build}"
 
 
-def _loaded_nvjitlink_version() -> str:
-    from cuda.bindings import nvjitlink
+def _build_id(f) -> str | None:  # noqa: ANN001 - a binary file
+    """The NT_GNU_BUILD_ID of a 64-bit little-endian ELF file, read from its PT_NOTE segments."""
+    head = f.read(64)
+    if len(head) < 64 or head[:6] != b"\x7fELF\x02\x01":
+        return None
+    phoff, = struct.unpack_from("<Q", head, 32)
+    phentsize, phnum = struct.unpack_from("<HH", head, 54)
+    f.seek(phoff)
+    table = f.read(phentsize * phnum)
+    for at in range(0, len(table) - 55, phentsize):
+        p_type, _, offset, _, _, filesz = struct.unpack_from("<IIQQQQ", table, at)
+        if p_type != 4:  # PT_NOTE
+            continue
+        f.seek(offset)
+        notes, pos = f.read(min(filesz, 1 << 16)), 0
+        while pos + 12 <= len(notes):
+            namesz, descsz, kind = struct.unpack_from("<III", notes, pos)
+            desc = pos + 12 + (namesz + 3) // 4 * 4
+            if kind == 3 and notes[pos + 12 : pos + 12 + namesz] == b"GNU\0":
+                return notes[desc : desc + descsz].hex()
+            pos = desc + (descsz + 3) // 4 * 4
+    return None
 
-    return f"system-nvjitlink=={nvjitlink.version()}"
+
+_identities: dict[str, str] = {}  # lib -> its identity in this process (what keys record)
+_confirmed: dict[str, str] = {}  # lib -> the file loaded here, once confirm saw it
+_lock = threading.Lock()
 
 
-def _loaded_nvvm_version() -> str:
-    from cuda.bindings import nvvm
+def library_identity(lib: str) -> str:
+    """The identity of the file that compiles ``lib`` here (library_file, loading it only where
+    nothing else can say which), computed once per process; "probe-failed:<Exception>" if none."""
+    ident = _identities.get(lib)
+    if ident is None:
+        try:
+            found = library_file(lib) or library_file(lib, load=True)
+            assert found is not None
+            ident = file_identity(found[0])
+        except Exception as exc:  # any failure is a distinct, stable key component
+            ident = f"probe-failed:{type(exc).__name__}"
+        with _lock:
+            ident = _identities.setdefault(lib, ident)
+    return ident
 
-    return f"system-nvvm=={nvvm.version()};ir={nvvm.ir_version()}"
+
+def confirm(code_type: str, recorded: str) -> str:
+    """After a compile of ``code_type`` ran in this process or one it started: "" when the key's
+    compiler identity ``recorded`` is that of the library loaded here, else why not (this
+    process's later keys then name the loaded file). A worker proves its own file (runners)."""
+    lib = COMPILER_LIBRARY[code_type]
+    if lib not in _confirmed:  # a library once loaded stays loaded: looked up once
+        path = loaded_file(lib)
+        if path is None:
+            return ""  # not loaded here: the PTX linker was the driver's, say
+        try:
+            now = file_identity(path)
+        except OSError:
+            return ""  # a file deleted since it was loaded: its identity was taken before (library_identity)
+        with _lock:
+            changed = _identities.get(lib) != now
+            _identities[lib] = now
+            _confirmed[lib] = path
+        if changed:
+            toolchain_for.cache_clear()
+    path = _confirmed[lib]
+    current = _COMPILER_PROBES[code_type]()
+    if current == recorded:
+        return ""
+    return f"its key named the compiler {recorded}, but {path} ({current}) compiled it"
 
 
-def _probe(wheel: str, fallback: Callable[[], str]) -> str:
-    try:
-        ident = _wheel_identity(*_WHEELS[wheel])
-        return ident if ident is not None else fallback()
-    except Exception as exc:  # any failure is a distinct, stable key component
-        return _failed(exc)
-
-
-@functools.cache
 def nvrtc_identity() -> str:
-    return _probe("nvrtc", _loaded_nvrtc_version)
+    return library_identity("nvrtc")
 
 
-@functools.cache
-def nvjitlink_identity() -> str:
-    return _probe("nvjitlink", _loaded_nvjitlink_version)
-
-
-@functools.cache
 def nvvm_identity() -> str:
-    # libdevice (use_libdevice=True) ships in the same wheel as libNVVM, so this identity
-    # also pins libdevice's content.
-    return _probe("nvvm", _loaded_nvvm_version)
+    """NVVM's identity; ";wheel" where it comes from a wheel, which ships libdevice with it
+    (use_libdevice=True is then pinned by this identity, keys.derive)."""
+    ident = library_identity("nvvm")
+    found = library_file("nvvm")
+    return ident + (";wheel" if found and _in_site_packages(found[0]) else "")
+
+
+def _in_site_packages(path: str) -> bool:
+    real = os.path.realpath(path)
+    return any(real.startswith(os.path.realpath(d) + os.sep) for d in _site_dirs())
 
 
 @functools.cache
 def cuda_core_identity() -> str:
-    """cuda.core and cuda.bindings turn ProgramOptions into compiler flags: pin both.
-
-    By the version the imported package itself carries (``__version__``, written into it
-    when its wheel was built): the code that runs, for free. A distribution look-up costs
-    about 0.2 ms each, over half of a fresh process's first hit, and may name another
-    copy than the one imported (a checkout on PYTHONPATH over an installed wheel). The
-    package metadata is read only for a package without ``__version__``.
-    """
+    """cuda.core and cuda.bindings turn ProgramOptions into compiler flags: pin both, by the
+    version the imported package itself carries (``__version__``, written into it when its wheel
+    was built): the code that runs, with no distribution look-up."""
     import importlib
 
     parts = []
@@ -136,21 +264,17 @@ def cuda_core_identity() -> str:
             if not isinstance(version, str) or not version:
                 from importlib import metadata
 
-                version = _version(metadata.distribution(dist))
+                version = metadata.version(dist)
             parts.append(f"{dist}=={version}")
         except Exception as exc:
-            parts.append(f"{dist}:{_failed(exc)}")
+            parts.append(f"{dist}:probe-failed:{type(exc).__name__}")
     return ";".join(parts)
 
 
-@functools.cache
 def ptx_linker_identity() -> str:
-    """Which linker turns PTX into cubin, and its exact version.
-
-    cuda.core links PTX with nvJitLink when it is importable and falls back to the
-    driver's cuLink otherwise; the driver's output then depends on the driver version.
-    """
-    ident = nvjitlink_identity()
+    """Which linker turns PTX into cubin, and its build: cuda.core links PTX with nvJitLink where
+    it can be loaded and with the driver's cuLink otherwise (whose output follows the driver)."""
+    ident = library_identity("nvJitLink")
     if not ident.startswith("probe-failed"):
         return f"nvJitLink:{ident}"
     try:
@@ -161,7 +285,7 @@ def ptx_linker_identity() -> str:
             raise RuntimeError(str(err))
         return f"driver:{version}"
     except Exception as exc:
-        return f"driver:{_failed(exc)}"
+        return f"driver:probe-failed:{type(exc).__name__}"
 
 
 @dataclass(frozen=True)
@@ -175,11 +299,8 @@ class Toolchain:
         return {"cuda_core": self.cuda_core, "compiler": self.compiler}
 
 
-_COMPILER_PROBES: dict[str, Callable[[], str]] = {
-    "c++": nvrtc_identity,
-    "ptx": ptx_linker_identity,
-    "nvvm": nvvm_identity,
-}
+_COMPILER_PROBES = {"c++": nvrtc_identity, "ptx": ptx_linker_identity, "nvvm": nvvm_identity}
+COMPILER_LIBRARY = {"c++": "nvrtc", "ptx": "nvJitLink", "nvvm": "nvvm"}  # the library each code_type runs
 
 
 @functools.cache

@@ -11,7 +11,7 @@ from cuda.core import ProgramOptions
 from helpers import ARCH
 
 from kernelcache import FileStreamProgramCache, compile_many
-from kernelcache.compile.workers import pool
+from kernelcache.runners.pool import pool
 
 KERNEL = 'extern "C" __global__ void v{n}(float* a) {{ a[threadIdx.x] *= {n}.75f; }}\n'
 

@@ -20,14 +20,14 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kernelcache.compile import restrict_leak
-from kernelcache.compile.nvrtc_argv import nvrtc_argv
 from kernelcache.keys.program_name import compiled_name
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
 
-    from kernelcache.compile.request import CompileRequest
+# A CompileRequest (compile/request.py, above this folder): code, code_type, target_type,
+# options, name_expressions.
+CompileRequest = Any
 
 
 class LogCollector:
@@ -113,6 +113,13 @@ def _nvrtc_check(err: Any, prog: Any = None, error: type[Exception] | None = Non
         nvrtc.nvrtcGetProgramLog(prog, buf)
         text += f", compilation log:\n\n{buf.decode('utf-8', errors='backslashreplace')}"
     raise error(text)
+
+
+def nvrtc_argv(options: Any) -> tuple[str, ...] | None:
+    """The verbatim command line ``options`` carry (compile/nvrtc_argv.py makes such options), or
+    None for ordinary ProgramOptions."""
+    argv = getattr(options, "nvrtc_argv", None)
+    return argv if isinstance(argv, tuple) else None
 
 
 def _nvrtc_directly(code_type: str, target_type: str, options: Any) -> bool:
@@ -378,18 +385,17 @@ def run_compiler(request: CompileRequest, trace_path: str | None) -> tuple[Objec
     log = LogCollector()
     start = time.perf_counter()
     source, options, call = plan_compile(request, trace_path)
-    with restrict_leak.in_process(request):
-        if call is not None:
-            obj = call.object_code(*call.run(log))
-        else:
-            from cuda.core import Program
+    if call is not None:
+        obj = call.object_code(*call.run(log))
+    else:
+        from cuda.core import Program
 
-            program = Program(source, request.code_type, options=options)
-            try:
-                obj = program.compile(request.target_type, name_expressions=request.name_expressions, logs=log)
-            finally:
-                program.close()
-            if trace_path is not None and request.code_type == "c++":
-                flags = options.as_bytes("nvrtc", request.target_type)
-                header_pass(str(source), options._name, flags, trace_path)  # type: ignore[attr-defined]
+        program = Program(source, request.code_type, options=options)
+        try:
+            obj = program.compile(request.target_type, name_expressions=request.name_expressions, logs=log)
+        finally:
+            program.close()
+        if trace_path is not None and request.code_type == "c++":
+            flags = options.as_bytes("nvrtc", request.target_type)
+            header_pass(str(source), options._name, flags, trace_path)  # type: ignore[attr-defined]
     return obj, log.text(), time.perf_counter() - start

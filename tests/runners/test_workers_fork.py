@@ -14,10 +14,11 @@ import time
 
 from cuda.core import ProgramOptions
 from helpers import ARCH, support_script
-from test_compile import HEAVY, needs_bundled_headers
+from sources import HEAVY, needs_bundled_headers
 
 from kernelcache import CompileInfo, FileStreamProgramCache, compile_many, compile_program
-from kernelcache.compile.workers import pool
+from kernelcache.runners.pool import pool
+from kernelcache.runners.slots import usable_cores
 
 FORK_WRITER = support_script("_fork_writer.py")
 KERNEL = 'extern "C" __global__ void f{n}(float* a) {{ a[threadIdx.x] *= {n}.5f; }}\n'
@@ -110,7 +111,8 @@ def test_a_fork_while_workers_start_neither_stalls_them_nor_keeps_their_pipes(tm
         os.close(up_r)
         os.close(up_w)
     assert not stalled, "a worker's start waited for a forked child to exit"
-    assert len(objs) == 4 and len(pool().pids()) == 4 and children
+    assert len(objs) == 4  # (not in one assert with objs: pytest's repr of an ObjectCode list hangs here)
+    assert len(pool().pids()) == min(4, usable_cores()) and children  # one per compile slot of the node's
     assert not {pid: p for pid, p in held.items() if p}
 
 

@@ -14,12 +14,13 @@ import time
 import pytest
 from cuda.core import ProgramOptions
 from helpers import ARCH, in_forked_child, settle_timestamps, support_script
-from test_compile import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
+from sources import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
 
 from kernelcache import CompileManyError, FileStreamProgramCache, KernelCacheWarning, compile_many
 from kernelcache.compile.flow import probe
-from kernelcache.compile.runners import MIN_MISSES, MISSES_PER_WORKER, batch_threads
-from kernelcache.compile.workers import WorkerCrashed, boot_flags, pool
+from kernelcache.runners.choice import MIN_MISSES, MISSES_PER_WORKER, batch_threads
+from kernelcache.runners.pool import WorkerCrashed, pool
+from kernelcache.runners.worker import IDLE_S, boot_flags
 
 CHILD = support_script("_pool_children.py")
 BROKEN = 'extern "C" __global__ void broken(float* a) { a[threadIdx.x] = undefined_name; }\n'
@@ -474,7 +475,7 @@ def test_workers_skip_site_when_the_path_alone_finds_their_packages(tmp_path) ->
         f"spec = importlib.util.spec_from_file_location('kernelcache', {str(elsewhere / 'kc' / '__init__.py')!r},"
         f" submodule_search_locations=[{str(elsewhere / 'kc')!r}])\n"
         "mod = importlib.util.module_from_spec(spec); sys.modules['kernelcache'] = mod; spec.loader.exec_module(mod)\n"
-        "from kernelcache.compile.workers import boot_flags; print(boot_flags())\n"
+        "from kernelcache.runners.worker import boot_flags; print(boot_flags())\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -503,7 +504,7 @@ def test_a_worker_that_finds_another_kernelcache_is_never_used(tmp_path) -> None
         "import json, os, sys, warnings\n"
         "from cuda.core import ProgramOptions\n"
         "from kernelcache import FileStreamProgramCache, compile_many\n"
-        "from kernelcache.compile.workers import pool\n"
+        "from kernelcache.runners.pool import pool\n"
         "src = 'extern \"C\" __global__ void m(float* a) { a[0] = %d; }'\n"
         f"many = lambda n: compile_many([{{'code': src % n, 'options': ProgramOptions(arch='{ARCH}')}}],\n"
         "                               cache=FileStreamProgramCache(sys.argv[2]), processes=True)\n"
@@ -525,3 +526,24 @@ def test_a_worker_that_finds_another_kernelcache_is_never_used(tmp_path) -> None
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["first"] == 1 and seen["compiled"] and seen["in_workers"] == 0, seen
     assert [w for w in seen["warnings"] if "compiler workers cannot take compiles" in w]
+
+
+def test_a_worker_that_ended_idle_costs_the_next_compile_nothing(tmp_path) -> None:
+    """An idle worker ends by itself after pool().idle_s (its slot free for others); the next
+    compile, sent to it after it ended, goes to a fresh worker: no crash, no retry counted."""
+    pool().close()
+    pool().idle_s = 0.2
+    try:
+        reqs = [{"code": BROKEN.replace("undefined_name", f"{n}.0f"), "options": ProgramOptions(arch=ARCH)} for n in (1, 2)]
+        compile_many(reqs[:1], cache=FileStreamProgramCache(tmp_path / "a"), processes=True)
+        (first,) = pool().pids()
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{first}") and " Z " not in _stat(first) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        crashes, compiled = pool().crashes, pool().compiles
+        compile_many(reqs[1:], cache=FileStreamProgramCache(tmp_path / "b"), processes=True)
+        assert (pool().crashes, pool().compiles) == (crashes, compiled + 1)
+        assert first not in pool().pids()
+    finally:
+        pool().idle_s = IDLE_S
+        pool().close()

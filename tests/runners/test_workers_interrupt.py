@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 
-from helpers import SUPPORT, support_script
-from test_compile import needs_bundled_headers
+from helpers import SUPPORT, running, support_script
+from sources import needs_bundled_headers
 
 CHILD = support_script("_pool_faults.py")
 
@@ -23,7 +23,7 @@ def test_ctrl_c_while_workers_start_leaves_the_pool_whole_and_the_terminal_quiet
     # size, and the batch after them, still get a worker (they waited for one forever).
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["interrupted"] >= 1 and got["compiled"] == 1 and got["workers"] == 1
+    assert got["interrupted"] >= 1 and got["compiled"] == 1 and got["workers"] == 1, got
     # A worker whose parent let go of it before it was ready ends without a word.
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
 
@@ -32,15 +32,6 @@ def _busy_ticks(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie lasts until init reaps it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @needs_bundled_headers
@@ -55,9 +46,9 @@ def test_a_worker_ends_with_its_caller_even_in_the_middle_of_a_compile(tmp_path)
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 60
-        while _running(worker) and time.monotonic() < deadline:
+        while running(worker) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert not _running(worker)
+        assert not running(worker)
     finally:
         proc.kill()
         proc.wait()
