@@ -5,8 +5,7 @@ would run them, so that compiles on threads run at once (see _nvrtc_directly); e
 else goes through cuda.core. Two workarounds live here, each explained where it is made:
 C++ -> PTX without a CUDA driver (cuda.core asks the driver about PTX it produces), and the
 reset of NVRTC's time-trace state after a failed traced compile. So does the header pass
-(which headers a compile read, see header_pass) and its trace files: where they go (the
-store's own tmp/) and when there is no room for one.
+(which headers a compile read: header_pass) and its trace files (in the store's tmp/, if room).
 """
 
 from __future__ import annotations
