@@ -6,28 +6,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
-from helpers import REPO
+from helpers import EXAMPLE, REPO, kc
 
 from kernelcache import FileStreamProgramCache
 from kernelcache.stores.file.store import FORMAT_DIR
 
 ROOT = REPO
-EXAMPLE = os.path.join(ROOT, "examples", "warm.toml")
-
-
-def kc(*args: str, cache: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Run `kernelcache ...` as a separate process (python -m kernelcache is the same entry point)."""
-    cmd = [sys.executable, "-m", "kernelcache", *args]
-    if cache is not None:
-        cmd += ["--cache-dir", cache]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:

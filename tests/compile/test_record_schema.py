@@ -115,7 +115,7 @@ def test_every_stored_artifact_carries_this_schema(tmp_path) -> None:
 def test_explain_passes_over_a_record_of_another_shape(tmp_path) -> None:
     import json
 
-    from test_cli import kc
+    from helpers import kc
 
     cache_dir = str(tmp_path / "cache")
     code = 'extern "C" __global__ void k(float* x) { x[0] = 1; }'

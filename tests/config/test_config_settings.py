@@ -207,7 +207,7 @@ def test_a_member_who_leaves_the_group_does_not_lock_the_others_out(team_users, 
             st = os.stat(root)
             assert (st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)) == (0, _gid(_TEAM), "0o2770")
             assert os.path.isfile(os.path.join(root, "CACHEDIR.TAG"))
-        from test_stores_uids import as_user
+        from uids import as_user
 
         a, b = _member(_A), _member(_B)
         as_user(a, _put, root, b"from-a", umask=0o002)

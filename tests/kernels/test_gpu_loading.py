@@ -8,7 +8,8 @@ import warnings
 
 import numpy as np
 import pytest
-from test_gpu_kernels import SRC, _devices, _options, _scale_on
+from gpu_kernels import SRC, _scale_on
+from test_gpu_kernels import _devices, _options
 
 from kernelcache import CompileInfo, CompileManyError, FileStreamProgramCache, KernelCache, KernelCacheWarning
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_gpu_kernels import SRC, _scale_on
+from gpu_kernels import SRC, _scale_on
 
 from kernelcache import FileStreamProgramCache, InMemoryProgramCache, TieredProgramCache
 

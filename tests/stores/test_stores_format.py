@@ -15,10 +15,9 @@ import warnings
 
 import pytest
 from cuda.core import ProgramOptions
-from helpers import ARCH, SUPPORT, run_python
+from helpers import ARCH, SUPPORT, kc, run_python
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cli import kc
 
 from kernelcache import (
     CompileInfo,
@@ -186,7 +185,7 @@ def test_a_bit_flip_in_the_symbol_mapping_is_a_miss(tmp_path) -> None:
         "info, mapping = _compile_axpy(sys.argv[1])\n"
         "print(json.dumps([info.hit, {k: (v.decode() if isinstance(v, bytes) else v) for k, v in mapping.items()}]))\n",
         root,
-        env={"PYTHONPATH": os.pathsep.join([SUPPORT, os.environ.get("PYTHONPATH", "")])},
+        env={"PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), SUPPORT, os.environ.get("PYTHONPATH", "")])},
     )
     hit, mapping = json.loads(out.strip().splitlines()[-1])
     as_text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in truth.items()}
@@ -310,7 +309,7 @@ def test_tools_print_and_accept_the_entry_name(tmp_path) -> None:
 
 
 def test_warm_ls_explain_show_agree_on_the_entry_name(tmp_path) -> None:
-    from test_cli import EXAMPLE
+    from helpers import EXAMPLE
 
     root = str(tmp_path / "c")
     warmed = json.loads(kc("warm", EXAMPLE, "--json", cache=root).stdout)

@@ -16,6 +16,7 @@ ARCH = "sm_90"  # compiles target this arch on CPU-only machines (NVRTC needs no
 SUPPORT = os.path.dirname(os.path.abspath(__file__))  # tests/support: the child scripts
 TESTS = os.path.dirname(SUPPORT)
 REPO = os.path.dirname(TESTS)  # the checkout: README.md, examples/, src/
+EXAMPLE = os.path.join(REPO, "examples", "warm.toml")  # the README's warm manifest
 
 
 def _gpu_available() -> bool:
@@ -119,3 +120,14 @@ def gpu_child(mode: str, env: dict[str, str]) -> dict:
     )
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def kc(*args: str, cache: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `kernelcache ...` as a separate process (python -m kernelcache is the same entry point)."""
+    cmd = [sys.executable, "-m", "kernelcache", *args]
+    if cache is not None:
+        cmd += ["--cache-dir", cache]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from uids import User, unique
+from uids import User, as_user, unique
 
 from kernelcache import FileStreamProgramCache, UnsafeCacheDirError
 from kernelcache.compile.flight import SingleFlight
@@ -76,36 +76,6 @@ def base() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def as_user(user: User, fn: Callable[..., Any], *args: Any, umask: int = 0o077) -> Any:
-    """fn(*args) run in a forked child as user; its result, or its exception raised here."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        try:
-            os.close(read_end)
-            os.setgroups(list(user.groups))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            os.umask(umask)
-            warnings.simplefilter("ignore")
-            try:
-                result: Any = ("ok", fn(*args))
-            except BaseException as exc:  # reported to the parent, raised there
-                result = ("error", exc)
-            with os.fdopen(write_end, "wb") as f:
-                pickle.dump(result, f)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    kind, value = pickle.loads(data)
-    if kind == "error":
-        raise value
-    return value
 
 
 @contextlib.contextmanager

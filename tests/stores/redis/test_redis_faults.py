@@ -125,7 +125,7 @@ def _wait_for_lock(raw, ns: str, timeout: float = 120) -> None:
 def test_waiter_proceeds_when_its_local_compiling_peer_is_killed(tmp_path, server, ns) -> None:
     """A process of this host holding the Redis lock is SIGKILLed mid-compile: a waiter of
     the same host proceeds at once (the file lock tells), not after the lock's TTL."""
-    from test_compile import HEAVY, needs_bundled_headers
+    from sources import HEAVY, needs_bundled_headers
 
     if needs_bundled_headers.args[0]:
         pytest.skip("this NVRTC has no bundled CUDA/CCCL headers")
