@@ -37,11 +37,21 @@ def is_manifest(entry: EntryInfo) -> bool:
     return meta.get("kind") in ("manifest", "source-index")
 
 
+# Records that are not a kernel of their own: bookkeeping (header manifests, source indexes,
+# CuPy's index) and a Triton kernel's single files, for which its group's one row stands.
+_NOT_KERNELS = ("manifest", "source-index", "cupy-index", "triton")
+
+
+def is_kernel(meta: object) -> bool:
+    """Whether a record with this metadata is a kernel as ``ls`` lists it (one row): the one rule
+    every count of kernels uses (ls, stats, bundle create/ls/import, the remote tiers).
+    Metadata that cannot be read is listed (as ``?``): it is no bookkeeping record of ours."""
+    return not isinstance(meta, dict) or meta.get("kind") not in _NOT_KERNELS
+
+
 def is_listed(entry: EntryInfo) -> bool:
-    """Whether ``ls`` lists the entry: not bookkeeping (manifests, CuPy's index) nor one of a
-    Triton kernel's files, for which its group's one row stands (``show`` lists them)."""
-    meta = (entry.meta or {}).get("meta") or {}
-    return not is_manifest(entry) and meta.get("kind") not in ("cupy-index", "triton")
+    """Whether ``ls`` lists the entry (is_kernel of its metadata); ``show`` lists the others too."""
+    return is_kernel((entry.meta or {}).get("meta") or {})
 
 
 def _text(value: Any, default: str = "?") -> str:
@@ -93,21 +103,49 @@ def _sorted(rows: list[dict[str, Any]], sort: str, limit: int | None) -> list[di
     return rows[:limit] if limit else rows
 
 
-def object_store_rows(url: str, sort: str, limit: int | None) -> list[dict[str, Any]]:
-    """``ls --object-store URL``: the entries of a bucket, as ``ls`` shows a disk cache's
-    (last used: when the record was written; a bucket keeps no read times)."""
+def remote_heads(
+    redis_url: str | None = None, object_store: str | None = None, namespace: str = "kernelcache"
+) -> tuple[str, list[Any]]:
+    """(where, [(name, bytes, time, head)]) of every record of a Redis namespace or a bucket. The
+    heads are read unverified (shown, never served: a signed tier lists without its secret);
+    ValueError naming the cause when the tier cannot be reached."""
     import warnings
-
-    from kernelcache.stores.object.store import ObjectStoreProgramCache
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the error below says it once
-        store = ObjectStoreProgramCache(url, read_only=True)
-        found = store.entries()
+        if redis_url is not None:
+            from kernelcache.stores.redis import listing as redis_listing
+            from kernelcache.stores.redis.store import RedisProgramCache
+
+            store: Any = RedisProgramCache(redis_url, namespace=namespace, read_only=True)
+            found, where = redis_listing.heads(store), f"Redis at {redis_url} namespace {namespace!r}"
+        else:
+            from kernelcache.stores.object import listing as object_listing
+            from kernelcache.stores.object.store import ObjectStoreProgramCache
+
+            store = ObjectStoreProgramCache(str(object_store), read_only=True)
+            found, where = object_listing.heads(store), f"the object store {object_store}"
     if found is None:
-        raise ValueError(f"the object store {url} was not reached ({store.last_error})")
-    infos = [EntryInfo(name, url, size, t, {"meta": meta or {}, "created": t}) for name, size, t, meta in found]
-    return _sorted([entry_row(e) for e in infos if is_listed(e)], sort, limit)
+        raise ValueError(f"{where} was not reached ({store.last_error})")
+    return where, found
+
+
+def remote_rows(heads: list[Any], where: str, sort: str, limit: int | None) -> list[dict[str, Any]]:
+    """``ls --redis URL`` / ``ls --object-store URL``: the kernels of a shared tier, as ``ls`` shows a
+    disk cache's (last used: when the record was written; a shared tier keeps no read times)."""
+    rows = []
+    for name, size, when_made, head in heads:
+        record = head if isinstance(head, dict) else {}
+        info = EntryInfo(name, where, int(record.get("size") or size), when_made, {**record, "created": when_made})
+        if is_listed(info):
+            rows.append(entry_row(info))
+    return _sorted(rows, sort, limit)
+
+
+def remote_counts(heads: list[Any]) -> dict[str, int]:
+    """kernels (as ``ls`` lists them), records and bytes of a shared tier's listing."""
+    kernels = sum(1 for *_, head in heads if is_kernel((head or {}).get("meta") if isinstance(head, dict) else None))
+    return {"entries": kernels, "records": len(heads), "size_bytes": sum(size for _, size, _, _ in heads)}
 
 
 def find_by_prefix(cache: FileStreamProgramCache, prefix: str) -> EntryInfo:

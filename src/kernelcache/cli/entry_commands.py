@@ -27,12 +27,25 @@ from kernelcache.stores.file.store import FileStreamProgramCache
     help="Order of the rows (largest or most recent first).",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Show at most this many entries.")
-@click.option("--object-store", "object_store", default=None, metavar="URL", help="List this bucket's entries instead.")
+@click.option("--redis", "redis_url", default=None, metavar="URL", help="List this Redis namespace's kernels instead.")
+@click.option("--redis-namespace", default="kernelcache", show_default=True, help="With --redis: the namespace.")
+@click.option("--object-store", "object_store", default=None, metavar="URL", help="List this bucket's kernels instead.")
 @JSON_OPTION
-def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, object_store: str | None, as_json: bool) -> None:
+def ls_cmd(
+    cache_dir: str | None,
+    sort: str,
+    limit: int | None,
+    redis_url: str | None,
+    redis_namespace: str,
+    object_store: str | None,
+    as_json: bool,
+) -> None:
     """List entries: name prefix (show accepts it), types, arch, size, last used, compile time, kernels."""
-    if object_store is not None:
-        rows = ent.object_store_rows(object_store, sort, limit)
+    if redis_url is not None and object_store is not None:
+        raise UserError("give one of --redis and --object-store")
+    if redis_url is not None or object_store is not None:
+        where, heads = ent.remote_heads(redis_url, object_store, redis_namespace)
+        rows = ent.remote_rows(heads, where, sort, limit)
     else:
         rows = ent.list_rows(open_cache(cache_dir), sort, limit)
     emit(rows, as_json, ls_table)

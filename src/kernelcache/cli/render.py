@@ -110,6 +110,7 @@ def warm_text(data: list[dict[str, Any]], bundle: dict[str, Any] | None = None, 
     failed = sum(1 for r in data if r.get("error"))
     click.echo(f"{len(data) - failed} ok, {failed} failed")
     if bundle is not None:
-        click.echo(f"bundle {bundle['path']}: {bundle['entries']} entries, {bundle['bytes']} bytes")
+        counts = f"{bundle['kernels']} kernels ({bundle['records']} records)"
+        click.echo(f"bundle {bundle['path']}: {counts}, {bundle['bytes']} bytes")
     elif bundle_asked:
         click.echo("no bundle written: a kernel failed")

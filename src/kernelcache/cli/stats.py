@@ -79,6 +79,7 @@ def _disk(cache_dir: str | None, zero: bool) -> dict[str, Any]:
 
 def _redis_fleet(url: str, namespace: str, by_host: bool, zero: bool) -> tuple[dict[str, Any] | None, str]:
     """The fleet counters in Redis (and per host), or None and the line saying why not."""
+    from kernelcache.stores.redis import listing as redis_listing
     from kernelcache.stores.redis.store import RedisProgramCache
 
     with warnings.catch_warnings():
@@ -90,7 +91,8 @@ def _redis_fleet(url: str, namespace: str, by_host: bool, zero: bool) -> tuple[d
             if fleet is None or written is None:
                 return None, f"Redis at {url} was not reached ({rc.last_error}): its figures are not shown"
             out: dict[str, Any] = dict(fleet)
-            out["entries"] = len(rc)  # Redis keys: artifacts and header manifests
+            heads = redis_listing.heads(rc)  # kernels as ls lists them, records and bytes
+            out.update(ent.remote_counts(heads) if heads is not None else {})
     out["url"], out["namespace"] = url, namespace
     if hosts is not None:
         out["hosts"] = hosts
@@ -103,15 +105,11 @@ def _redis_fleet(url: str, namespace: str, by_host: bool, zero: bool) -> tuple[d
 
 
 def _object_store(url: str) -> tuple[dict[str, Any] | None, str]:
-    from kernelcache.stores.object.store import ObjectStoreProgramCache
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        store = ObjectStoreProgramCache(url, read_only=True)
-        usage = store.usage()
-    if usage is None:
-        return None, f"the object store {url} was not reached ({store.last_error}): its figures are not shown"
-    return {"entries": usage[0], "size_bytes": usage[1], "url": url}, ""
+    try:
+        _, heads = ent.remote_heads(object_store=url)
+    except ValueError as exc:
+        return None, f"{exc}: its figures are not shown"
+    return {**ent.remote_counts(heads), "url": url}, ""
 
 
 def render(data: dict[str, dict[str, Any]], zero: bool, notes: list[str]) -> None:
@@ -130,8 +128,7 @@ def render(data: dict[str, dict[str, Any]], zero: bool, notes: list[str]) -> Non
             elif row == "max size":
                 cells.append(config.format_size(store["max_size_bytes"]) if "path" in store else "")
             else:
-                v = store.get(row, "")
-                cells.append(f"{v:.1%}" if row == "hit_rate" else f"{v:.3f}" if isinstance(v, float) else str(v))
+                cells.append(_cell(row, store.get(row)))
         rows.append((row, *cells))
     # Plain text like ls (cli/table.py): rich's import and layout were a sixth of the command.
     click.echo(table.render("kernelcache stats", ("counter", *data), rows, right=range(1, len(data) + 1)))
@@ -153,14 +150,23 @@ def render(data: dict[str, dict[str, Any]], zero: bool, notes: list[str]) -> Non
         click.echo("counters zeroed (the figures above are from before; size and entries are kept)")
 
 
+def _cell(row: str, value: Any) -> str:
+    """One figure as the table shows it ("" where this store has no such figure: an object
+    store counts no hits, say)."""
+    if value is None:
+        return ""
+    if row == "hit_rate":
+        return f"{value:.1%}"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 def _render_hosts(hosts: dict[str, dict[str, Any]]) -> None:
     fields = ("processes", "hits", "misses", "hit_rate", "compiles", "compile_seconds_saved", "stores", "errors")
     rows = []
     for field in fields:
         cells = []
         for counters in hosts.values():
-            v = counters.get(field, 0)
-            cells.append(f"{v:.1%}" if field == "hit_rate" else f"{v:.3f}" if isinstance(v, float) else str(v))
+            cells.append(_cell(field, counters.get(field, 0)))
         rows.append((field, *cells))
     title = "the fleet by host (hosts seen within a day; the totals keep every host)"
     click.echo(table.render(title, ("counter", *hosts), rows, right=range(1, len(hosts) + 1)))

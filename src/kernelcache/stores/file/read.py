@@ -49,7 +49,9 @@ class EntryReading:
         def warn_once(self, cause: str, message: str, *, counted_as: ErrorCause) -> None: ...
 
     def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
-        path = self._entry_path(key)
+        return self._read_at(self._entry_path(key))
+
+    def _read_at(self, path: str) -> tuple[bytes, Meta] | None:
         previous = None
         for attempt in range(3):
             got = self._read_entry(path)

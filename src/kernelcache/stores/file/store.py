@@ -217,6 +217,11 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         return self._write_at(self._entry_path(key), payload, meta)
 
+    def read_named(self, name: str) -> tuple[bytes, Meta] | None:
+        """The checked (payload, meta) of the entry ``name``, uncounted (``kernelcache import``
+        asks whether a record is already there); None: absent or unusable."""
+        return self._read_at(self.entry_path(name))
+
     def write_named(self, name: str, payload: bytes, meta: Meta) -> bool:
         """Store an entry by its name (naming.entry_name of its key), as ``kernelcache import``
         copies one from a bundle; False if the write was dropped (warned)."""

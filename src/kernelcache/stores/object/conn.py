@@ -70,8 +70,41 @@ def errors() -> Any:
 def answered(exc: BaseException) -> bool:
     """Whether the store answered (a refusal: permissions, credentials) rather than was not reached.
 
-    A refusal is not an outage: that one call fails and the next is tried. Anything else
-    (a connection refused, a timeout, a 5xx answered to every request) is treated as down.
+    A refusal is not an outage: that one call fails and the next is tried. So is a bucket that
+    does not exist and an http endpoint obstore will not use (no request was sent: nothing is
+    down). Anything else (a connection refused, a timeout, a 5xx answered to every request) is
+    treated as down.
     """
     e = errors()
-    return isinstance(exc, (e.PermissionDeniedError, e.UnauthenticatedError, e.NotSupportedError))
+    kinds = (e.PermissionDeniedError, e.UnauthenticatedError, e.NotSupportedError)
+    return isinstance(exc, kinds) or no_such_bucket(exc) or plain_http(exc)
+
+
+def no_such_bucket(exc: BaseException) -> bool:
+    """Whether the store answered that the bucket (or container) does not exist."""
+    text = str(exc)
+    return "NoSuchBucket" in text or "ContainerNotFound" in text or "bucket does not exist" in text
+
+
+def plain_http(exc: BaseException) -> bool:
+    """Whether obstore refused to send a request to an http endpoint (no ``allow_http``)."""
+    return "BadScheme" in str(exc)
+
+
+def explain(exc: BaseException, url: str) -> str:
+    """One line saying why a call failed, its cause first: obstore's own message puts it at the
+    end of a long text (a plain-http endpoint says ``BadScheme`` only in its debug dump)."""
+    text = str(exc)
+    if plain_http(exc):
+        scheme = url.split("://", 1)[0]
+        variable = {"s3": "AWS_ALLOW_HTTP", "s3a": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP"}.get(scheme)
+        how = f"{variable}=true" if variable else "AZURE_ALLOW_HTTP=true"
+        return f"its endpoint is plain http, which obstore refuses unless told: set {how} (or allow_http)"
+    if no_such_bucket(exc):
+        return f"the bucket or container of {url} does not exist"
+    first = text.splitlines()[0] if text else ""
+    for marker in ("Server returned non-2xx status code: ", "HTTP error: ", "error: "):
+        if marker in first:  # the cause is after the request it failed (the URL, the time it took)
+            first = first.split(marker, 1)[1]
+            break
+    return f"{type(exc).__name__}: {first[:200]}"
