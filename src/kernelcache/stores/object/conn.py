@@ -60,6 +60,13 @@ def _client_options_from_env(url: str) -> dict[str, str]:
     return {key: os.environ[prefix + key.upper()] for key in _CLIENT_KEYS if os.environ.get(prefix + key.upper())}
 
 
+def listing(store: Any, prefix: str) -> Any:
+    """obstore's listing of ``prefix`` (batches of rows)."""
+    import obstore
+
+    return obstore.list(store, prefix)
+
+
 def errors() -> Any:
     """obstore's exception module (imported where obstore is known to be present)."""
     import obstore.exceptions

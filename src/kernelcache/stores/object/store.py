@@ -348,9 +348,7 @@ class ObjectStoreProgramCache(RecordStore):
         return bool(removed)
 
     def _entry_paths(self, store: Any) -> list[str]:
-        import obstore
-
-        return [m["path"] for batch in obstore.list(store, f"{self._prefix}e/") for m in batch]
+        return [m["path"] for batch in conn.listing(store, self.entries_prefix) for m in batch]
 
     def __len__(self) -> int:
         return len(self.call("count", self._entry_paths) or ())
