@@ -165,8 +165,13 @@ def _bundle_tiers(paths: tuple[str, ...], secret: str | None) -> list[ProgramCac
         try:
             tiers.append(BundleProgramCache(path, secret=secret))
         except (OSError, ValueError) as exc:
-            # A damaged or refused bundle never fails a compile: that tier is left out.
-            message = f"the bundle {path} (KERNELCACHE_BUNDLES) is not used: {exc}"
+            # A missing, damaged or refused bundle never fails a compile: that tier is left out.
+            why = (
+                "there is no such file (build it with `kernelcache bundle create`, fix the path or unset the variable)"
+                if isinstance(exc, FileNotFoundError)
+                else str(exc)
+            )
+            message = f"the bundle {path} (KERNELCACHE_BUNDLES) is not used: {why}"
             _unusable.warn(f"bundle:{path}", message, stacklevel=5)
     return tiers
 

@@ -131,3 +131,23 @@ def test_create_from_a_signed_bucket_without_its_secret_refuses_and_keeps_the_bu
     signed = {**env, "KERNELCACHE_OBJECT_STORE_SECRET": "team secret"}
     ok = _cli("bundle", "create", str(out), "--object-store", f"s3://{bucket}/kc", "--json", env=signed)
     assert ok.returncode == 0 and json.loads(ok.stdout)["kernels"] == 3, ok.stderr
+
+
+def test_a_missing_bundle_is_left_out_with_one_warning_and_compiles_go_on(tmp_path: Path, monkeypatch) -> None:
+    """KERNELCACHE_BUNDLES naming a file that is not there (not built yet, a volume not mounted)
+    is no ConfigError in every compile_program: that tier is left out with one warning."""
+    import warnings
+
+    monkeypatch.setenv("KERNELCACHE_BUNDLES", str(tmp_path / "not-built-yet.kcb"))
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "disk"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for src in SOURCES[:2]:
+            kernelcache.compile_program(src, options=ProgramOptions(arch=ARCH))
+    messages = [str(w.message) for w in caught if issubclass(w.category, kernelcache.KernelCacheWarning)]
+    assert len(messages) == 1 and "not-built-yet.kcb" in messages[0] and "no such file" in messages[0]
+    assert [type(t).__name__ for t in kernelcache.default_cache().tiers] == [
+        "InMemoryProgramCache",
+        "FileStreamProgramCache",
+    ]
+    assert _cli("config", env={"KERNELCACHE_BUNDLES": str(tmp_path / "not-built-yet.kcb")}).returncode == 0
