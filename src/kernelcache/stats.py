@@ -152,3 +152,40 @@ class MemoryStats:
 
     def close(self) -> None:
         pass
+
+
+class TeeStats:
+    """A store's own counters (``primary``: what its ``stats()`` shows; a Redis tier's fleet
+    tally) and a second set every count is also added to (``also``: the tier's counters file in
+    the local cache directory, stores.file.store.FileStreamProgramCache.tier_counters), so that
+    ``kernelcache stats``, ``--json`` and Prometheus read every tier's counts from one place.
+    What the primary offers besides (a fleet flush) is reached through it."""
+
+    def __init__(self, primary: Any, also: Any) -> None:
+        self._primary = primary
+        self._also = also
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._primary, name)
+
+    def add(self, **deltas: int) -> dict[str, int]:
+        self._also.add_deferred(**deltas)  # never waits: written out with the next update or at exit
+        return self._primary.add(**deltas)
+
+    def add_deferred(self, **deltas: int) -> None:
+        self._primary.add_deferred(**deltas)
+        self._also.add_deferred(**deltas)
+
+    def set(self, name: str, value: int) -> None:
+        self._primary.set(name, value)
+
+    def snapshot(self) -> dict[str, int]:
+        return self._primary.snapshot()
+
+    def zero(self) -> None:
+        self._primary.zero()
+        self._also.zero()
+
+    def close(self) -> None:
+        self._primary.close()
+        self._also.close()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Union
 from kernelcache import forksafe
 from kernelcache.log import KernelCacheWarning as KernelCacheWarning  # re-exported: what stores warn with
 from kernelcache.log import WarnOnce
-from kernelcache.stats import ErrorCause, MemoryStats, error_deltas, public_view
+from kernelcache.stats import ErrorCause, MemoryStats, TeeStats, error_deltas, public_view
 from kernelcache.stores import sniff
 
 if TYPE_CHECKING:
@@ -249,6 +249,12 @@ class CountingStore(ProgramCacheResource):
 
     def after_fork_in_child(self) -> None:
         """Called in a forked child: a store that owns locks replaces them here."""
+
+    def count_into(self, counters: Any) -> None:
+        """Also add every count of this store to ``counters`` (a tier's counters file in the local
+        cache directory: the default cache does so for its memory, bundle, Redis and object-store
+        tiers, which keep theirs in process memory otherwise)."""
+        self._stats = TeeStats(self._stats, counters)
 
     @abc.abstractmethod
     def _counted_read(self, key: bytes, internal: bool) -> tuple[bytes, Meta] | None:

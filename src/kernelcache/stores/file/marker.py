@@ -31,11 +31,13 @@ from kernelcache.stores.file.ops import starts_with
 __all__ = [
     "FORMAT_DIR",
     "MARKER_NAME",
+    "TIER_COUNTERS",
     "ROOT_CONFIG",
     "NotACacheRootError",
     "has_marker",
     "holds_only_ours",
     "require_cache_root",
+    "tier_counters_path",
     "tree_exists",
     "write_marker",
 ]
@@ -54,7 +56,9 @@ _MAX_MARKER = 4096  # a marker is a few lines: a bigger file there is not ours
 # The directory of this version's layout under the root, and what it may hold (see
 # FileStreamProgramCache's layout).
 FORMAT_DIR = "v2"
-_V2_CHILDREN = frozenset({"entries", "tmp", "locks", "stats"})
+# The tiers of the default cache that count into files of this tree (FileStreamProgramCache.tier_counters).
+TIER_COUNTERS = ("memory", "bundle", "redis", "object")
+_V2_CHILDREN = frozenset({"entries", "tmp", "locks", "stats", *(f"stats.{tier}" for tier in TIER_COUNTERS)})
 # The root's cap file (stores/file/dircap.py), and every name kernelcache gives a file in a
 # root: layout v1's tree, Triton's materialized copies, the marker.
 ROOT_CONFIG = "config.toml"
@@ -67,6 +71,11 @@ _SIDECAR_MAGIC = b"kernelcache-sidecar "
 
 class NotACacheRootError(ValueError):
     """A destructive command was given a directory that is not a kernelcache cache root."""
+
+
+def tier_counters_path(root: str, tier: str) -> str:
+    """Where the default cache's ``tier`` counts this node's look-ups, in the cache at ``root``."""
+    return os.path.join(root, FORMAT_DIR, f"stats.{tier}")
 
 
 def tree_exists(root: str) -> bool:

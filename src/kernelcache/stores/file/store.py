@@ -33,7 +33,7 @@ from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.file import dircap
 from kernelcache.stores.file import locks as lockfiles
 from kernelcache.stores.file.counters import FileStats
-from kernelcache.stores.file.marker import FORMAT_DIR, holds_only_ours
+from kernelcache.stores.file.marker import FORMAT_DIR, TIER_COUNTERS, holds_only_ours, tier_counters_path
 from kernelcache.stores.file.oldlayout import remove_v1_tree
 from kernelcache.stores.file.ops import (
     READ_CHUNK,
@@ -142,6 +142,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         make_tree(self._root, subdirs, self._allow_shared, mark=fresh, create=create)
         # Files by umask in a team cache (ccache's model); 0600 in a private one.
         self._file_mode = 0o666 if self._allow_shared else 0o600
+        self._create = create
         self._stats = FileStats(os.path.join(base, "stats"), shared=self._allow_shared, create=create)
         self._verified: dict[str, Verified] = {}
         self._paths: dict[bytes, str] = {}
@@ -211,6 +212,14 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     @property
     def tmp_dir(self) -> str:
         return self._tmp
+
+    def tier_counters(self, tier: str) -> FileStats:
+        """The counters file of another tier of the default cache built over this directory
+        (``v2/stats.<tier>``: memory, bundle, redis, object), shared like this store's own:
+        those tiers count this node's look-ups there, where ``kernelcache stats`` reads them."""
+        if tier not in TIER_COUNTERS:
+            raise ValueError(f"no counters file for a tier named {tier!r}; known: {', '.join(TIER_COUNTERS)}")
+        return FileStats(tier_counters_path(self._root, tier), shared=self._allow_shared, create=self._create)
 
     # -- writing ----------------------------------------------------------------------
 
