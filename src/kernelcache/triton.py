@@ -31,10 +31,9 @@ Triton wants paths back; those are copies under the cache root
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import json
 import os
-import shutil
 import time
 from typing import Any
 
@@ -46,10 +45,10 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised where triton 
         "kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`", name=exc.name
     ) from exc
 
-from kernelcache import config
-from kernelcache.integrations.materialized import MATERIALIZED_DIR, check_file_name, materialize, private_root
+from kernelcache import config, forksafe
+from kernelcache.integrations.materialized import check_file_name, materialize, remove_owner
 from kernelcache.integrations.triton_dir import inductor_loaded, inductors_group, mirror_group
-from kernelcache.integrations.triton_files import TritonFiles, is_plain, warn_once
+from kernelcache.integrations.triton_files import TritonFiles, is_plain, private_root, warn_once
 from kernelcache.stores.base import ProgramCacheResource
 
 __all__ = ["KernelCacheManager", "KernelCacheRemoteBackend", "inductor_loaded", "mirror_group"]
@@ -63,7 +62,9 @@ _IR_EXTS = ("source", "ttir", "ttgir", "llir", "ptx", "amdgcn", "mlir")
 # group: a single entry of its own would double the kernel's bytes and inodes. Every other
 # file (a launcher "<module>.cpython-311-x86_64-linux-gnu.so", "<fn>.autotune.json") is one.
 _MEMBER_EXTS = (*_IR_EXTS, "cubin", "hsaco", "json")
-_scratch_roots: set[str] = set()
+# Roots this process put scratch copies under, with the store whose cap counts them (None: a
+# private root, no store's).
+_scratch_roots: dict[str, Any] = {}
 # This process's scratch folder: its pid and a random part, so two processes of one pid on
 # two hosts sharing a cache (a team cache on NFS) never remove each other's copies at exit.
 _scratch = {"owner": f"{os.getpid()}-{os.urandom(4).hex()}"}
@@ -85,19 +86,27 @@ def _needed(name: str) -> bool:
     return name.rsplit(".", 1)[-1] not in _IR_EXTS or _stores_irs()
 
 
-@atexit.register
 def _remove_scratch() -> None:
-    # Only this process's own scratch directory, under roots it used.
-    for root in _scratch_roots:
-        shutil.rmtree(os.path.join(root, MATERIALIZED_DIR, "scratch", _scratch["owner"]), ignore_errors=True)
+    # Only this process's own scratch directory, under roots it used; the bytes they gave
+    # back leave the store's size tracker (they were counted when written: one budget).
+    for root, budget in list(_scratch_roots.items()):
+        given = remove_owner(root, _scratch["owner"])
+        if budget is not None and given:
+            with contextlib.suppress(Exception):  # exit goes on whatever the counters file does
+                budget.copies_freed(given)
+
+
+forksafe.at_exit(_remove_scratch)
 
 
 def _after_fork_in_child() -> None:
+    # The child's copies are its own (its own folder, removed at its own exit): the parent's
+    # folder is the parent's to remove.
     _scratch_roots.clear()
     _scratch["owner"] = f"{os.getpid()}-{os.urandom(4).hex()}"
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forksafe.reset_function_in_child(_after_fork_in_child)
 
 
 def _as_bytes(data: Any) -> bytes:
@@ -154,9 +163,10 @@ class KernelCacheManager(CacheManager):
             self._delegate = FileCacheManager(key)
             return
         self._files = TritonFiles(key, store)
-        # Copies are bounded by the store's own size cap (KERNELCACHE_MAX_SIZE), or by the
-        # default cap of copies where the store has none.
-        self._cap = self._files.size_cap()
+        # One budget: copies under the store's file tier count under its cap (its eviction
+        # takes entries and copies alike). Under a private root, this process's own cap.
+        self._budget = self._files.file_tier() if self._root == store.file_root else None
+        self._cap = config.max_size_bytes()
         self._first_put: float | None = None
         self._put: dict[str, bytes] = {}  # what this manager put: get_file answers from it
 
@@ -165,10 +175,12 @@ class KernelCacheManager(CacheManager):
         if not self._root:
             return None  # no directory a copy may go to: a miss, and Triton's own files on put
         if link is None:
-            _scratch_roots.add(self._root)
+            _scratch_roots[self._root] = self._budget
         namespace, owner = ("triton", None) if link is not None else ("scratch", _scratch["owner"])
         try:
-            return materialize(self._root, namespace, owner, name, data, link_from=link, cap=self._cap)
+            return materialize(
+                self._root, namespace, owner, name, data, link_from=link, budget=self._budget, cap=self._cap
+            )
         except OSError as exc:
             warn_once(f"materialize-{exc.errno}", f"cannot write a copy under {self._root}: {exc}")
             return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import datetime as _dt
 import hashlib
 import os
@@ -9,6 +10,7 @@ import re
 import time
 from typing import Any
 
+from kernelcache.stores.file import lru
 from kernelcache.stores.file.ops import open_regular, read_fd, read_regular, sweep_dead_temps
 from kernelcache.stores.file.sidecar import MAX_SIZE, is_other_format
 from kernelcache.stores.file.store import DEFAULT_TMP_MAX_AGE_S, EntryInfo, FileStreamProgramCache
@@ -330,40 +332,40 @@ def _is_orphan(path: str, young: float) -> bool:
 def prune(
     cache: FileStreamProgramCache, max_size: int | None, max_age: float | None, now: float, dry_run: bool = False
 ) -> dict[str, Any]:
-    """Remove entries unused for ``max_age`` seconds, then the least recently used down to
-    ``max_size`` bytes. Header manifests go by the same rules (every look-up of their source
-    reads them, so their last use is as telling); ``removed`` counts entries as ``ls`` lists
-    them, ``manifests_removed`` the manifests. ``dry_run``: count, remove nothing."""
-    entries = sorted(cache.iter_entries(), key=lambda e: e.atime)  # LRU first
-    removed = manifests = freed = 0
+    """Remove entries unused for ``max_age`` seconds, then the least recently used, entries and
+    Triton's copies alike, until what counts under the cap is at most ``max_size`` bytes: the
+    order and the last-use rule of the store's own eviction (stores/file/lru.py). Header
+    manifests go by the same rules (every look-up of their source reads them, so their last use
+    is as telling); ``removed`` counts entries as ``ls`` lists them, ``manifests_removed`` the
+    manifests, ``copies_removed`` the copies. ``dry_run``: count, remove nothing."""
+    manifest = {e.path for e in cache.iter_entries() if is_manifest(e)}
+    counts = {"removed": 0, "manifests_removed": 0, "copies_removed": 0, "freed_bytes": 0}
 
-    def drop(e: EntryInfo) -> int:
-        nonlocal removed, manifests, freed
-        got = e.size + _sidecar_size(e) if dry_run else cache.remove_entry(e.name, evicted=True)
-        freed += got
-        if is_manifest(e):
-            manifests += 1
+    def drop(c: lru.Candidate) -> int | None:
+        if c.copy:
+            got = c.nbytes if dry_run else _remove_copy(cache, c)
         else:
-            removed += 1
+            got = c.nbytes if dry_run else cache.remove_entry(os.path.basename(c.path), evicted=True)
+        if got is None:
+            return None
+        counts["copies_removed" if c.copy else "manifests_removed" if c.path in manifest else "removed"] += 1
+        counts["freed_bytes"] += got
         return got
 
-    kept = []
-    for e in entries:
-        if max_age is not None and now - e.atime > max_age:
-            drop(e)
+    candidates, total = cache.lru_candidates()
+    kept: collections.deque[lru.Candidate] = collections.deque()
+    for c in candidates:
+        if max_age is not None and not c.copy and now - c.last_used_ns / 1e9 > max_age:
+            total -= drop(c) or 0
         else:
-            kept.append(e)
+            kept.append(c)
     if max_size is not None:
-        total = sum(e.size + _sidecar_size(e) for e in kept)
-        for e in kept:
-            if total <= max_size:
-                break
-            total -= drop(e)
-    return {"removed": removed, "manifests_removed": manifests, "freed_bytes": freed, "dry_run": dry_run}
+        lru.take(kept, total, max_size, drop)
+    return {**counts, "dry_run": dry_run}
 
 
-def _sidecar_size(entry: EntryInfo) -> int:
-    try:
-        return os.path.getsize(entry.path + ".meta")
-    except OSError:
-        return 0
+def _remove_copy(cache: FileStreamProgramCache, c: lru.Candidate) -> int | None:
+    got = lru.remove_copy(c)
+    if got:
+        cache.copies_freed(got)
+    return got

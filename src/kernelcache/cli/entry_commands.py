@@ -128,7 +128,9 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, d
     result = ent.prune(cache, size_cap, max_age, now=time.time(), dry_run=dry_run)
     if not dry_run:
         # Copies handed to Triton (kernelcache.integrations.materialized) are not entries: idle ones go too.
-        result["materialized_removed"] = remove_materialized(cache.path, KEEP_RECENT_S)[0]
+        copies, given = remove_materialized(cache.path, KEEP_RECENT_S)
+        cache.copies_freed(given)  # they count under the cap (one budget): the tracker gives them back
+        result["materialized_removed"] = copies
         result["old_layouts_removed"] = cache.remove_old_layouts()  # never read: only space
         result["lock_files_removed"] = cache.remove_idle_locks()  # each under its own lock
 
@@ -159,7 +161,8 @@ def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
     count = sum(1 for e in entries if not ent.is_manifest(e))  # artifacts, as ls lists them
     manifests = len(entries) - count
     cache.clear()
-    copies = remove_materialized(cache.path)[0]  # the copies handed to Triton go with them
+    copies, given = remove_materialized(cache.path)  # the copies handed to Triton go with them
+    cache.copies_freed(given)
     old = cache.remove_old_layouts()  # entries of earlier versions' layouts (never read)
     result = {"removed": count, "manifests_removed": manifests, "path": cache.path, "counters_reset": False}
     if copies:

@@ -19,7 +19,11 @@ as one record. Its single files are left alone (a process of that version may st
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
+import tempfile
 from typing import Any
 
 from kernelcache.integrations.materialized import check_file_name
@@ -29,12 +33,32 @@ from kernelcache.stores.base import ProgramCacheResource
 from kernelcache.stores.file.store import FileStreamProgramCache
 from kernelcache.stores.naming import entry_name
 
-__all__ = ["TritonFiles", "is_plain", "warn_once"]
+__all__ = ["TritonFiles", "is_plain", "private_root", "warn_once"]
 
 _FILE_DOMAIN = b"kernelcache.triton.file/1\x00"
 _GROUP_DOMAIN = b"kernelcache.triton.group/2\x00"
 
 _warned = WarnOnce("kernelcache.triton")
+
+
+def private_root() -> str:
+    """This user's own directory for copies: ``$XDG_RUNTIME_DIR/kernelcache`` (a directory
+    only its user can enter) or ``<temp dir>/kernelcache-<uid>``, created 0700.
+
+    OSError when the path exists and is not a directory this user owns that nobody else can
+    write or enter (a planted symlink, another user's directory): no copy goes there.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
+        path = os.path.join(runtime, "kernelcache")
+    else:
+        path = os.path.join(tempfile.gettempdir(), f"kernelcache-{os.geteuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)  # never follows a link: a planted one is refused, not entered
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a private directory of uid {os.geteuid()}; no copies are written there")
+    return path
 
 
 def warn_once(cause: str, message: str) -> None:
@@ -82,11 +106,11 @@ class TritonFiles:
                 return tier.entry_path(entry_name(self._file_key(name)))
         return None
 
-    def size_cap(self) -> int | None:
-        """The byte cap of the store's file tier (None: it has none)."""
+    def file_tier(self) -> FileStreamProgramCache | None:
+        """The store's file tier (whose cap counts the copies under its root), if it has one."""
         for tier in [self.store, *getattr(self.store, "tiers", ())]:
             if isinstance(tier, FileStreamProgramCache):
-                return tier.max_size_bytes
+                return tier
         return None
 
     def get(self, name: str, *, internal: bool = False) -> bytes | None:

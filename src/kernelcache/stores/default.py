@@ -144,7 +144,10 @@ def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[P
         return [FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared)]
     from kernelcache.stores.memory import InMemoryProgramCache
 
-    cap = min(settings.max_size or _DEFAULT_MEMORY_TIER_BYTES, _DEFAULT_MEMORY_TIER_BYTES)
+    # The memory tier is this process's own: a member's cap (KERNELCACHE_MAX_SIZE) limits it
+    # even where the disk tier is a team cache, which only its directory's cap governs.
+    own = config.max_size_bytes() if (config.env_get("KERNELCACHE_MAX_SIZE") or "").strip() else settings.max_size
+    cap = min(own or _DEFAULT_MEMORY_TIER_BYTES, _DEFAULT_MEMORY_TIER_BYTES)
     bundles = _bundle_tiers(settings.bundles, settings.bundle_secret)
     memory = InMemoryProgramCache(cap)
     tiers: list[ProgramCacheResource] = [memory, *bundles]

@@ -29,6 +29,7 @@ from kernelcache.regular_file import open_regular
 from kernelcache.stores.file.ops import starts_with
 
 __all__ = [
+    "COPIES_DIR",
     "FORMAT_DIR",
     "MARKER_NAME",
     "TIER_COUNTERS",
@@ -62,7 +63,8 @@ _V2_CHILDREN = frozenset({"entries", "tmp", "locks", "stats", *(f"stats.{tier}" 
 # The root's cap file (stores/file/dircap.py), and every name kernelcache gives a file in a
 # root: layout v1's tree, Triton's materialized copies, the marker.
 ROOT_CONFIG = "config.toml"
-_ROOT_CHILDREN = frozenset({FORMAT_DIR, "v1", "materialized", ROOT_CONFIG, MARKER_NAME})
+COPIES_DIR = "materialized"  # copies of entries handed out as files (integrations/materialized.py)
+_ROOT_CHILDREN = frozenset({FORMAT_DIR, "v1", COPIES_DIR, ROOT_CONFIG, MARKER_NAME})
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY = re.compile(r"[0-9a-f]{64}(\.meta)?")
 _STATS_MAGIC = b"KCSTATS1"
