@@ -56,10 +56,11 @@ COUNTERS: tuple[str, ...] = (
     "reconciled_at",  # unix time of the last directory scan that reset size_bytes
     "internal_gets",  # look-ups made by kernelcache itself (header manifests): not user hits
     *CAUSE_COUNTERS,  # errors by cause (their sum is ``errors``)
+    "copies_swept_at",  # unix time of the last sweep of idle copies handed to Triton (materialized.py)
 )
 SLOT_OF = {name: i for i, name in enumerate(COUNTERS)}  # a counter's slot in a counters file
-# Not counters but the size tracker: zeroing the statistics keeps them (the entries are still there).
-TRACKER = ("size_bytes", "reconciled_at")
+# Not counters but the size tracker and its clocks: zeroing the statistics keeps them (the entries are still there).
+TRACKER = ("size_bytes", "reconciled_at", "copies_swept_at")
 ZEROABLE = tuple(name for name in COUNTERS if name not in TRACKER)
 
 

@@ -17,16 +17,14 @@ kernel is stored (the binary and the metadata JSON); its IRs (source, TTIR, TTGI
 only with ``TRITON_STORE_BINARY_ONLY=0``.
 
 Triton wants paths back; those are copies under the cache root
-(kernelcache.integrations.materialized), never the entries themselves:
-
-- a single file read with ``get_file`` gets a copy shared by every process, a hard link to
-  its entry file where possible (no second copy of the bytes, no new inode);
-- everything else (a group's members, which are parts of one entry and cannot be linked to;
-  what Triton just ``put``, whose single entry goes once its group is stored) gets a scratch
-  copy of this process, removed when it exits (or swept when idle). Triton reads those right
-  away (CompiledKernel reads the whole group as it loads it; a module is imported at once),
-  so at rest a kernel costs its entry only: fewer bytes and inodes than Triton's own
-  directory for the same kernel (benchmarks/bench_triton_disk.py measures both).
+(kernelcache.integrations.materialized), never the entries themselves: a single file (read
+with ``get_file``, or just ``put``) gets a copy shared by every process, a hard link to its
+entry file where possible (no second copy of the bytes, no new inode; one path for a module
+imported twice); a group's members (parts of one entry, which cannot be linked to) get scratch
+copies of this process, read by Triton at once and removed when it exits. So at rest a kernel
+costs its entry only (benchmarks/bench_triton_disk.py measures both managers). One compile per
+kernel across processes and hosts: a miss in ``get_group`` holds the kernel's single flight
+until ``put_group`` (integrations/triton_files.py: lead_or_wait).
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ import contextlib
 import json
 import os
 import time
+import weakref
 from typing import Any
 
 try:
@@ -48,7 +47,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised where triton 
 from kernelcache import config, forksafe
 from kernelcache.integrations.materialized import check_file_name, materialize, remove_owner
 from kernelcache.integrations.triton_dir import inductor_loaded, inductors_group, mirror_group
-from kernelcache.integrations.triton_files import TritonFiles, is_plain, private_root, warn_once
+from kernelcache.integrations.triton_files import TritonFiles, is_plain, private_root, release, warn_once
 from kernelcache.stores.base import ProgramCacheResource
 
 __all__ = ["KernelCacheManager", "KernelCacheRemoteBackend", "inductor_loaded", "mirror_group"]
@@ -107,6 +106,11 @@ def _after_fork_in_child() -> None:
 
 
 forksafe.reset_function_in_child(_after_fork_in_child)
+
+
+def _release_all(flights: dict[str, Any]) -> None:
+    while flights:
+        release(flights.popitem()[1])
 
 
 def _as_bytes(data: Any) -> bytes:
@@ -169,6 +173,12 @@ class KernelCacheManager(CacheManager):
         self._cap = config.max_size_bytes()
         self._first_put: float | None = None
         self._put: dict[str, bytes] = {}  # what this manager put: get_file answers from it
+        self._single: set[str] = set()  # what it stored as single files: their copies are shared links
+        # Single flight of each group this manager is to compile (lead_or_wait), held from the
+        # miss in get_group to put_group; let go when the manager goes (a compile that raised)
+        # or the process ends, so peers never wait past a failed compile.
+        self._flights: dict[str, Any] = {}
+        weakref.finalize(self, _release_all, self._flights)
 
     def _path(self, name: str, data: bytes, *, link: str | None = None) -> str | None:
         """A shared copy linked to the entry file ``link``; without one a scratch copy."""
@@ -190,7 +200,7 @@ class KernelCacheManager(CacheManager):
             return self._delegate.get_file(filename)
         check_file_name(filename)
         if filename in self._put:  # what this manager put (a member reaches the store with its group only)
-            return self._path(filename, self._put[filename])
+            return self._put_path(filename, self._put[filename])
         data = self._files.get(filename)
         if data is not None:
             return self._path(filename, data, link=self._files.entry_file(filename))
@@ -205,17 +215,27 @@ class KernelCacheManager(CacheManager):
         keep = _needed(filename)
         if self._first_put is None:
             self._first_put = time.monotonic()  # Triton's first put comes as its compile starts
-        if keep and not _member_like(filename):
-            self._files.put(filename, payload)  # a dropped write has warned; the path still works
+        if keep and not _member_like(filename) and self._files.put(filename, payload):
+            self._single.add(filename)  # a dropped write has warned; the path still works
         # A member waits for put_group (a member put without one, as a compile that failed
         # midway leaves it, is never stored); until then get_file answers from here.
         self._put[filename] = payload
-        path = self._path(filename, payload)
+        path = self._put_path(filename, payload)
         if path is None:
             # The cache root cannot be written: Triton's own directory still can be, and a
             # cache must not fail a compile that works without it.
             path = FileCacheManager(self.key).put(data, filename, binary=binary)
         return path
+
+    def _put_path(self, name: str, data: bytes) -> str | None:
+        """The path of what this manager put: a single file's is the shared copy linked to its
+        entry, the path any process's get_file gives for it (Triton imports a launcher module
+        from it, and a module imported twice must come from one path); a member's a scratch copy."""
+        if name in self._single:
+            path = self._path(name, data, link=self._files.entry_file(name))
+            if path is not None:
+                return path
+        return self._path(name, data)
 
     def get_group(self, filename: str) -> dict[str, str] | None:
         if config.record_path() is not None:  # KERNELCACHE_RECORD: the kernels this run needed
@@ -233,6 +253,13 @@ class KernelCacheManager(CacheManager):
             from kernelcache.compile import strict
 
             strict.on_triton_miss(self.key, filename)  # KERNELCACHE_REQUIRE_HIT=1 raises: Triton compiles nothing
+            if filename not in self._flights:
+                # One compile per kernel across threads, processes and hosts: a peer compiling
+                # this key is waited for (its group then read), or this manager leads it.
+                held, members = self._files.lead_or_wait(filename)
+                if held is not None:
+                    self._flights[filename] = held
+        if members is None:
             # Inductor emits the kernels its FX-graph entries carry into Triton's own
             # directory; Triton's own manager would load them from there, and so do we.
             return inductors_group(self.key, filename) if inductor_loaded() else None
@@ -270,6 +297,9 @@ class KernelCacheManager(CacheManager):
                 return None
         seconds = None if self._first_put is None else time.monotonic() - self._first_put
         self._files.put_group(filename, members, seconds)
+        held = self._flights.pop(filename, None)
+        if held is not None:
+            release(held)  # stored: the peers waiting for this kernel read it now
         if inductor_loaded():
             mirror_group(self.key, filename, members)
         # Race: Triton reads every path put gave it only now (CompiledKernel, after the last

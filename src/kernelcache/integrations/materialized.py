@@ -113,6 +113,9 @@ def materialize(
         raise
     if budget is not None and replaced:
         budget.copies_freed(replaced)
+    with contextlib.suppress(OSError):
+        # Staging's directory goes once empty. Race: a peer staging has its file there (rmdir fails) or makes it again.
+        os.rmdir(os.path.join(base, "tmp"))
     _after_write(root, len(data), budget, cap)
     return path
 
@@ -300,7 +303,7 @@ def _is_ours(base: str, path: str) -> bool:
 DEFAULT_CAP = 1 << 30  # copies' own cap under a private root (no store: no cap of a store's)
 SWEEP_EVERY_S = 60.0  # at most this long between sweeps while a process hands out copies
 MIN_AGE_S = lru.COPY_MIN_AGE_S  # a copy younger than this is never taken for room: Triton is about to open it
-_STAMP = ".swept"  # its mtime: the last sweep of this root (any process)
+_STAMP = ".swept"  # under a private root, its mtime: the last sweep of that root (any process)
 
 
 class _Pending:
@@ -329,6 +332,15 @@ def _after_write(root: str, written: int, budget: FileStreamProgramCache | None,
     with _pending.lock:
         _pending.bytes += written
         due = _pending.bytes * 8 >= cap
+    if budget is not None:
+        # The store's counters keep when copies were last swept (no stamp file): idle ones go;
+        # room for the cap is the store's eviction, copies and entries alike.
+        if due or time.time() - budget.copies_swept_at() >= SWEEP_EVERY_S:
+            with _pending.lock:
+                _pending.bytes = 0
+            budget.copies_swept_at(time.time())
+            budget.copies_freed(remove_materialized(root, KEEP_RECENT_S)[1])
+        return
     stamp = os.path.join(root, MATERIALIZED_DIR, _STAMP)
     if not due:
         try:
@@ -348,11 +360,7 @@ def _after_write(root: str, written: int, budget: FileStreamProgramCache | None,
                 os.utime(fd)
             finally:
                 os.close(fd)
-        if budget is not None:
-            # Idle copies go; room for the cap is the store's eviction, copies and entries alike.
-            budget.copies_freed(remove_materialized(root, KEEP_RECENT_S)[1])
-        else:
-            sweep(root, cap)
+        sweep(root, cap)
 
 
 def sweep(root: str, cap: int) -> tuple[int, int]:
@@ -387,4 +395,6 @@ def remove_owner(root: str, owner: str) -> int:
                 given += freed(st)
         with contextlib.suppress(OSError):
             os.rmdir(dirpath)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(folder))  # scratch/ itself, once no process has copies there
     return given

@@ -20,20 +20,24 @@ as one record. Its single files are left alone (a process of that version may st
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import stat
 import tempfile
 from typing import Any
 
+from kernelcache import forksafe
+from kernelcache.compile.flight import ACQUIRED, READY, SingleFlight
 from kernelcache.integrations.materialized import check_file_name
 from kernelcache.integrations.triton_pack import pack, unpack
 from kernelcache.log import WarnOnce
 from kernelcache.stores.base import ProgramCacheResource
+from kernelcache.stores.file import locks as lockfiles
 from kernelcache.stores.file.store import FileStreamProgramCache
 from kernelcache.stores.naming import entry_name
 
-__all__ = ["TritonFiles", "is_plain", "private_root", "warn_once"]
+__all__ = ["TritonFiles", "is_plain", "private_root", "release", "warn_once"]
 
 _FILE_DOMAIN = b"kernelcache.triton.file/1\x00"
 _GROUP_DOMAIN = b"kernelcache.triton.group/2\x00"
@@ -188,6 +192,55 @@ class TritonFiles:
 
     def _group_key(self, name: str) -> bytes:
         return _GROUP_DOMAIN + self._prefix + name.encode("utf-8")
+
+    def lead_or_wait(self, name: str) -> tuple[Any, dict[str, bytes] | None]:
+        """After a miss of group ``name``: single flight across threads, processes and hosts
+        (compile.flight.SingleFlight, as compile_program's): (a held flight, None) when this
+        caller is to compile it (release it with ``release`` once the group is stored, or when
+        the compile failed), or (None, the members) when a peer published them meanwhile, or
+        (None, None) when the wait ran out or this process already compiles it (then compile
+        without the lock: a second compile, never a wrong kernel)."""
+        key = hashlib.sha256(self._group_key(name)).digest()
+        if key in _held:
+            return None, None  # this process compiles it already (Triton asking again): no self-wait
+        flight = SingleFlight.for_store(self.store, key)
+
+        def ready() -> bool:  # asked by the flight after each lock it takes
+            return self.store.get_record(self._group_key(name), internal=True) is not None
+
+        hold = flight.hold(ready)
+        outcome = hold.__enter__()
+        if outcome == ACQUIRED:
+            _held.add(key)
+            return (hold, flight.lock_path, key), None
+        release((hold, flight.lock_path, None))
+        if outcome != READY:
+            return None, None
+        record = self.store.get_record(self._group_key(name), internal=True)  # the miss was counted
+        return None, None if record is None else unpack(record[0], record[1], is_plain)
+
+
+# The flights this process holds (their keys): a second ask of a key it compiles must not wait on itself.
+_held: set[bytes] = set()
+
+
+def _forget_held() -> None:
+    _held.clear()  # a forked child holds none of its parent's locks (forksafe resets those)
+
+
+forksafe.reset_function_in_child(_forget_held)
+
+
+def release(held: Any) -> None:
+    """Let a flight from ``lead_or_wait`` go (the peers waiting for it read the store now), and
+    remove its lock file if no peer holds it: a kernel leaves no lock file behind at rest."""
+    hold, lock_path, key = held
+    _held.discard(key)
+    with contextlib.suppress(Exception):  # a release must never fail the caller (it may run at exit)
+        hold.__exit__(None, None, None)
+    if lock_path is not None:
+        with contextlib.suppress(OSError):
+            lockfiles.remove_if_idle(lock_path)
 
 
 def _kernel_info(members: dict[str, bytes]) -> dict[str, str]:

@@ -363,6 +363,14 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         count under the cap (lru.scan): what ``kernelcache prune`` takes, in eviction's order."""
         return lru.scan(self._entries, self._tmp, self._root)
 
+    def copies_swept_at(self, now: float | None = None) -> float:
+        """When idle copies under this root were last swept (any process); with ``now``, record
+        that they are being swept now. Kept in the counters file: no stamp file of its own."""
+        if now is not None:
+            self._stats.set("copies_swept_at", int(now))
+            return now
+        return float(self._stats.snapshot()["copies_swept_at"])
+
     def copies_freed(self, nbytes: int) -> None:
         """Copies under this root were removed, giving back ``nbytes`` (lru.freed of each)."""
         self._sizecap.freed(nbytes)
