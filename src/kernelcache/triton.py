@@ -48,6 +48,7 @@ from kernelcache import config, forksafe
 from kernelcache.integrations.materialized import check_file_name, materialize, remove_owner
 from kernelcache.integrations.triton_dir import inductor_loaded, inductors_group, mirror_group
 from kernelcache.integrations.triton_files import TritonFiles, is_plain, private_root, release, warn_once
+from kernelcache.regular_file import read_regular
 from kernelcache.stores.base import ProgramCacheResource
 
 __all__ = ["KernelCacheManager", "KernelCacheRemoteBackend", "inductor_loaded", "mirror_group"]
@@ -289,9 +290,8 @@ class KernelCacheManager(CacheManager):
             if name in self._put:  # what Triton put here: its bytes, whether or not its copy is still there
                 members[check_file_name(name)] = self._put[name]
                 continue
-            try:
-                with open(path, "rb") as f:
-                    members[check_file_name(name)] = f.read()
+            try:  # a path Triton gave: a FIFO planted there is refused, never waited on
+                members[check_file_name(name)] = read_regular(path)
             except OSError as exc:
                 warn_once(f"group-read-{exc.errno}", f"cannot read group member {path}: {exc}; group not stored")
                 return None

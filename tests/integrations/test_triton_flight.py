@@ -126,3 +126,31 @@ def test_a_leader_that_never_stores_lets_the_others_go(tmp_path: Path, monkeypat
     )
     out = subprocess.run([sys.executable, "-c", code], env=os.environ, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "acquired", out.stderr
+
+
+_FIFO_MEMBER = """
+import os, signal, sys, warnings
+signal.alarm(20)  # a read that waits on the FIFO ends the process, failing the test, instead of hanging it
+from triton.runtime.cache import get_cache_manager
+fifo = sys.argv[1]
+os.mkfifo(fifo)
+m = get_cache_manager("cd" * 32)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    m.put_group("k.json", {"k.cubin": fifo, "k.json": m.put(b"{}", "k.json")})
+print(m.get_group("k.json") is None, any("k.cubin" in str(w.message) or fifo in str(w.message) for w in caught))
+"""
+
+
+def test_a_fifo_at_a_group_members_path_is_refused_never_waited_on(tmp_path: Path) -> None:
+    """put_group reads the members Triton names by path; a FIFO there (planted, or a tool's) is
+    refused at once, the group not stored, one warning (before: the read waited forever)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FIFO_MEMBER, str(tmp_path / "member.fifo")],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "True"]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Union
 from kernelcache import forksafe
 from kernelcache.log import KernelCacheWarning as KernelCacheWarning  # re-exported: what stores warn with
 from kernelcache.log import WarnOnce
+from kernelcache.regular_file import read_regular
 from kernelcache.stats import ErrorCause, MemoryStats, TeeStats, error_deltas, public_view
 from kernelcache.stores import sniff
 
@@ -65,9 +66,8 @@ def as_value_bytes(value: object) -> bytes:
         if isinstance(code, (bytes, bytearray, memoryview)):
             return bytes(code)
         if isinstance(code, str):  # ObjectCode.from_cubin("path/to/file.cubin")
-            try:
-                with open(code, "rb") as f:
-                    return f.read()
+            try:  # a FIFO at that path is refused, never waited on (regular_file.py)
+                return read_regular(code)
             except FileNotFoundError:
                 missing = f"cannot store path-backed ObjectCode in cache: {code} no longer exists"
                 raise FileNotFoundError(missing) from None

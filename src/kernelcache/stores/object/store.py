@@ -20,8 +20,6 @@ credentials) fails that one call and is warned about once.
 from __future__ import annotations
 
 import contextlib
-import os
-import stat
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,58 +40,6 @@ _MAX_PARALLEL_GETS = 16
 # Far above a healthy store's latency (tens of milliseconds) and well under the request
 # timeout (10 s), which bounds a store that does not answer at all.
 _SLOW_REQUEST_S = 2.0
-
-
-def _get_raw(path: str, local_root: str | None = None) -> Any:
-    """fn(store): (bytes, e_tag) of the object at path, or False when there is none.
-
-    ``local_root`` (a file:// store): the directory objects are files of. A FIFO or device
-    there is no object: obstore would open it and wait for a writer forever.
-    """
-    import obstore
-
-    def run(store: Any) -> Any:
-        # Race: a FIFO put there between this stat and obstore's open still blocks that one
-        # read; the check is for a FIFO that is there, left by a tool or planted by a peer.
-        if local_root is not None and not _regular_or_absent(os.path.join(local_root, path)):
-            return False
-        try:
-            got = obstore.get(store, path)
-            return bytes(got.bytes()), got.meta.get("e_tag")
-        except FileNotFoundError as exc:  # obstore's not-found: a miss
-            if conn.no_such_bucket(exc):
-                raise  # not a miss of this key: the store says why (call)
-            return False
-
-    return run
-
-
-def _regular_or_absent(file: str) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(file).st_mode)
-    except OSError:
-        return True  # absent or unreadable: obstore's own answer decides
-
-
-def _put(path: str, data: bytes, mode: Any) -> Any:
-    """fn(store): "written", "exists" (create: already there; update: that version is gone),
-    "no-bucket", or "unsupported" (this kind of store cannot replace conditionally)."""
-    import obstore
-    from obstore.exceptions import AlreadyExistsError, PreconditionError
-
-    def run(store: Any) -> str:
-        try:
-            obstore.put(store, path, data, mode=mode)
-        except (AlreadyExistsError, PreconditionError):
-            return "exists"
-        except FileNotFoundError:
-            # A conditional create of a new object: only the bucket can be missing.
-            return "no-bucket" if mode == "create" else "exists"
-        except NotImplementedError:
-            return "unsupported"
-        return "written"
-
-    return run
 
 
 def _is_relative_path(prefix: object) -> bool:
@@ -154,6 +100,7 @@ class ObjectStoreProgramCache(RecordStore):
         self._read_only = bool(read_only)
         self._prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         self._lock_ttl_s = float(lock_ttl_s)
+        self._client_options = client_options
         self._store = conn.make_store(url, client_options)
         self._local_root = unquote(urlsplit(url).path) if url.startswith("file://") else None
         self._retry_after_s = float(retry_after_s)
@@ -182,9 +129,10 @@ class ObjectStoreProgramCache(RecordStore):
         longer than ``slow_request_s`` backs off like one that failed: a store that is slow
         but up (3 s per request) would otherwise cost every request of a compile in turn,
         and nothing would ever start the back-off."""
-        if not self._health.may_call():
+        if not self._health.may_call() or not self._usable_here():
             return None
         started = time.monotonic()
+        conn.note_call()
         try:
             result = fn(self._store)
         except (conn.errors().BaseError, OSError, TimeoutError) as exc:
@@ -233,11 +181,26 @@ class ObjectStoreProgramCache(RecordStore):
             counted_as="unreachable",
         )
 
+    def _usable_here(self) -> bool:
+        if conn.usable_here():
+            return True
+        self.warn_once(
+            "forked",
+            f"the object store {self.url} is not used in this process: it was forked from one that had used "
+            "an object store, and obstore's runtime does not survive fork() (a call would wait forever); "
+            "start such processes with spawn, or use the store only after forking",
+            counted_as="unreachable",
+        )
+        return False
+
     def after_fork_in_child(self) -> None:
         """A forked child judges the store afresh: a back-off (or a probe) of the parent's,
         maybe begun by a thread the child does not have, must not skip the store in the child."""
         super().after_fork_in_child()
         self._health = Backoff(self._retry_after_s)
+        # The parent's client runs on threads the child does not have (obstore's runtime): a
+        # child using it can wait forever. It makes its own on its first call.
+        self._store = conn.make_store(self.url, self._client_options)
 
     def _unusable(self, why: str) -> None:
         message = f"the object store {self.url} cannot be used: {why}; reads are misses, writes are dropped"
@@ -256,7 +219,7 @@ class ObjectStoreProgramCache(RecordStore):
 
     def get_raw(self, path: str) -> Any:
         """(bytes, e_tag) of the object at path, False when there is none, None when the call failed."""
-        return self.call("read", _get_raw(path, self._local_root))
+        return self.call("read", conn.get_raw(path, self._local_root))
 
     def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         return self._read_path(self._path(key))
@@ -306,7 +269,7 @@ class ObjectStoreProgramCache(RecordStore):
         if self._read_only:
             return False  # a consumer: never writes (by choice, not an error)
         record = rec.encode(path, payload, meta, self._secret)
-        outcome = self.call("write", _put(path, record, "create"))
+        outcome = self.call("write", conn.put(path, record, "create"))
         if outcome == "no-bucket":
             self._unusable(f"the bucket or container of {self.url} does not exist")
         elif outcome == "exists":
@@ -326,7 +289,7 @@ class ObjectStoreProgramCache(RecordStore):
             return False
         # Race: a peer may replace the damaged version between our read and this write; the
         # write is conditional on the version we judged, so the peer's record survives.
-        outcome = self.call("write", _put(path, record, {"e_tag": found[1]}))
+        outcome = self.call("write", conn.put(path, record, {"e_tag": found[1]}))
         return outcome == "written"
 
     def _remove(self, key: bytes) -> bool:

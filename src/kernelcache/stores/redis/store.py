@@ -380,11 +380,11 @@ class RedisProgramCache(RecordStore):
             self.call("zero counters", lambda c: redisfleet.zero(c, self._ns))
 
     def after_fork_in_child(self) -> None:
-        """Fresh locks, and the server judged afresh: a back-off (or a probe) of the parent's,
-        maybe begun by a thread the child does not have, must not skip Redis in the child."""
+        """Fresh locks, a client of its own (the parent's pool may be locked by one of its threads,
+        the counter sender) and the server judged afresh (a parent's back-off is not the child's)."""
         super().after_fork_in_child()
-        self._client_lock = threading.Lock()
-        self._health = Backoff(self._retry_after)
+        self._client_lock, self._health = threading.Lock(), Backoff(self._retry_after)
+        self._client = None if self._owns_client else self._client
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
