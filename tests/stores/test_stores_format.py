@@ -31,6 +31,9 @@ from kernelcache import (
 )
 from kernelcache.stores.file.store import FORMAT_DIR
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLI_TESTS = os.path.join(os.path.dirname(HERE), "cli")
+
 AXPY = "template <typename T> __global__ void axpy(T a, T* x) { x[threadIdx.x] *= a; }"
 EXPRS = ("axpy<float>", "axpy<double>")
 
@@ -186,7 +189,8 @@ def test_a_bit_flip_in_the_symbol_mapping_is_a_miss(tmp_path) -> None:
         "info, mapping = _compile_axpy(sys.argv[1])\n"
         "print(json.dumps([info.hit, {k: (v.decode() if isinstance(v, bytes) else v) for k, v in mapping.items()}]))\n",
         root,
-        env={"PYTHONPATH": os.pathsep.join([SUPPORT, os.environ.get("PYTHONPATH", "")])},
+        # The child imports this module, which imports test_cli: both folders, beside tests/support.
+        env={"PYTHONPATH": os.pathsep.join([SUPPORT, HERE, CLI_TESTS, os.environ.get("PYTHONPATH", "")])},
     )
     hit, mapping = json.loads(out.strip().splitlines()[-1])
     as_text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in truth.items()}

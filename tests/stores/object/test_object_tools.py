@@ -82,7 +82,7 @@ def test_ls_and_stats_of_a_redis_namespace_count_its_kernels(server) -> None:
         "stats", "--redis", server.url, "--redis-namespace", ns, "--json", env={"KERNELCACHE_DIR": "/nonexistent/kc"}
     )
     assert stats.returncode == 0, stats.stderr
-    fleet_view = json.loads(stats.stdout)["redis"]
+    fleet_view = json.loads(stats.stdout)["fleet"]
     assert (fleet_view["entries"], fleet_view["records"]) == (1, 2)
 
 
