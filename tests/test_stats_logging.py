@@ -147,11 +147,11 @@ def test_stats_zero_with_redis_zeroes_the_fleet(tmp_path) -> None:
         compile_some(str(tmp_path / "a"), 2, 1, env=env)
         compile_some(str(tmp_path / "b"), 2, 1, env=env)  # another "host": hits from Redis
         fleet = json.loads(kc("stats", "--json", "--redis", server.url, "--cache-dir", str(tmp_path / "b")).stdout)
-        assert fleet["redis"]["hits"] == 2 and fleet["redis"]["compiles"] == 2
+        assert fleet["fleet"]["hits"] == 2 and fleet["fleet"]["compiles"] == 2
         kc("stats", "--zero", "--redis", server.url, "--cache-dir", str(tmp_path / "b"))
         fleet = json.loads(kc("stats", "--json", "--redis", server.url, "--cache-dir", str(tmp_path / "b")).stdout)
-        assert fleet["redis"]["hits"] == fleet["redis"]["compiles"] == fleet["redis"]["misses"] == 0
-        assert fleet["disk"]["hits"] == 0 and fleet["redis"]["entries"] >= 2
+        assert fleet["fleet"]["hits"] == fleet["fleet"]["compiles"] == fleet["fleet"]["misses"] == 0
+        assert fleet["disk"]["hits"] == 0 and fleet["fleet"]["entries"] >= 2
     finally:
         server.stop()
 

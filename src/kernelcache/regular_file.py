@@ -16,7 +16,7 @@ import errno
 import os
 import stat
 
-__all__ = ["NotRegularFileError", "open_regular"]
+__all__ = ["NotRegularFileError", "open_regular", "read_regular"]
 
 _ALWAYS = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -49,3 +49,17 @@ def open_regular(
         os.close(fd)
         raise NotRegularFileError(errno.EINVAL, f"is not a regular file ({stat.filemode(st.st_mode)})", path)
     return fd, st
+
+
+def read_regular(path: str, *, follow: bool = True) -> bytes:
+    """The whole content of the regular file at ``path`` (open_regular's rule: a FIFO is refused,
+    never waited on); ``follow`` as there, True by default: a path a user or a tool gave."""
+    fd, st = open_regular(path, follow=follow)
+    try:
+        chunks, size = [], 0
+        while chunk := os.read(fd, max(st.st_size - size, 1 << 20)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -56,10 +56,11 @@ COUNTERS: tuple[str, ...] = (
     "reconciled_at",  # unix time of the last directory scan that reset size_bytes
     "internal_gets",  # look-ups made by kernelcache itself (header manifests): not user hits
     *CAUSE_COUNTERS,  # errors by cause (their sum is ``errors``)
+    "copies_swept_at",  # unix time of the last sweep of idle copies handed to Triton (materialized.py)
 )
 SLOT_OF = {name: i for i, name in enumerate(COUNTERS)}  # a counter's slot in a counters file
-# Not counters but the size tracker: zeroing the statistics keeps them (the entries are still there).
-TRACKER = ("size_bytes", "reconciled_at")
+# Not counters but the size tracker and its clocks: zeroing the statistics keeps them (the entries are still there).
+TRACKER = ("size_bytes", "reconciled_at", "copies_swept_at")
 ZEROABLE = tuple(name for name in COUNTERS if name not in TRACKER)
 
 
@@ -152,3 +153,40 @@ class MemoryStats:
 
     def close(self) -> None:
         pass
+
+
+class TeeStats:
+    """A store's own counters (``primary``: what its ``stats()`` shows; a Redis tier's fleet
+    tally) and a second set every count is also added to (``also``: the tier's counters file in
+    the local cache directory, stores.file.store.FileStreamProgramCache.tier_counters), so that
+    ``kernelcache stats``, ``--json`` and Prometheus read every tier's counts from one place.
+    What the primary offers besides (a fleet flush) is reached through it."""
+
+    def __init__(self, primary: Any, also: Any) -> None:
+        self._primary = primary
+        self._also = also
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._primary, name)
+
+    def add(self, **deltas: int) -> dict[str, int]:
+        self._also.add_deferred(**deltas)  # never waits: written out with the next update or at exit
+        return self._primary.add(**deltas)
+
+    def add_deferred(self, **deltas: int) -> None:
+        self._primary.add_deferred(**deltas)
+        self._also.add_deferred(**deltas)
+
+    def set(self, name: str, value: int) -> None:
+        self._primary.set(name, value)
+
+    def snapshot(self) -> dict[str, int]:
+        return self._primary.snapshot()
+
+    def zero(self) -> None:
+        self._primary.zero()
+        self._also.zero()
+
+    def close(self) -> None:
+        self._primary.close()
+        self._also.close()

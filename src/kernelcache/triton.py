@@ -17,25 +17,23 @@ kernel is stored (the binary and the metadata JSON); its IRs (source, TTIR, TTGI
 only with ``TRITON_STORE_BINARY_ONLY=0``.
 
 Triton wants paths back; those are copies under the cache root
-(kernelcache.integrations.materialized), never the entries themselves:
-
-- a single file read with ``get_file`` gets a copy shared by every process, a hard link to
-  its entry file where possible (no second copy of the bytes, no new inode);
-- everything else (a group's members, which are parts of one entry and cannot be linked to;
-  what Triton just ``put``, whose single entry goes once its group is stored) gets a scratch
-  copy of this process, removed when it exits (or swept when idle). Triton reads those right
-  away (CompiledKernel reads the whole group as it loads it; a module is imported at once),
-  so at rest a kernel costs its entry only: fewer bytes and inodes than Triton's own
-  directory for the same kernel (benchmarks/bench_triton_disk.py measures both).
+(kernelcache.integrations.materialized), never the entries themselves: a single file (read
+with ``get_file``, or just ``put``) gets a copy shared by every process, a hard link to its
+entry file where possible (no second copy of the bytes, no new inode; one path for a module
+imported twice); a group's members (parts of one entry, which cannot be linked to) get scratch
+copies of this process, read by Triton at once and removed when it exits. So at rest a kernel
+costs its entry only (benchmarks/bench_triton_disk.py measures both managers). One compile per
+kernel across processes and hosts: a miss in ``get_group`` holds the kernel's single flight
+until ``put_group`` (integrations/triton_files.py: lead_or_wait).
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import json
 import os
-import shutil
 import time
+import weakref
 from typing import Any
 
 try:
@@ -46,10 +44,11 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised where triton 
         "kernelcache.triton needs Triton: install it with `pip install 'kernelcache[triton]'`", name=exc.name
     ) from exc
 
-from kernelcache import config
-from kernelcache.integrations.materialized import MATERIALIZED_DIR, check_file_name, materialize, private_root
+from kernelcache import config, forksafe
+from kernelcache.integrations.materialized import check_file_name, materialize, remove_owner
 from kernelcache.integrations.triton_dir import inductor_loaded, inductors_group, mirror_group
-from kernelcache.integrations.triton_files import TritonFiles, is_plain, warn_once
+from kernelcache.integrations.triton_files import TritonFiles, is_plain, private_root, release, warn_once
+from kernelcache.regular_file import read_regular
 from kernelcache.stores.base import ProgramCacheResource
 
 __all__ = ["KernelCacheManager", "KernelCacheRemoteBackend", "inductor_loaded", "mirror_group"]
@@ -63,7 +62,9 @@ _IR_EXTS = ("source", "ttir", "ttgir", "llir", "ptx", "amdgcn", "mlir")
 # group: a single entry of its own would double the kernel's bytes and inodes. Every other
 # file (a launcher "<module>.cpython-311-x86_64-linux-gnu.so", "<fn>.autotune.json") is one.
 _MEMBER_EXTS = (*_IR_EXTS, "cubin", "hsaco", "json")
-_scratch_roots: set[str] = set()
+# Roots this process put scratch copies under, with the store whose cap counts them (None: a
+# private root, no store's).
+_scratch_roots: dict[str, Any] = {}
 # This process's scratch folder: its pid and a random part, so two processes of one pid on
 # two hosts sharing a cache (a team cache on NFS) never remove each other's copies at exit.
 _scratch = {"owner": f"{os.getpid()}-{os.urandom(4).hex()}"}
@@ -85,19 +86,32 @@ def _needed(name: str) -> bool:
     return name.rsplit(".", 1)[-1] not in _IR_EXTS or _stores_irs()
 
 
-@atexit.register
 def _remove_scratch() -> None:
-    # Only this process's own scratch directory, under roots it used.
-    for root in _scratch_roots:
-        shutil.rmtree(os.path.join(root, MATERIALIZED_DIR, "scratch", _scratch["owner"]), ignore_errors=True)
+    # Only this process's own scratch directory, under roots it used; the bytes they gave
+    # back leave the store's size tracker (they were counted when written: one budget).
+    for root, budget in list(_scratch_roots.items()):
+        given = remove_owner(root, _scratch["owner"])
+        if budget is not None and given:
+            with contextlib.suppress(Exception):  # exit goes on whatever the counters file does
+                budget.copies_freed(given)
+
+
+forksafe.at_exit(_remove_scratch)
 
 
 def _after_fork_in_child() -> None:
+    # The child's copies are its own (its own folder, removed at its own exit): the parent's
+    # folder is the parent's to remove.
     _scratch_roots.clear()
     _scratch["owner"] = f"{os.getpid()}-{os.urandom(4).hex()}"
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forksafe.reset_function_in_child(_after_fork_in_child)
+
+
+def _release_all(flights: dict[str, Any]) -> None:
+    while flights:
+        release(flights.popitem()[1])
 
 
 def _as_bytes(data: Any) -> bytes:
@@ -154,21 +168,30 @@ class KernelCacheManager(CacheManager):
             self._delegate = FileCacheManager(key)
             return
         self._files = TritonFiles(key, store)
-        # Copies are bounded by the store's own size cap (KERNELCACHE_MAX_SIZE), or by the
-        # default cap of copies where the store has none.
-        self._cap = self._files.size_cap()
+        # One budget: copies under the store's file tier count under its cap (its eviction
+        # takes entries and copies alike). Under a private root, this process's own cap.
+        self._budget = self._files.file_tier() if self._root == store.file_root else None
+        self._cap = config.max_size_bytes()
         self._first_put: float | None = None
         self._put: dict[str, bytes] = {}  # what this manager put: get_file answers from it
+        self._single: set[str] = set()  # what it stored as single files: their copies are shared links
+        # Single flight of each group this manager is to compile (lead_or_wait), held from the
+        # miss in get_group to put_group; let go when the manager goes (a compile that raised)
+        # or the process ends, so peers never wait past a failed compile.
+        self._flights: dict[str, Any] = {}
+        weakref.finalize(self, _release_all, self._flights)
 
     def _path(self, name: str, data: bytes, *, link: str | None = None) -> str | None:
         """A shared copy linked to the entry file ``link``; without one a scratch copy."""
         if not self._root:
             return None  # no directory a copy may go to: a miss, and Triton's own files on put
         if link is None:
-            _scratch_roots.add(self._root)
+            _scratch_roots[self._root] = self._budget
         namespace, owner = ("triton", None) if link is not None else ("scratch", _scratch["owner"])
         try:
-            return materialize(self._root, namespace, owner, name, data, link_from=link, cap=self._cap)
+            return materialize(
+                self._root, namespace, owner, name, data, link_from=link, budget=self._budget, cap=self._cap
+            )
         except OSError as exc:
             warn_once(f"materialize-{exc.errno}", f"cannot write a copy under {self._root}: {exc}")
             return None
@@ -178,7 +201,7 @@ class KernelCacheManager(CacheManager):
             return self._delegate.get_file(filename)
         check_file_name(filename)
         if filename in self._put:  # what this manager put (a member reaches the store with its group only)
-            return self._path(filename, self._put[filename])
+            return self._put_path(filename, self._put[filename])
         data = self._files.get(filename)
         if data is not None:
             return self._path(filename, data, link=self._files.entry_file(filename))
@@ -193,17 +216,27 @@ class KernelCacheManager(CacheManager):
         keep = _needed(filename)
         if self._first_put is None:
             self._first_put = time.monotonic()  # Triton's first put comes as its compile starts
-        if keep and not _member_like(filename):
-            self._files.put(filename, payload)  # a dropped write has warned; the path still works
+        if keep and not _member_like(filename) and self._files.put(filename, payload):
+            self._single.add(filename)  # a dropped write has warned; the path still works
         # A member waits for put_group (a member put without one, as a compile that failed
         # midway leaves it, is never stored); until then get_file answers from here.
         self._put[filename] = payload
-        path = self._path(filename, payload)
+        path = self._put_path(filename, payload)
         if path is None:
             # The cache root cannot be written: Triton's own directory still can be, and a
             # cache must not fail a compile that works without it.
             path = FileCacheManager(self.key).put(data, filename, binary=binary)
         return path
+
+    def _put_path(self, name: str, data: bytes) -> str | None:
+        """The path of what this manager put: a single file's is the shared copy linked to its
+        entry, the path any process's get_file gives for it (Triton imports a launcher module
+        from it, and a module imported twice must come from one path); a member's a scratch copy."""
+        if name in self._single:
+            path = self._path(name, data, link=self._files.entry_file(name))
+            if path is not None:
+                return path
+        return self._path(name, data)
 
     def get_group(self, filename: str) -> dict[str, str] | None:
         if config.record_path() is not None:  # KERNELCACHE_RECORD: the kernels this run needed
@@ -221,6 +254,13 @@ class KernelCacheManager(CacheManager):
             from kernelcache.compile import strict
 
             strict.on_triton_miss(self.key, filename)  # KERNELCACHE_REQUIRE_HIT=1 raises: Triton compiles nothing
+            if filename not in self._flights:
+                # One compile per kernel across threads, processes and hosts: a peer compiling
+                # this key is waited for (its group then read), or this manager leads it.
+                held, members = self._files.lead_or_wait(filename)
+                if held is not None:
+                    self._flights[filename] = held
+        if members is None:
             # Inductor emits the kernels its FX-graph entries carry into Triton's own
             # directory; Triton's own manager would load them from there, and so do we.
             return inductors_group(self.key, filename) if inductor_loaded() else None
@@ -250,14 +290,16 @@ class KernelCacheManager(CacheManager):
             if name in self._put:  # what Triton put here: its bytes, whether or not its copy is still there
                 members[check_file_name(name)] = self._put[name]
                 continue
-            try:
-                with open(path, "rb") as f:
-                    members[check_file_name(name)] = f.read()
+            try:  # a path Triton gave: a FIFO planted there is refused, never waited on
+                members[check_file_name(name)] = read_regular(path)
             except OSError as exc:
                 warn_once(f"group-read-{exc.errno}", f"cannot read group member {path}: {exc}; group not stored")
                 return None
         seconds = None if self._first_put is None else time.monotonic() - self._first_put
         self._files.put_group(filename, members, seconds)
+        held = self._flights.pop(filename, None)
+        if held is not None:
+            release(held)  # stored: the peers waiting for this kernel read it now
         if inductor_loaded():
             mirror_group(self.key, filename, members)
         # Race: Triton reads every path put gave it only now (CompiledKernel, after the last

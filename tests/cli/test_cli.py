@@ -221,7 +221,7 @@ def test_stats_with_a_redis_store(tmp_path) -> None:
         RedisProgramCache(server.url)["k"] = b"v"
         os.makedirs(tmp_path / "c")  # stats reads an existing cache; it creates none
         data = json.loads(kc("stats", "--redis", server.url, "--json", cache=str(tmp_path / "c")).stdout)
-        assert data["redis"]["entries"] == 1 and data["redis"]["url"] == server.url
+        assert data["fleet"]["entries"] == 1 and data["fleet"]["url"] == server.url
         assert "redis" in kc("stats", "--redis", server.url, cache=str(tmp_path / "c")).stdout
     finally:
         server.stop()

@@ -277,7 +277,7 @@ def test_warm_arch_bundle_serves_a_fresh_process_with_an_empty_cache_for_both_ar
     data = json.loads(warm.stdout)
     assert len(data["kernels"]) == 2 and data["bundle"]["path"] == str(out)
     # Two artifacts, and the source index that explains a miss: every record of the cache.
-    assert data["bundle"]["entries"] == 3
+    assert data["bundle"]["records"] == 3
     env = {"KERNELCACHE_DIR": str(tmp_path / "empty"), "KERNELCACHE_BUNDLES": str(out), "KERNELCACHE_REQUIRE_HIT": "1"}
     for arch in ("sm_80", "sm_90"):
         assert json.loads(run_python(PROGRAM, arch, env=env))["hit"], arch

@@ -177,7 +177,7 @@ def test_redis_url_makes_the_default_cache_tiered(tmp_path, redis_url) -> None:
     assert ok(py(COMPILE, env=host_b))["hits"] == [True]
     # the CLI's --redis defaults to the same variable
     data = json.loads(kc("stats", "--json", "--cache-dir", str(tmp_path / "b"), env=host_b).stdout)
-    assert data["redis"]["entries"] >= 1 and data["redis"]["url"] == redis_url
+    assert data["fleet"]["entries"] >= 1 and data["fleet"]["url"] == redis_url
 
 
 def test_redis_secret_and_read_only(tmp_path, redis_url) -> None:

@@ -28,12 +28,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 from helpers import REPO  # noqa: E402
-from uids import unique  # noqa: E402
 
 SRC = os.path.join(REPO, "src")
-TEAM = unique("kcinteg_team")
-USERS = (unique("kcinteg_a"), unique("kcinteg_b"), unique("kcinteg_x"))  # two team members, one outsider
-A, B, X = USERS
 KEY = "ab" * 32
 NAMES = ("kern.cubin", "kern.json")
 
@@ -66,25 +62,20 @@ print(json.dumps({"paths": paths, "contents": contents, "folders": modes}))
 """
 
 
-def _sh(*argv: str) -> None:
-    subprocess.run(argv, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def users() -> Iterator[dict[str, pwd.struct_passwd]]:
-    for name in USERS:
-        _sh("userdel", name)
-    _sh("groupdel", TEAM)
-    subprocess.run(["groupadd", TEAM], check=True, capture_output=True)
-    for name in USERS[:2]:
-        subprocess.run(["useradd", "-M", "-N", "-g", TEAM, "-s", "/usr/sbin/nologin", name], check=True)
-    subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", USERS[2]], check=True)
-    try:
-        yield {name: pwd.getpwnam(name) for name in USERS}
-    finally:
-        for name in USERS:
-            _sh("userdel", name)
-        _sh("groupdel", TEAM)
+    """Two team members ("a", "b") and an outsider ("x"), named for this run alone (uids.team),
+    and the team's group name ("team")."""
+    from uids import team
+
+    with team("kcinteg") as made:
+        a, b = made.members
+        yield {
+            "a": pwd.getpwnam(a.name),
+            "b": pwd.getpwnam(b.name),
+            "x": pwd.getpwnam(made.outsider.name),
+            "team": made.group,
+        }  # type: ignore[dict-item]
 
 
 @pytest.fixture
@@ -167,7 +158,7 @@ def test_copies_never_go_under_a_directory_the_store_refused(users, base, refuse
     # memory -> Redis. An outsider plants the tree the copies would land in, then swaps
     # whatever appears there: nothing handed out may live there, and what is read is ours.
     shared, server = refused
-    outsider = users[X]
+    outsider = users["x"]
     planted = os.path.join(shared, "materialized")
     subprocess.run(["mkdir", "-p", "-m", "777", planted], check=True, user=outsider.pw_uid)
     victim_tmp = os.path.join(base, "victim-tmp")
@@ -194,7 +185,7 @@ def test_a_private_copy_directory_someone_else_planted_is_refused(users, base, r
     os.mkdir(tmp)
     os.chmod(tmp, 0o1777)
     squat = os.path.join(tmp, f"kernelcache-{os.geteuid()}")
-    subprocess.run(["mkdir", "-m", "777", squat], check=True, user=users[X].pw_uid)
+    subprocess.run(["mkdir", "-m", "777", squat], check=True, user=users["x"].pw_uid)
     env = {"KERNELCACHE_DIR": shared, "KERNELCACHE_REDIS_URL": server.url, "TMPDIR": tmp}
     put = _triton(env, "put", KEY, *NAMES)
     # Triton still gets working paths (its own cache directory), none in the squatted one.
@@ -203,18 +194,18 @@ def test_a_private_copy_directory_someone_else_planted_is_refused(users, base, r
     assert os.listdir(squat) == []
 
 
-def _team_cache(base: str, owner) -> tuple[str, dict[str, str]]:  # noqa: ANN001 - a pwd entry
+def _team_cache(base: str, owner, group: str) -> tuple[str, dict[str, str]]:  # noqa: ANN001 - a pwd entry
     """A team cache directory (the team's group, setgid, 2770) owned by ``owner``, and its env."""
     team = os.path.join(base, "team")
     os.mkdir(team)
-    os.chown(team, owner.pw_uid, grp.getgrnam(TEAM).gr_gid)
+    os.chown(team, owner.pw_uid, grp.getgrnam(group).gr_gid)
     os.chmod(team, 0o2770)
     return team, {"KERNELCACHE_DIR": team, "KERNELCACHE_ALLOW_SHARED": "1"}
 
 
 def test_team_members_read_each_others_copies(users, base):
-    a, b = users[A], users[B]
-    team, env = _team_cache(base, a)
+    a, b = users["a"], users["b"]
+    team, env = _team_cache(base, a, users["team"])
     expected = {n: f"v1:{n}" for n in NAMES}
     # A group a stored: b reads it (its copies are b's own scratch copies, gone at its exit).
     assert _triton(env, "put", KEY, *NAMES, user=a)["contents"] == expected
@@ -257,8 +248,8 @@ def test_a_fifo_a_member_planted_for_a_copy_never_hangs_another(users, base):
     # The team's copy folders are the team's to write: b swaps the shared copy of a
     # launcher (its name, digest included, is there to read) for a FIFO. Opening a FIFO to
     # read waits for a writer that never comes; a's next get_file must not wait on it.
-    a, b = users[A], users[B]
-    team, env = _team_cache(base, a)
+    a, b = users["a"], users["b"]
+    team, env = _team_cache(base, a, users["team"])
     files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
     _triton(env, "put-file", KEY, *files, user=a)
     first = _triton(env, "get-file", KEY, *files, user=a)
@@ -270,8 +261,8 @@ def test_a_fifo_a_member_planted_for_a_copy_never_hangs_another(users, base):
 def test_a_fifo_a_member_planted_for_the_sweep_stamp_never_hangs_another(users, base):
     # The same with the file whose mtime says when copies were last swept: a FIFO there,
     # old enough that the next copy written is due to sweep (and so to touch the stamp).
-    a, b = users[A], users[B]
-    team, env = _team_cache(base, a)
+    a, b = users["a"], users["b"]
+    team, env = _team_cache(base, a, users["team"])
     files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
     _triton(env, "put-file", KEY, *files, user=a)
     _as(b, os.path.join(team, "materialized", ".swept"))
@@ -285,8 +276,8 @@ def test_members_with_umask_022_still_get_each_others_single_files(users, base):
     # Under umask 022 a member's entries (and so the shared copies linked to them) are
     # 0644: another member cannot mark such a copy as handed out (utime needs write access).
     # It then gets a copy of its own, not a miss (and a launcher built again).
-    a, b = users[A], users[B]
-    team, env = _team_cache(base, a)
+    a, b = users["a"], users["b"]
+    team, env = _team_cache(base, a, users["team"])
     files = ("launcher.cpython-311-x86_64-linux-gnu.so",)
     _triton(env, "put-file", KEY, *files, user=a, umask=0o022)
     first = _triton(env, "get-file", KEY, *files, user=a, umask=0o022)

@@ -470,3 +470,25 @@ def test_capabilities_are_declared_and_a_tiered_store_answers_for_its_tiers(tmp_
     assert not tiered.read_only and not tiered.has_remote_lock
     assert TieredProgramCache([InMemoryProgramCache()]).lock_path("k.lock") is None
     tiered.close()
+
+
+def test_a_path_backed_object_code_at_a_fifo_is_refused_never_waited_on(tmp_path) -> None:
+    """A cuda.core ObjectCode made from a path is read when stored; a FIFO there is refused at once
+    (regular_file.read_regular) instead of waiting for a writer forever."""
+    import signal
+
+    from cuda.core import ObjectCode
+
+    from kernelcache import InMemoryProgramCache
+    from kernelcache.regular_file import NotRegularFileError
+
+    fifo = tmp_path / "kernel.cubin"
+    os.mkfifo(fifo)
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the store waited on a FIFO"))
+    signal.alarm(20)
+    try:
+        with pytest.raises(NotRegularFileError):
+            InMemoryProgramCache()[b"k"] = ObjectCode.from_cubin(str(fifo))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

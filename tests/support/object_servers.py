@@ -66,8 +66,9 @@ def env_for(endpoint: str) -> dict[str, str]:
 
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 forwarding to ``upstream``; ``mode`` "pass", "fail" (500 to
-    every request), "fail-reads" (500 to every GET of an object; listings pass) or "stall"
-    (hold every request for ``stall_s`` first). Counts requests."""
+    every request), "fail-reads" (500 to every GET of an object; listings pass), "stall"
+    (hold every request for ``stall_s`` first) or "slow" (hold every request for ``stall_s``,
+    then forward it: a store that answers, slowly). Counts requests."""
 
     def __init__(self, upstream: str, stall_s: float = 30.0) -> None:
         self.upstream = upstream.removeprefix("http://")
@@ -93,7 +94,7 @@ class FaultProxy:
                 proxy.requests.append((self.command, self.path))
                 if self.command == "GET" and proxy._gate_target:
                     proxy._hold_get()
-                if proxy.mode == "stall":
+                if proxy.mode in ("stall", "slow"):
                     time.sleep(proxy.stall_s)
                 object_get = self.command == "GET" and "list-type=" not in self.path
                 if proxy.mode == "fail" or (proxy.mode == "fail-reads" and object_get):

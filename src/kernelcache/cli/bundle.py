@@ -19,6 +19,7 @@ from kernelcache.stores.bundle.format import write_bundle
 from kernelcache.stores.bundle.store import BundleProgramCache
 from kernelcache.stores.file.marker import require_cache_root
 from kernelcache.stores.file.store import EntryInfo, FileStreamProgramCache
+from kernelcache.stores.record import Verdict
 
 SECRET_ENV_OPTION = click.option(
     "--secret-env",
@@ -73,13 +74,54 @@ def _source(cache_dir: str | None) -> FileStreamProgramCache:
     return open_cache(cache_dir, sweep=False)
 
 
-def _file_records(cache: FileStreamProgramCache, skipped: list[str]) -> Iterator[tuple[str, bytes, Meta, Any]]:
+def _file_records(
+    cache: FileStreamProgramCache, skipped: list[tuple[str, Verdict]]
+) -> Iterator[tuple[str, bytes, Meta, Any]]:
     for entry in sorted(cache.iter_entries(), key=lambda e: e.name):
         data = ent.read_verified(entry)  # the sidecar passed its own check in iter_entries
         if data is None or entry.meta is None:
-            skipped.append(entry.name)  # damaged, or rewritten while we read it
+            skipped.append((entry.name, Verdict.DAMAGED))  # damaged, or rewritten while we read it
             continue
         yield entry.name, data, entry.meta.get("meta") or {}, entry.meta.get("created")
+
+
+# A record the source holds but this process may not verify: signed, signed with another secret,
+# or unsigned where a secret is set. Not damage: the right secret makes it readable.
+_NEEDS_SECRET = (Verdict.NO_SECRET, Verdict.FOREIGN, Verdict.UNSIGNED)
+
+
+class SourceNotVerified(click.ClickException):
+    """bundle create would write fewer records than the source holds, for want of its secret: exit 1."""
+
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"kernelcache: error: {self.format_message()}", err=True)
+
+
+def _counted(
+    records: Iterator[tuple[str, bytes, Meta, Any]],
+    tally: dict[str, int],
+    skipped: list[tuple[str, Verdict]],
+    source: str,
+    secret_variable: str | None,
+) -> Iterator[tuple[str, bytes, Meta, Any]]:
+    """``records`` as they come, counted as kernels (as ``ls`` lists them) and records; at their
+    end SourceNotVerified when some could not be verified for want of the source's secret.
+
+    Raised inside write_bundle's loop: the staged file is removed and OUT stays as it was, so a
+    good bundle is never replaced by an emptier one (signed records are not damaged ones)."""
+    for item in records:
+        tally["records"] += 1
+        tally["kernels"] += ent.is_kernel(item[2])
+        yield item
+    locked = [verdict for _, verdict in skipped if verdict in _NEEDS_SECRET]
+    if locked and secret_variable is not None:
+        raise SourceNotVerified(
+            f"{len(locked)} records of {source} are {locked[0].value}, so the bundle would hold "
+            f"{tally['records']} of its {tally['records'] + len(skipped)} records: set {secret_variable} to the "
+            "secret they were signed with (unset it for unsigned records); nothing was written"
+        )
 
 
 def create_bundle(
@@ -92,24 +134,32 @@ def create_bundle(
     """Write every entry of the cache at ``cache_dir`` (or of the Redis at ``redis_url``, the
     object store at ``object_store``) that passes its check into the bundle ``out``: artifacts,
     header manifests, Triton groups and every other record, as they are. Returns what was
-    written. A shared store that cannot be read to the end: ConnectionError, nothing written."""
+    written: ``kernels`` (as ``ls`` lists them), ``records`` (every record), ``skipped``
+    (damaged: named). A shared store that cannot be read to the end: ConnectionError; records
+    it holds that this process cannot verify (no secret, another one): SourceNotVerified.
+    Either way nothing is written and OUT stays as it was."""
     start = time.perf_counter()
-    skipped: list[str] = []
+    skipped: list[tuple[str, Verdict]] = []
     # A Redis or object store that cannot be read to the end raises ConnectionError from
     # iter_records: the staged bundle is removed and OUT (an older bundle) is kept as it was.
     if redis_url is not None:
         records: Any = _redis(redis_url, read_only=True).iter_records(skipped)
+        source, variable = f"Redis at {redis_url}", "KERNELCACHE_REDIS_SECRET"
     elif object_store is not None:
         records = _object_store(object_store, read_only=True).iter_records(skipped)
+        source, variable = f"the object store {object_store}", "KERNELCACHE_OBJECT_STORE_SECRET"
     else:
         records = _file_records(_source(cache_dir), skipped)
-    summary = write_bundle(out, records, secret)
+        source, variable = "the cache directory", None
+    tally = {"kernels": 0, "records": 0}
+    summary = write_bundle(out, _counted(records, tally, skipped, source, variable), secret)
     return {
         "path": summary.path,
-        "entries": summary.entries,
+        "kernels": tally["kernels"],
+        "records": summary.entries,
         "bytes": summary.bytes,
         "signed": summary.signed,
-        "skipped": skipped,
+        "skipped": [name for name, _ in skipped],
         "seconds": round(time.perf_counter() - start, 3),
     }
 
@@ -146,9 +196,11 @@ def create(
 
     def render(r: dict[str, Any]) -> None:
         signed = "signed" if r["signed"] else "unsigned"
-        click.echo(f"wrote {r['path']}: {r['entries']} entries, {r['bytes']} bytes, {signed}, in {r['seconds']} s")
+        counts = f"{r['kernels']} kernels ({r['records']} records: with header manifests, source indexes, Triton files)"
+        click.echo(f"wrote {r['path']}: {counts}, {r['bytes']} bytes, {signed}, in {r['seconds']} s")
         if r["skipped"]:
-            click.echo(f"skipped {len(r['skipped'])} entries that failed their check (see `kernelcache verify`)")
+            left = len(r["skipped"])
+            click.echo(f"left out {left} records that failed their check (damaged; see `kernelcache verify`)")
 
     emit(report, as_json, render)
 
@@ -158,19 +210,19 @@ def create(
 @SECRET_ENV_OPTION
 @JSON_OPTION
 def ls_cmd(path: str, secret_env: str | None, as_json: bool) -> None:
-    """List the entries of the bundle PATH (header manifests and other records are counted apart)."""
+    """List the kernels of the bundle PATH (header manifests and other records are counted apart)."""
     with _open_bundle(path, secret_from_env(secret_env)) as store:
-        rows, others = [], 0
+        rows = []
         for name, _length, head in store.heads():
             head = head or {}
             created = head.get("created")
             when = float(created) if isinstance(created, (int, float)) else 0.0  # a bundle has no last use
             info = EntryInfo(name, store.path, int(head.get("size") or 0), when, head)
-            if ent.is_manifest(info) or not isinstance(head.get("meta"), dict) or head["meta"].get("kind") == "blob":
-                others += 1
-                continue
-            rows.append(ent.entry_row(info))
-        data = {"path": store.path, "signed": store.signed, "entries": len(store), "other_records": others}
+            if ent.is_listed(info):
+                rows.append(ent.entry_row(info))
+        records = len(store)
+        data = {"path": store.path, "signed": store.signed, "kernels": len(rows), "records": records}
+    data["other_records"] = records - len(rows)
     data["rows"] = rows
     emit(data, as_json, lambda d: ls_table(d["rows"]))
 
@@ -226,32 +278,49 @@ def import_cmd(
     elif object_store:
         target = _object_store(object_store, read_only=False)
     else:
-        target = open_cache(cache_dir, create=True)
-    imported, dropped, damaged = 0, 0, []
+        target = _import_target(cache_dir)
+    tally = {"kernels": 0, "records": 0, "already_there": 0, "dropped": 0}
+    damaged = []
     with _open_bundle(path, secret_from_env(secret_env)) as store, target:
         for name in store.names():
             record = store.check_named(name)[1]
             if record is None:
                 damaged.append(name)
-            elif target.write_named(name, record[0], record[1]):
-                imported += 1
-            else:
-                dropped += 1
-    report = {
-        "imported": imported,
-        "dropped": dropped,
-        "damaged": damaged,
-        "into": redis_url or object_store or target.path,
-    }
+                continue
+            outcome = _import_one(target, name, record)
+            tally[outcome] += 1
+            tally["kernels"] += outcome == "records" and ent.is_kernel(record[1])
+    report = {**tally, "damaged": damaged, "into": redis_url or object_store or target.path}
 
     def render(r: dict[str, Any]) -> None:
-        click.echo(f"imported {r['imported']} entries into {r['into']}")
+        line = f"imported {r['kernels']} kernels ({r['records']} records) into {r['into']}"
+        if r["already_there"]:
+            line += f"; {r['already_there']} records were already there"
+        click.echo(line)
         if r["dropped"] or r["damaged"]:
             click.echo(f"not imported: {r['dropped']} refused by the store, {len(r['damaged'])} damaged in the bundle")
 
     emit(report, as_json, render)
-    if damaged or dropped:
+    if damaged or tally["dropped"]:
         sys.exit(1)
+
+
+def _import_target(cache_dir: str | None) -> FileStreamProgramCache:
+    """The cache directory an import writes: a new or empty directory becomes a cache; one that
+    holds anything else must prove it is a cache root (as clear requires), or nothing is written:
+    an unmarked v2/ among a user's files would be refused by clear and prune for good."""
+    root = os.path.abspath(cache_dir if cache_dir is not None else config.cache_dir())
+    if os.path.isdir(root) and os.listdir(root):
+        require_cache_root(root, "import into")
+    return open_cache(cache_dir, create=True)
+
+
+def _import_one(target: Any, name: str, record: tuple[bytes, Meta]) -> str:
+    """Copy one record into ``target``: "records" (written), "already_there" (an identical record
+    is: a second import of one bundle writes nothing) or "dropped" (refused, warned)."""
+    if target.read_named(name) == record:
+        return "already_there"
+    return "records" if target.write_named(name, record[0], record[1]) else "dropped"
 
 
 # -- bundles as OCI artifacts (stores/bundle/oci.py) -------------------------------------------

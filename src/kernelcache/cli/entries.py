@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import datetime as _dt
 import hashlib
 import os
@@ -9,6 +10,7 @@ import re
 import time
 from typing import Any
 
+from kernelcache.stores.file import lru
 from kernelcache.stores.file.ops import open_regular, read_fd, read_regular, sweep_dead_temps
 from kernelcache.stores.file.sidecar import MAX_SIZE, is_other_format
 from kernelcache.stores.file.store import DEFAULT_TMP_MAX_AGE_S, EntryInfo, FileStreamProgramCache
@@ -37,11 +39,21 @@ def is_manifest(entry: EntryInfo) -> bool:
     return meta.get("kind") in ("manifest", "source-index")
 
 
+# Records that are not a kernel of their own: bookkeeping (header manifests, source indexes,
+# CuPy's index) and a Triton kernel's single files, for which its group's one row stands.
+_NOT_KERNELS = ("manifest", "source-index", "cupy-index", "triton", "blob")  # blob: stores/bundle/blobs.py
+
+
+def is_kernel(meta: object) -> bool:
+    """Whether a record with this metadata is a kernel as ``ls`` lists it (one row): the one rule
+    every count of kernels uses (ls, stats, bundle create/ls/import, the remote tiers).
+    Metadata that cannot be read is listed (as ``?``): it is no bookkeeping record of ours."""
+    return not isinstance(meta, dict) or meta.get("kind") not in _NOT_KERNELS
+
+
 def is_listed(entry: EntryInfo) -> bool:
-    """Whether ``ls`` lists the entry: not bookkeeping (manifests, CuPy's index, named blobs) nor one of a
-    Triton kernel's files, for which its group's one row stands (``show`` lists them)."""
-    meta = (entry.meta or {}).get("meta") or {}
-    return not is_manifest(entry) and meta.get("kind") not in ("cupy-index", "triton", "blob")
+    """Whether ``ls`` lists the entry (is_kernel of its metadata); ``show`` lists the others too."""
+    return is_kernel((entry.meta or {}).get("meta") or {})
 
 
 def _text(value: Any, default: str = "?") -> str:
@@ -93,21 +105,49 @@ def _sorted(rows: list[dict[str, Any]], sort: str, limit: int | None) -> list[di
     return rows[:limit] if limit else rows
 
 
-def object_store_rows(url: str, sort: str, limit: int | None) -> list[dict[str, Any]]:
-    """``ls --object-store URL``: the entries of a bucket, as ``ls`` shows a disk cache's
-    (last used: when the record was written; a bucket keeps no read times)."""
+def remote_heads(
+    redis_url: str | None = None, object_store: str | None = None, namespace: str = "kernelcache"
+) -> tuple[str, list[Any]]:
+    """(where, [(name, bytes, time, head)]) of every record of a Redis namespace or a bucket. The
+    heads are read unverified (shown, never served: a signed tier lists without its secret);
+    ValueError naming the cause when the tier cannot be reached."""
     import warnings
-
-    from kernelcache.stores.object.store import ObjectStoreProgramCache
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the error below says it once
-        store = ObjectStoreProgramCache(url, read_only=True)
-        found = store.entries()
+        if redis_url is not None:
+            from kernelcache.stores.redis import listing as redis_listing
+            from kernelcache.stores.redis.store import RedisProgramCache
+
+            store: Any = RedisProgramCache(redis_url, namespace=namespace, read_only=True)
+            found, where = redis_listing.heads(store), f"Redis at {redis_url} namespace {namespace!r}"
+        else:
+            from kernelcache.stores.object import listing as object_listing
+            from kernelcache.stores.object.store import ObjectStoreProgramCache
+
+            store = ObjectStoreProgramCache(str(object_store), read_only=True)
+            found, where = object_listing.heads(store), f"the object store {object_store}"
     if found is None:
-        raise ValueError(f"the object store {url} was not reached ({store.last_error})")
-    infos = [EntryInfo(name, url, size, t, {"meta": meta or {}, "created": t}) for name, size, t, meta in found]
-    return _sorted([entry_row(e) for e in infos if is_listed(e)], sort, limit)
+        raise ValueError(f"{where} was not reached ({store.last_error})")
+    return where, found
+
+
+def remote_rows(heads: list[Any], where: str, sort: str, limit: int | None) -> list[dict[str, Any]]:
+    """``ls --redis URL`` / ``ls --object-store URL``: the kernels of a shared tier, as ``ls`` shows a
+    disk cache's (last used: when the record was written; a shared tier keeps no read times)."""
+    rows = []
+    for name, size, when_made, head in heads:
+        record = head if isinstance(head, dict) else {}
+        info = EntryInfo(name, where, int(record.get("size") or size), when_made, {**record, "created": when_made})
+        if is_listed(info):
+            rows.append(entry_row(info))
+    return _sorted(rows, sort, limit)
+
+
+def remote_counts(heads: list[Any]) -> dict[str, int]:
+    """kernels (as ``ls`` lists them), records and bytes of a shared tier's listing."""
+    kernels = sum(1 for *_, head in heads if is_kernel((head or {}).get("meta") if isinstance(head, dict) else None))
+    return {"entries": kernels, "records": len(heads), "size_bytes": sum(size for _, size, _, _ in heads)}
 
 
 def find_by_prefix(cache: FileStreamProgramCache, prefix: str) -> EntryInfo:
@@ -292,40 +332,40 @@ def _is_orphan(path: str, young: float) -> bool:
 def prune(
     cache: FileStreamProgramCache, max_size: int | None, max_age: float | None, now: float, dry_run: bool = False
 ) -> dict[str, Any]:
-    """Remove entries unused for ``max_age`` seconds, then the least recently used down to
-    ``max_size`` bytes. Header manifests go by the same rules (every look-up of their source
-    reads them, so their last use is as telling); ``removed`` counts entries as ``ls`` lists
-    them, ``manifests_removed`` the manifests. ``dry_run``: count, remove nothing."""
-    entries = sorted(cache.iter_entries(), key=lambda e: e.atime)  # LRU first
-    removed = manifests = freed = 0
+    """Remove entries unused for ``max_age`` seconds, then the least recently used, entries and
+    Triton's copies alike, until what counts under the cap is at most ``max_size`` bytes: the
+    order and the last-use rule of the store's own eviction (stores/file/lru.py). Header
+    manifests go by the same rules (every look-up of their source reads them, so their last use
+    is as telling); ``removed`` counts entries as ``ls`` lists them, ``manifests_removed`` the
+    manifests, ``copies_removed`` the copies. ``dry_run``: count, remove nothing."""
+    manifest = {e.path for e in cache.iter_entries() if is_manifest(e)}
+    counts = {"removed": 0, "manifests_removed": 0, "copies_removed": 0, "freed_bytes": 0}
 
-    def drop(e: EntryInfo) -> int:
-        nonlocal removed, manifests, freed
-        got = e.size + _sidecar_size(e) if dry_run else cache.remove_entry(e.name, evicted=True)
-        freed += got
-        if is_manifest(e):
-            manifests += 1
+    def drop(c: lru.Candidate) -> int | None:
+        if c.copy:
+            got = c.nbytes if dry_run else _remove_copy(cache, c)
         else:
-            removed += 1
+            got = c.nbytes if dry_run else cache.remove_entry(os.path.basename(c.path), evicted=True)
+        if got is None:
+            return None
+        counts["copies_removed" if c.copy else "manifests_removed" if c.path in manifest else "removed"] += 1
+        counts["freed_bytes"] += got
         return got
 
-    kept = []
-    for e in entries:
-        if max_age is not None and now - e.atime > max_age:
-            drop(e)
+    candidates, total = cache.lru_candidates()
+    kept: collections.deque[lru.Candidate] = collections.deque()
+    for c in candidates:
+        if max_age is not None and not c.copy and now - c.last_used_ns / 1e9 > max_age:
+            total -= drop(c) or 0
         else:
-            kept.append(e)
+            kept.append(c)
     if max_size is not None:
-        total = sum(e.size + _sidecar_size(e) for e in kept)
-        for e in kept:
-            if total <= max_size:
-                break
-            total -= drop(e)
-    return {"removed": removed, "manifests_removed": manifests, "freed_bytes": freed, "dry_run": dry_run}
+        lru.take(kept, total, max_size, drop)
+    return {**counts, "dry_run": dry_run}
 
 
-def _sidecar_size(entry: EntryInfo) -> int:
-    try:
-        return os.path.getsize(entry.path + ".meta")
-    except OSError:
-        return 0
+def _remove_copy(cache: FileStreamProgramCache, c: lru.Candidate) -> int | None:
+    got = lru.remove_copy(c)
+    if got:
+        cache.copies_freed(got)
+    return got

@@ -27,12 +27,25 @@ from kernelcache.stores.file.store import FileStreamProgramCache
     help="Order of the rows (largest or most recent first).",
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Show at most this many entries.")
-@click.option("--object-store", "object_store", default=None, metavar="URL", help="List this bucket's entries instead.")
+@click.option("--redis", "redis_url", default=None, metavar="URL", help="List this Redis namespace's kernels instead.")
+@click.option("--redis-namespace", default="kernelcache", show_default=True, help="With --redis: the namespace.")
+@click.option("--object-store", "object_store", default=None, metavar="URL", help="List this bucket's kernels instead.")
 @JSON_OPTION
-def ls_cmd(cache_dir: str | None, sort: str, limit: int | None, object_store: str | None, as_json: bool) -> None:
+def ls_cmd(
+    cache_dir: str | None,
+    sort: str,
+    limit: int | None,
+    redis_url: str | None,
+    redis_namespace: str,
+    object_store: str | None,
+    as_json: bool,
+) -> None:
     """List entries: name prefix (show accepts it), types, arch, size, last used, compile time, kernels."""
-    if object_store is not None:
-        rows = ent.object_store_rows(object_store, sort, limit)
+    if redis_url is not None and object_store is not None:
+        raise UserError("give one of --redis and --object-store")
+    if redis_url is not None or object_store is not None:
+        where, heads = ent.remote_heads(redis_url, object_store, redis_namespace)
+        rows = ent.remote_rows(heads, where, sort, limit)
     else:
         rows = ent.list_rows(open_cache(cache_dir), sort, limit)
     emit(rows, as_json, ls_table)
@@ -115,7 +128,9 @@ def prune(cache_dir: str | None, max_size: str | None, older_than: str | None, d
     result = ent.prune(cache, size_cap, max_age, now=time.time(), dry_run=dry_run)
     if not dry_run:
         # Copies handed to Triton (kernelcache.integrations.materialized) are not entries: idle ones go too.
-        result["materialized_removed"] = remove_materialized(cache.path, KEEP_RECENT_S)[0]
+        copies, given = remove_materialized(cache.path, KEEP_RECENT_S)
+        cache.copies_freed(given)  # they count under the cap (one budget): the tracker gives them back
+        result["materialized_removed"] = copies
         result["old_layouts_removed"] = cache.remove_old_layouts()  # never read: only space
         result["lock_files_removed"] = cache.remove_idle_locks()  # each under its own lock
 
@@ -146,7 +161,8 @@ def clear(cache_dir: str | None, yes: bool, as_json: bool) -> None:
     count = sum(1 for e in entries if not ent.is_manifest(e))  # artifacts, as ls lists them
     manifests = len(entries) - count
     cache.clear()
-    copies = remove_materialized(cache.path)[0]  # the copies handed to Triton go with them
+    copies, given = remove_materialized(cache.path)  # the copies handed to Triton go with them
+    cache.copies_freed(given)
     old = cache.remove_old_layouts()  # entries of earlier versions' layouts (never read)
     result = {"removed": count, "manifests_removed": manifests, "path": cache.path, "counters_reset": False}
     if copies:

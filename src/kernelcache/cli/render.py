@@ -121,6 +121,7 @@ def warm_text(data: list[dict[str, Any]], bundle: dict[str, Any] | None = None, 
     skipped = sum(1 for r in data if r.get("skipped"))
     click.echo(f"{len(data) - failed - skipped} ok, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
     if bundle is not None:
-        click.echo(f"bundle {bundle['path']}: {bundle['entries']} entries, {bundle['bytes']} bytes")
+        counts = f"{bundle['kernels']} kernels ({bundle['records']} records)"
+        click.echo(f"bundle {bundle['path']}: {counts}, {bundle['bytes']} bytes")
     elif bundle_asked:
         click.echo("no bundle written: a kernel failed")

@@ -279,7 +279,8 @@ _ENCODED = {name: os.fsencode(name) for name in KNOWN}
 
 
 def bundles() -> tuple[str, ...]:
-    """``KERNELCACHE_BUNDLES`` (``a.kcb:oci://registry/repo:tag``): bundles read after the memory tier."""
+    """``KERNELCACHE_BUNDLES`` (``a.kcb:oci://registry/repo:tag``): bundles read right after the memory
+    tier (absolute paths or OCI references; whether a file is there is the default cache's to find out)."""
     raw = _env("KERNELCACHE_BUNDLES")
     if not raw.strip():
         return ()
@@ -298,11 +299,8 @@ def bundles() -> tuple[str, ...]:
                 f"KERNELCACHE_BUNDLES: {path!r} is a relative path (it would change with the working "
                 "directory): give absolute paths"
             )
-        if not os.path.isfile(os.path.expanduser(path)):
-            raise ConfigError(
-                f"KERNELCACHE_BUNDLES: {path!r} is not a file: build it with `kernelcache bundle create`, "
-                "fix the path, or unset the variable"
-            )
+        # A path that holds no bundle (not built yet, a volume not mounted) is no bad value: the
+        # default cache leaves that tier out with one warning (stores/default.py), as the README says.
     return tuple(p if p.startswith(urls.OCI_SCHEME) else os.path.expanduser(p) for p in paths)
 
 

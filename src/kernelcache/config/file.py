@@ -19,6 +19,7 @@ import threading
 import warnings
 from typing import Any
 
+from kernelcache import forksafe
 from kernelcache.log import KernelCacheWarning, WarnOnce, logger
 
 PREFIX = "KERNELCACHE_"
@@ -150,5 +151,4 @@ def _reset_in_child() -> None:
     _lock = threading.Lock()  # a parent's thread may have held it at the fork
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_in_child)
+forksafe.reset_function_in_child(_reset_in_child)

@@ -10,39 +10,43 @@ the cache's own root::
     <root>/materialized/scratch/<process>/...      one process's copies (removed at its exit)
 
 A copy of an entry of the store's file tier is a hard link to the entry file where the
-filesystem allows (no second copy of the bytes, no new inode); the copies' own bytes are
-bounded by the store's size cap (``sweep``, run as copies are written: idle ones go without
-a manual ``prune``).
-
-Copies go only under a root the store accepted (its file tier's), or, when the store has no
-file tier (the disk tier was refused: another user's or an other-writable directory), under
-a private per-user directory (``private_root``), never under a refused one. Every copy is
-read back and compared after it is placed, before its path is handed out. In a team cache
-(a setgid root) copies are group-readable and -writable, so members share them instead of
-replacing each other's. The copies are not entries: the store's size tracker never sees
-them, ``kernelcache clear`` removes them all and ``kernelcache prune`` removes those not
-handed out recently. Each copy is named by a digest of its content, so the bytes at a path
-never change once written: a reader that got a path and reads it later can never find
-another writer's version there (Triton's own file manager overwrites in place, so a group
-read while a peer rewrites it can mix versions).
+filesystem allows (no second copy of the bytes, no new inode). One budget: a copy with bytes of
+its own counts under the store's size cap like an entry (FileStreamProgramCache.count_copy), and
+the store's eviction takes entries and copies in one LRU order (stores/file/lru.py). Copies idle
+for KEEP_RECENT_S go as copies are written (``sweep``); ``kernelcache clear`` removes them all,
+``prune`` those not handed out recently. Under a private root (``private_root``: the store has
+no file tier, its directory was refused) the copies have the configured cap to themselves,
+taken in the same order; never under a refused root. Every copy is read back and compared
+after it is placed, before its path is handed out. In a team cache (a setgid root) copies are
+group-readable and -writable, so members share them. Each copy is named by a digest of its
+content, so the bytes at a path never change once written: a reader that got a path never
+finds another writer's version there (Triton's own file manager overwrites in place, so a
+group read while a peer rewrites it can mix versions).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
 import re
 import stat
-import tempfile
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
 
+from kernelcache import forksafe
 from kernelcache.regular_file import open_regular as open_regular_file
-from kernelcache.stores.file.ops import TMP_SUFFIX, make_dirs, open_regular, stage
+from kernelcache.stores.file import lru
+from kernelcache.stores.file.marker import COPIES_DIR
+from kernelcache.stores.file.ops import TMP_SUFFIX, freed, make_dirs, open_regular, stage
 
-MATERIALIZED_DIR = "materialized"
+if TYPE_CHECKING:
+    from kernelcache.stores.file.store import FileStreamProgramCache
+
+MATERIALIZED_DIR = COPIES_DIR
 # A copy handed out less than this long ago is kept by prune: the process that got its path
 # reads it right away (Triton reads the whole group in CompiledKernel.__init__), so after
 # this long nobody is about to read it. The same margin as the store's stale temp files.
@@ -64,26 +68,6 @@ def check_file_name(name: str) -> str:
     return name
 
 
-def private_root() -> str:
-    """This user's own directory for copies: ``$XDG_RUNTIME_DIR/kernelcache`` (a directory
-    only its user can enter) or ``<temp dir>/kernelcache-<uid>``, created 0700.
-
-    OSError when the path exists and is not a directory this user owns that nobody else can
-    write or enter (a planted symlink, another user's directory): no copy goes there.
-    """
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
-        path = os.path.join(runtime, "kernelcache")
-    else:
-        path = os.path.join(tempfile.gettempdir(), f"kernelcache-{os.geteuid()}")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    st = os.lstat(path)  # never follows a link: a planted one is refused, not entered
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise PermissionError(f"{path} is not a private directory of uid {os.geteuid()}; no copies are written there")
-    return path
-
-
 def materialize(
     root: str,
     namespace: str,
@@ -92,6 +76,7 @@ def materialize(
     data: bytes,
     *,
     link_from: str | None = None,
+    budget: FileStreamProgramCache | None = None,
     cap: int | None = None,
 ) -> str:
     """Return the path of a file under ``root`` holding exactly ``data``, named ``name``.
@@ -103,7 +88,9 @@ def materialize(
     to it where that works (no second copy of the bytes, no new inode). ``owner``: the
     folder of one owner's copies under ``namespace`` (a process's scratch copies, removed
     with it); None: the copy goes in ``namespace`` itself, shared by every owner (one
-    directory for them all: none per owner). ``cap``: the bytes copies may take (``sweep``).
+    directory for them all: none per owner). ``budget``: the store whose file tier ``root`` is:
+    a copy with bytes of its own is counted under its cap (room made first). Without one (a
+    private root), ``cap``: the bytes the copies may take, or DEFAULT_CAP (``sweep``).
     OSError when the directory cannot be written or the copy does not read back.
     """
     check_file_name(name)
@@ -115,15 +102,21 @@ def materialize(
     path = os.path.join(folder, f"{digest}-{name}")
     if _reuse(path, data):
         return path
-    tmp = _staged(root, os.path.join(base, "tmp"), data, link_from)
+    tmp, own = _staged(root, os.path.join(base, "tmp"), data, link_from, budget)
     try:
-        _place(tmp, folder, path, data)
+        replaced = _place(tmp, folder, path, data)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if budget is not None and own:
+            budget.copies_freed(own)
         raise
-    # A linked copy counts too: it takes bytes of its own once the store evicts its entry.
-    _after_write(root, len(data), cap)
+    if budget is not None and replaced:
+        budget.copies_freed(replaced)
+    with contextlib.suppress(OSError):
+        # Staging's directory goes once empty. Race: a peer staging has its file there (rmdir fails) or makes it again.
+        os.rmdir(os.path.join(base, "tmp"))
+    _after_write(root, len(data), budget, cap)
     return path
 
 
@@ -147,12 +140,17 @@ def _reuse(path: str, data: bytes) -> bool:
         return False
 
 
-def _place(tmp: str, folder: str, path: str, data: bytes) -> None:
-    """Move the staged file ``tmp`` to ``path`` (in ``folder``) and check it reads back."""
+def _place(tmp: str, folder: str, path: str, data: bytes) -> int:
+    """Move the staged file ``tmp`` to ``path`` (in ``folder``) and check it reads back; the
+    bytes of its own the file it replaced gave back (a copy of the same content: a peer's)."""
     tries = 0
     while True:
         try:
             make_dirs(folder)
+            try:
+                replaced = freed(os.lstat(path))
+            except FileNotFoundError:
+                replaced = 0
             # Two processes materializing the same bytes both replace: either result is
             # the same content, and a reader holding the path sees one whole file or the other.
             os.replace(tmp, path)
@@ -161,7 +159,7 @@ def _place(tmp: str, folder: str, path: str, data: bytes) -> None:
             # nobody else can; reading it back catches anything that got there anyway.
             if not same_content(path, data):
                 raise OSError(f"the copy at {path} does not hold the bytes just placed there")
-            return
+            return replaced
         except FileNotFoundError:
             # Race with prune: it keeps recent files but removes every empty directory,
             # so the folder just made (or a parent) can vanish before the replace lands
@@ -171,10 +169,13 @@ def _place(tmp: str, folder: str, path: str, data: bytes) -> None:
                 raise
 
 
-def _staged(root: str, tmp_dir: str, data: bytes, link_from: str | None) -> str:
-    """A new file in tmp_dir holding ``data``: a hard link to ``link_from`` when it holds
-    exactly that (an entry is replaced, never rewritten in place, so its inode's bytes never
-    change), else a written copy."""
+def _staged(
+    root: str, tmp_dir: str, data: bytes, link_from: str | None, budget: FileStreamProgramCache | None
+) -> tuple[str, int]:
+    """(a new file in tmp_dir holding ``data``, the bytes of its own counted under ``budget``):
+    a hard link to ``link_from`` when it holds exactly that (an entry is replaced, never
+    rewritten in place, so its inode's bytes never change: 0 bytes of its own), else a written
+    copy, counted first (the store makes room before the bytes land)."""
     # Each new directory gets its parent's mode, less others' write: 0700 under a private
     # cache, group-writable and setgid under a team cache (every member materializes there).
     make_dirs(tmp_dir)
@@ -187,17 +188,24 @@ def _staged(root: str, tmp_dir: str, data: bytes, link_from: str | None) -> str:
         else:
             # Race: the entry may have been replaced by other bytes since they were read.
             if same_content(tmp, data):
-                return tmp
+                return tmp, 0
             os.unlink(tmp)
     # A team cache's root is setgid: its members share each other's copies (0600 would make
     # a member who cannot read a copy replace it, and the other then fail to read its own).
     # Group-writable too, as the team's entries are: a member marks a copy it is handed out
     # (utime needs write permission on another member's file).
     team = bool(os.stat(root).st_mode & stat.S_ISGID)
-    tmp = stage(tmp_dir, data, durable=False, mode=0o660 if team else 0o600)  # O_EXCL: no planted link
-    if team:
-        os.chmod(tmp, 0o660)  # whatever the umask
-    return tmp
+    if budget is not None:
+        budget.count_copy(len(data))
+    try:
+        tmp = stage(tmp_dir, data, durable=False, mode=0o660 if team else 0o600)  # O_EXCL: no planted link
+        if team:
+            os.chmod(tmp, 0o660)  # whatever the umask
+    except BaseException:
+        if budget is not None:
+            budget.copies_freed(len(data))
+        raise
+    return tmp, len(data)
 
 
 def same_content(path: str, data: bytes) -> bool:
@@ -224,14 +232,15 @@ def same_content(path: str, data: bytes) -> bool:
 def remove_materialized(root: str, idle_s: float | None = None) -> tuple[int, int]:
     """Remove copies under ``root`` not handed out for ``idle_s`` seconds (None: all).
 
-    Returns (files removed, bytes freed). Only files this module wrote go: a copy whose
+    Returns (files removed, bytes given back: ops.freed, a copy linked to an entry frees none).
+    Only files this module wrote go: a copy whose
     content still hashes to its folder's name, or a staged file of ours in tmp/; anything
     else under ``materialized/`` (a user's file in a directory mistaken for a cache) stays.
     Empty directories go too.
     """
     base = os.path.join(root, MATERIALIZED_DIR)
     cutoff = None if idle_s is None else time.time() - idle_s
-    files = freed = 0
+    files = given = 0
     for dirpath, dirnames, filenames in os.walk(base, topdown=False):
         for fname in filenames:
             path = os.path.join(dirpath, fname)
@@ -247,13 +256,13 @@ def remove_materialized(root: str, idle_s: float | None = None) -> tuple[int, in
             except OSError:
                 continue
             files += 1
-            freed += st.st_size
+            given += freed(st)
         for dname in dirnames:
             try:
                 os.rmdir(os.path.join(dirpath, dname))  # only if empty
             except OSError:
                 pass
-    return files, freed
+    return files, given
 
 
 _DIGEST = re.compile(r"[0-9a-f]{32}")
@@ -291,22 +300,47 @@ def _is_ours(base: str, path: str) -> bool:
 
 # -- keeping copies bounded without a manual prune ------------------------------------------
 
-DEFAULT_CAP = 1 << 30  # copies' own cap where the store has none
+DEFAULT_CAP = 1 << 30  # copies' own cap under a private root (no store: no cap of a store's)
 SWEEP_EVERY_S = 60.0  # at most this long between sweeps while a process hands out copies
-MIN_AGE_S = 5.0  # a copy younger than this is never taken for the cap: Triton is about to open it
-_STAMP = ".swept"  # its mtime: the last sweep of this root (any process)
-_pending = {"bytes": 0}
-_pending_lock = threading.Lock()
-os.register_at_fork(after_in_child=lambda: _pending.update(bytes=0))
+MIN_AGE_S = lru.COPY_MIN_AGE_S  # a copy younger than this is never taken for room: Triton is about to open it
+_STAMP = ".swept"  # under a private root, its mtime: the last sweep of that root (any process)
 
 
-def _after_write(root: str, written: int, cap: int | None) -> None:
+class _Pending:
+    """Bytes of copies written since this process's last sweep (a sweep is due at an eighth of the cap)."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def after_fork_in_child(self) -> None:
+        """A fresh lock (a thread of the parent may have held it), nothing written yet."""
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+
+_pending = _Pending()
+forksafe.reset_in_child(_pending)
+
+
+def _after_write(root: str, written: int, budget: FileStreamProgramCache | None, cap: int | None) -> None:
     """Sweep once enough new bytes were written since the last sweep (an eighth of the cap),
     or the last sweep of this root is older than SWEEP_EVERY_S."""
+    if budget is not None:
+        cap = budget.max_size_bytes
     cap = DEFAULT_CAP if cap is None else cap
-    with _pending_lock:
-        _pending["bytes"] += written
-        due = _pending["bytes"] * 8 >= cap
+    with _pending.lock:
+        _pending.bytes += written
+        due = _pending.bytes * 8 >= cap
+    if budget is not None:
+        # The store's counters keep when copies were last swept (no stamp file): idle ones go;
+        # room for the cap is the store's eviction, copies and entries alike.
+        if due or time.time() - budget.copies_swept_at() >= SWEEP_EVERY_S:
+            with _pending.lock:
+                _pending.bytes = 0
+            budget.copies_swept_at(time.time())
+            budget.copies_freed(remove_materialized(root, KEEP_RECENT_S)[1])
+        return
     stamp = os.path.join(root, MATERIALIZED_DIR, _STAMP)
     if not due:
         try:
@@ -316,8 +350,8 @@ def _after_write(root: str, written: int, cap: int | None) -> None:
         except OSError:
             return
     if due:
-        with _pending_lock:
-            _pending["bytes"] = 0
+        with _pending.lock:
+            _pending.bytes = 0
         with contextlib.suppress(OSError):
             # Never a plain open: a FIFO planted there (whoever can write a team cache's
             # folders can) blocks it forever; a symlink would touch or create its target.
@@ -330,37 +364,37 @@ def _after_write(root: str, written: int, cap: int | None) -> None:
 
 
 def sweep(root: str, cap: int) -> tuple[int, int]:
-    """Remove copies idle for KEEP_RECENT_S, then the least recently handed out until the
-    copies' own bytes fit ``cap`` (never one younger than MIN_AGE_S). A copy that is a hard
-    link to an entry costs no bytes of its own (the entry's are counted in the store's cap)
-    until the entry goes. Returns (files removed, bytes freed)."""
-    files, freed = remove_materialized(root, KEEP_RECENT_S)
-    base = os.path.join(root, MATERIALIZED_DIR)
-    copies = []
-    for dirpath, _, filenames in os.walk(base):
-        for fname in filenames:
-            path = os.path.join(dirpath, fname)
-            try:
+    """Under a private root (no store): remove copies idle for KEEP_RECENT_S, then the least
+    recently handed out until their bytes fit ``cap`` (lru.take: the order and the age rule of
+    the store's own eviction; never one younger than MIN_AGE_S). Returns (files removed, bytes freed)."""
+    files, given = remove_materialized(root, KEEP_RECENT_S)
+    copies, total = lru.scan_copies(root)
+    copies.sort(key=lambda c: (c.last_used_ns, c.path))
+    taken: list[int] = []
+
+    def remove(c: lru.Candidate) -> int | None:
+        got = lru.remove_copy(c)
+        if got is not None:
+            taken.append(got)
+        return got
+
+    lru.take(collections.deque(copies), total, cap, remove)
+    return files + len(taken), given + sum(taken)
+
+
+def remove_owner(root: str, owner: str) -> int:
+    """Remove one owner's scratch copies (a process's, at its exit); the bytes given back."""
+    folder = os.path.join(root, MATERIALIZED_DIR, "scratch", check_file_name(owner))
+    given = 0
+    for dirpath, _, filenames in os.walk(folder, topdown=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
                 st = os.lstat(path)
-            except OSError:
-                continue
-            if st.st_nlink == 1 and _is_ours(base, path):
-                copies.append((st.st_mtime, st.st_size, path))
-    total = sum(size for _, size, _ in copies)
-    young = time.time() - MIN_AGE_S
-    # Race: another process may hand out a copy after our scan saw it idle (the scan hashes
-    # every copy: it can take seconds), bumping its mtime. So each copy's mtime is looked at
-    # again just before it goes, and a copy handed out meanwhile stays. What remains is the
-    # moment between that look and the unlink; a path whose file is gone then makes Triton
-    # recompile or fail to open it, never load other bytes (paths are immutable).
-    for mtime, size, path in sorted(copies):
-        if total <= cap or mtime >= young:
-            break
+                os.unlink(path)
+                given += freed(st)
         with contextlib.suppress(OSError):
-            if os.lstat(path).st_mtime != mtime:
-                continue  # handed out since the scan
-            os.unlink(path)
-            total -= size
-            files += 1
-            freed += size
-    return files, freed
+            os.rmdir(dirpath)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(folder))  # scratch/ itself, once no process has copies there
+    return given

@@ -19,22 +19,50 @@ as one record. Its single files are left alone (a process of that version may st
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
+import stat
+import tempfile
 from typing import Any
 
+from kernelcache import forksafe
+from kernelcache.compile.flight import ACQUIRED, READY, SingleFlight
 from kernelcache.integrations.materialized import check_file_name
 from kernelcache.integrations.triton_pack import pack, unpack
 from kernelcache.log import WarnOnce
 from kernelcache.stores.base import ProgramCacheResource
+from kernelcache.stores.file import locks as lockfiles
 from kernelcache.stores.file.store import FileStreamProgramCache
 from kernelcache.stores.naming import entry_name
 
-__all__ = ["TritonFiles", "is_plain", "warn_once"]
+__all__ = ["TritonFiles", "is_plain", "private_root", "release", "warn_once"]
 
 _FILE_DOMAIN = b"kernelcache.triton.file/1\x00"
 _GROUP_DOMAIN = b"kernelcache.triton.group/2\x00"
 
 _warned = WarnOnce("kernelcache.triton")
+
+
+def private_root() -> str:
+    """This user's own directory for copies: ``$XDG_RUNTIME_DIR/kernelcache`` (a directory
+    only its user can enter) or ``<temp dir>/kernelcache-<uid>``, created 0700.
+
+    OSError when the path exists and is not a directory this user owns that nobody else can
+    write or enter (a planted symlink, another user's directory): no copy goes there.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
+        path = os.path.join(runtime, "kernelcache")
+    else:
+        path = os.path.join(tempfile.gettempdir(), f"kernelcache-{os.geteuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)  # never follows a link: a planted one is refused, not entered
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} is not a private directory of uid {os.geteuid()}; no copies are written there")
+    return path
 
 
 def warn_once(cause: str, message: str) -> None:
@@ -82,11 +110,11 @@ class TritonFiles:
                 return tier.entry_path(entry_name(self._file_key(name)))
         return None
 
-    def size_cap(self) -> int | None:
-        """The byte cap of the store's file tier (None: it has none)."""
+    def file_tier(self) -> FileStreamProgramCache | None:
+        """The store's file tier (whose cap counts the copies under its root), if it has one."""
         for tier in [self.store, *getattr(self.store, "tiers", ())]:
             if isinstance(tier, FileStreamProgramCache):
-                return tier.max_size_bytes
+                return tier
         return None
 
     def get(self, name: str, *, internal: bool = False) -> bytes | None:
@@ -164,6 +192,55 @@ class TritonFiles:
 
     def _group_key(self, name: str) -> bytes:
         return _GROUP_DOMAIN + self._prefix + name.encode("utf-8")
+
+    def lead_or_wait(self, name: str) -> tuple[Any, dict[str, bytes] | None]:
+        """After a miss of group ``name``: single flight across threads, processes and hosts
+        (compile.flight.SingleFlight, as compile_program's): (a held flight, None) when this
+        caller is to compile it (release it with ``release`` once the group is stored, or when
+        the compile failed), or (None, the members) when a peer published them meanwhile, or
+        (None, None) when the wait ran out or this process already compiles it (then compile
+        without the lock: a second compile, never a wrong kernel)."""
+        key = hashlib.sha256(self._group_key(name)).digest()
+        if key in _held:
+            return None, None  # this process compiles it already (Triton asking again): no self-wait
+        flight = SingleFlight.for_store(self.store, key)
+
+        def ready() -> bool:  # asked by the flight after each lock it takes
+            return self.store.get_record(self._group_key(name), internal=True) is not None
+
+        hold = flight.hold(ready)
+        outcome = hold.__enter__()
+        if outcome == ACQUIRED:
+            _held.add(key)
+            return (hold, flight.lock_path, key), None
+        release((hold, flight.lock_path, None))
+        if outcome != READY:
+            return None, None
+        record = self.store.get_record(self._group_key(name), internal=True)  # the miss was counted
+        return None, None if record is None else unpack(record[0], record[1], is_plain)
+
+
+# The flights this process holds (their keys): a second ask of a key it compiles must not wait on itself.
+_held: set[bytes] = set()
+
+
+def _forget_held() -> None:
+    _held.clear()  # a forked child holds none of its parent's locks (forksafe resets those)
+
+
+forksafe.reset_function_in_child(_forget_held)
+
+
+def release(held: Any) -> None:
+    """Let a flight from ``lead_or_wait`` go (the peers waiting for it read the store now), and
+    remove its lock file if no peer holds it: a kernel leaves no lock file behind at rest."""
+    hold, lock_path, key = held
+    _held.discard(key)
+    with contextlib.suppress(Exception):  # a release must never fail the caller (it may run at exit)
+        hold.__exit__(None, None, None)
+    if lock_path is not None:
+        with contextlib.suppress(OSError):
+            lockfiles.remove_if_idle(lock_path)
 
 
 def _kernel_info(members: dict[str, bytes]) -> dict[str, str]:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Union
 from kernelcache import forksafe
 from kernelcache.log import KernelCacheWarning as KernelCacheWarning  # re-exported: what stores warn with
 from kernelcache.log import WarnOnce
-from kernelcache.stats import ErrorCause, MemoryStats, error_deltas, public_view
+from kernelcache.regular_file import read_regular
+from kernelcache.stats import ErrorCause, MemoryStats, TeeStats, error_deltas, public_view
 from kernelcache.stores import sniff
 
 if TYPE_CHECKING:
@@ -65,9 +66,8 @@ def as_value_bytes(value: object) -> bytes:
         if isinstance(code, (bytes, bytearray, memoryview)):
             return bytes(code)
         if isinstance(code, str):  # ObjectCode.from_cubin("path/to/file.cubin")
-            try:
-                with open(code, "rb") as f:
-                    return f.read()
+            try:  # a FIFO at that path is refused, never waited on (regular_file.py)
+                return read_regular(code)
             except FileNotFoundError:
                 missing = f"cannot store path-backed ObjectCode in cache: {code} no longer exists"
                 raise FileNotFoundError(missing) from None
@@ -249,6 +249,12 @@ class CountingStore(ProgramCacheResource):
 
     def after_fork_in_child(self) -> None:
         """Called in a forked child: a store that owns locks replaces them here."""
+
+    def count_into(self, counters: Any) -> None:
+        """Also add every count of this store to ``counters`` (a tier's counters file in the local
+        cache directory: the default cache does so for its memory, bundle, Redis and object-store
+        tiers, which keep theirs in process memory otherwise)."""
+        self._stats = TeeStats(self._stats, counters)
 
     @abc.abstractmethod
     def _counted_read(self, key: bytes, internal: bool) -> tuple[bytes, Meta] | None:

@@ -11,7 +11,7 @@ import threading
 
 from kernelcache import config, forksafe
 from kernelcache.log import WarnOnce
-from kernelcache.stores.base import ProgramCacheResource
+from kernelcache.stores.base import CountingStore, ProgramCacheResource
 from kernelcache.stores.file import dircap
 from kernelcache.stores.file.store import FileStreamProgramCache
 
@@ -144,17 +144,40 @@ def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[P
         return [FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared)]
     from kernelcache.stores.memory import InMemoryProgramCache
 
-    cap = min(settings.max_size or _DEFAULT_MEMORY_TIER_BYTES, _DEFAULT_MEMORY_TIER_BYTES)
+    # The memory tier is this process's own: a member's cap (KERNELCACHE_MAX_SIZE) limits it
+    # even where the disk tier is a team cache, which only its directory's cap governs.
+    own = config.max_size_bytes() if (config.env_get("KERNELCACHE_MAX_SIZE") or "").strip() else settings.max_size
+    cap = min(own or _DEFAULT_MEMORY_TIER_BYTES, _DEFAULT_MEMORY_TIER_BYTES)
     bundles = _bundle_tiers(settings.bundles, settings.bundle_secret, settings)
-    tiers: list[ProgramCacheResource] = [InMemoryProgramCache(cap), *bundles]
+    memory = InMemoryProgramCache(cap)
+    tiers: list[ProgramCacheResource] = [memory, *bundles]
     try:
-        tiers.append(FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared))
+        disk = FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared)
     except OSError as exc:
         if not skip_unusable_disk or not (bundles or shared):
             raise
         names = [*(["Bundle"] if bundles else []), *(type(t).__name__.replace("ProgramCache", "") for t in shared)]
         _warn_unusable(settings.root, exc, f"using memory -> {' -> '.join(names)} only")
-    return tiers + shared
+        return tiers + shared  # nowhere to keep the other tiers' counts: they stay in memory
+    # Every tier's counts in one place, the disk tier's directory (kernelcache stats reads them).
+    for tier in (memory, *bundles, *shared):
+        if isinstance(tier, CountingStore):
+            tier.count_into(disk.tier_counters(tier_name(tier)))
+    return [*tiers, disk, *shared]
+
+
+def tier_name(tier: ProgramCacheResource) -> str:
+    """The name a tier of the default cache is counted and shown under (stats, Prometheus)."""
+    return _TIER_NAMES.get(type(tier).__name__, type(tier).__name__)
+
+
+_TIER_NAMES = {
+    "InMemoryProgramCache": "memory",
+    "BundleProgramCache": "bundle",
+    "FileStreamProgramCache": "disk",
+    "RedisProgramCache": "redis",
+    "ObjectStoreProgramCache": "object",
+}
 
 
 def _bundle_tiers(paths: tuple[str, ...], secret: str | None, settings: Settings) -> list[ProgramCacheResource]:
@@ -171,8 +194,13 @@ def _bundle_tiers(paths: tuple[str, ...], secret: str | None, settings: Settings
                 continue
             tiers.append(BundleProgramCache(path, secret=secret))
         except (OSError, ValueError) as exc:
-            # A damaged or refused bundle never fails a compile: that tier is left out.
-            message = f"the bundle {path} (KERNELCACHE_BUNDLES) is not used: {exc}"
+            # A missing, damaged or refused bundle never fails a compile: that tier is left out.
+            why = (
+                "there is no such file (build it with `kernelcache bundle create`, fix the path or unset the variable)"
+                if isinstance(exc, FileNotFoundError)
+                else str(exc)
+            )
+            message = f"the bundle {path} (KERNELCACHE_BUNDLES) is not used: {why}"
             _unusable.warn(f"bundle:{path}", message, stacklevel=5)
     return tiers
 

@@ -61,7 +61,7 @@ def bundle(tmp_path: Path) -> dict:
 
 
 def test_every_record_is_carried_header_manifests_included(bundle):
-    assert bundle["report"]["entries"] == RECORDS
+    assert bundle["report"]["records"] == RECORDS
     with kernelcache.BundleProgramCache(bundle["path"]) as store:
         assert len(store) == RECORDS and store.read_only and not store.signed
         assert set(bundle["names"]) <= set(store.names())
@@ -102,7 +102,7 @@ def test_ls_lists_the_artifacts_and_counts_the_rest(bundle):
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert sorted(r["key"] for r in data["rows"]) == sorted(bundle["names"])
-    assert data["other_records"] == RECORDS - 4 and data["entries"] == RECORDS and data["signed"] is False
+    assert data["other_records"] == RECORDS - 4 and data["records"] == RECORDS and data["kernels"] == 4 and data["signed"] is False
     assert {r["kernels"][0] for r in data["rows"]} == {"k0", "k1", "k2", "h"}
     text = _cli("bundle", "ls", str(bundle["path"]))
     assert text.returncode == 0 and "kernelcache entries (4)" in text.stdout
@@ -156,7 +156,6 @@ def test_the_bundles_variable_is_checked(tmp_path, monkeypatch, bundle):
     for bad, why in (
         ("relative.kcb", "relative path"),
         (f"{bundle['path']}::{bundle['path']}", "empty or space-padded"),
-        (str(tmp_path / "missing.kcb"), "is not a file"),
     ):
         monkeypatch.setenv("KERNELCACHE_BUNDLES", bad)
         with pytest.raises(config.ConfigError, match=why):
@@ -179,7 +178,7 @@ def test_import_into_a_cache_dir_then_a_fresh_process_hits_from_disk(bundle, tmp
     target = tmp_path / "imported"
     proc = _cli("import", str(bundle["path"]), "--cache-dir", str(target), "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["imported"] == RECORDS
+    assert json.loads(proc.stdout)["records"] == RECORDS
     code = (
         "import json, sys, kernelcache\n"
         "from cuda.core import ProgramOptions\n"
@@ -200,11 +199,11 @@ def test_redis_round_trip_import_then_bundle_create_from_redis(bundle, tmp_path,
     url = server.url
     proc = _cli("import", str(bundle["path"]), "--redis", url, "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["imported"] == RECORDS
+    assert json.loads(proc.stdout)["records"] == RECORDS
     again = tmp_path / "from-redis.kcb"
     proc = _cli("bundle", "create", str(again), "--redis", url, "--json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["entries"] == RECORDS
+    assert json.loads(proc.stdout)["records"] == RECORDS
     with kernelcache.BundleProgramCache(bundle["path"]) as first, kernelcache.BundleProgramCache(again) as second:
         assert list(first.names()) == list(second.names())
         for name in first.names():

@@ -104,7 +104,7 @@ def test_slots_pointing_outside_the_records_are_damage_that_verify_and_import_re
     proc = _cli("import", str(bad), "--cache-dir", str(tmp_path / "into"), "--json")
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
-    assert sorted(report["damaged"]) == sorted(built["names"]) and report["imported"] == 3  # the source index
+    assert sorted(report["damaged"]) == sorted(built["names"]) and report["records"] == 3  # the source index
 
 
 def test_a_slot_with_a_huge_length_is_a_miss_in_that_tier_and_the_disk_behind_it_answers(

@@ -105,7 +105,7 @@ def built() -> Iterator[dict]:
     proc = _cli("bundle", "create", str(shipped / "base.kcb"), "--cache-dir", str(root / "cache"), "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["entries"] == 2 * len(SPEC) and report["skipped"] == []  # each artifact and its source index
+    assert report["records"] == 2 * len(SPEC) and report["skipped"] == []  # each artifact and its source index
     yield {"dir": shipped, "expected": expected, "names": names}
     shutil.rmtree(root, ignore_errors=True)
 

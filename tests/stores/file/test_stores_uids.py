@@ -1,4 +1,4 @@
-"""The cache tree and real second users: attacks and a team cache.
+"""The cache tree and real second users (issue 10 #13, issue 15 §1): attacks and a team cache.
 
 Root creates the users and a group here; code runs as them in forked children (setgroups,
 setgid, setuid, umask). Skipped when not root or without useradd.
@@ -10,9 +10,7 @@ import contextlib
 import grp
 import os
 import pickle
-import pwd
 import shutil
-import subprocess
 import tempfile
 import time
 import warnings
@@ -21,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from uids import User, as_user, unique
+from uids import User, as_user, become, team
 
 from kernelcache import FileStreamProgramCache, UnsafeCacheDirError
 from kernelcache.compile.flight import SingleFlight
@@ -32,39 +30,20 @@ pytestmark = pytest.mark.skipif(
     reason="needs root and useradd to create real second users",
 )
 
-GROUP = unique("kctrust_team")
-MEMBERS = (unique("kctrust_a"), unique("kctrust_b"))
-OUTSIDER = unique("kctrust_c")
-A, B, C = (*MEMBERS, OUTSIDER)
-
-
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
-
-
-def _drop(*argv: str) -> None:
-    subprocess.run(argv, capture_output=True)
+_TEAM: dict[str, str] = {}  # the group's name of this run (uids.team), once the users fixture made it
 
 
 @pytest.fixture(scope="module")
 def users() -> Iterator[dict[str, User]]:
-    for name in (*MEMBERS, OUTSIDER):
-        _drop("userdel", name)
-    _drop("groupdel", GROUP)
-    _run("groupadd", GROUP)
-    for name in MEMBERS:
-        _run("useradd", "-M", "-N", "-g", GROUP, "-s", "/usr/sbin/nologin", name)
-    _run("useradd", "-M", "-N", "-s", "/usr/sbin/nologin", OUTSIDER)
-    out = {}
-    for name in (*MEMBERS, OUTSIDER):
-        pw = pwd.getpwnam(name)
-        out[name] = User(name, pw.pw_uid, pw.pw_gid, tuple(os.getgrouplist(name, pw.pw_gid)))
-    try:
-        yield out
-    finally:
-        for name in (*MEMBERS, OUTSIDER):
-            _drop("userdel", name)
-        _drop("groupdel", GROUP)
+    """Members "a" and "b" of a group, and an outsider "c", named for this run alone."""
+    with team("kctrust") as made:
+        _TEAM["group"] = made.group
+        a, b = made.members
+        yield {"a": a, "b": b, "c": made.outsider}
+
+
+def _group_gid() -> int:
+    return grp.getgrnam(_TEAM["group"]).gr_gid
 
 
 @pytest.fixture
@@ -85,11 +64,7 @@ def in_background(user: User, fn: Callable[..., Any], *args: Any, umask: int = 0
     if pid == 0:
         code = 1
         try:
-            os.setgroups(list(user.groups))
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            os.umask(umask)
-            warnings.simplefilter("ignore")
+            become(user, umask)
             fn(*args)
             code = 0
         finally:
@@ -108,7 +83,7 @@ def _wait_for(path: Path, timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
-# -- the symlinked-root swap ---------------------------------------------------------------------
+# -- issue 10 #13: the symlinked-root swap -------------------------------------------------------
 
 GOOD, EVIL = b"the victim's own kernel", b"planted by another user"
 
@@ -140,7 +115,7 @@ def test_a_symlinked_root_cannot_be_swapped_under_a_live_store(users: dict[str, 
     """Another user points a symlinked root at the victim's own cache (the check passes),
     then re-points it at a tree with a planted artifact and a valid sidecar. The victim's
     store must keep using the directory it checked: the root is resolved once."""
-    victim, attacker = users[A], users[C]
+    victim, attacker = users["a"], users["c"]
     home = base / "victim-cache"
 
     def fill() -> None:
@@ -174,13 +149,13 @@ def test_a_symlinked_root_cannot_be_swapped_under_a_live_store(users: dict[str, 
     assert got == GOOD
 
 
-# -- every directory of the tree is checked --------------------------------------------------
+# -- issue 10 #13: every directory of the tree is checked ------------------------------------
 
 
 def test_private_mode_checks_every_directory_of_the_tree(users: dict[str, User], tmp_path: Path) -> None:
     """A subdirectory that others can write, that another uid owns, or that is a symlink is
     refused (before: only the root was looked at)."""
-    other = users[C]
+    other = users["c"]
     root = tmp_path / "cache"
     FileStreamProgramCache(root)["k"] = b"v"
     entries = root / FORMAT_DIR / "entries"
@@ -212,13 +187,13 @@ def test_private_mode_checks_every_directory_of_the_tree(users: dict[str, User],
     assert FileStreamProgramCache(root).get("k") == b"v"
 
 
-# -- a team cache for two real members ----------------------------------------------------------
+# -- issue 15 §1: a team cache for two real members --------------------------------------------
 
 
 def _team_dir(base: Path) -> Path:
     team = base / "team"
     team.mkdir()
-    os.chown(team, 0, grp.getgrnam(GROUP).gr_gid)
+    os.chown(team, 0, _group_gid())
     os.chmod(team, 0o2770)
     return team
 
@@ -263,7 +238,7 @@ def _try_key(root: str, key_hex: str) -> str:
 def test_team_cache_serves_every_member(users: dict[str, User], base: Path) -> None:
     """Member A writes (umask 002), member B (umask 022) reads A's entries, writes its own,
     evicts A's under the cap, shares the counters and the single-flight locks."""
-    a, b = users[A], users[B]
+    a, b = users["a"], users["b"]
     team = str(_team_dir(base))
     value = {f"a{i}": bytes([i]) * 4000 for i in range(4)}
     as_user(a, _write, team, 40_000, value, umask=0o002)
@@ -290,7 +265,7 @@ def test_team_cache_serves_every_member(users: dict[str, User], base: Path) -> N
     assert as_user(b, _try_key, team, key_hex, umask=0o022) == "acquired"
 
     # the tree the two members built: setgid, group-writable, the team's group everywhere
-    gid = grp.getgrnam(GROUP).gr_gid
+    gid = _group_gid()
     for dirpath, _dirs, _files in os.walk(team):
         st = os.lstat(dirpath)
         assert st.st_mode & 0o2070 == 0o2070 and st.st_gid == gid, dirpath
@@ -299,7 +274,7 @@ def test_team_cache_serves_every_member(users: dict[str, User], base: Path) -> N
 
 def test_team_mode_refuses_what_the_team_does_not_own(users: dict[str, User], base: Path) -> None:
     """A team cache still refuses a directory others can write, or that an outsider owns."""
-    a, outsider = users[A], users[C]
+    a, outsider = users["a"], users["c"]
     team = _team_dir(base)
     as_user(a, _write, str(team), None, {"k": b"v"}, umask=0o002)
     entries = team / FORMAT_DIR / "entries"
@@ -308,10 +283,10 @@ def test_team_mode_refuses_what_the_team_does_not_own(users: dict[str, User], ba
         as_user(a, _read, str(team), ["k"], umask=0o002)
     os.chmod(entries, 0o2770)
     shard = next(entries.iterdir())
-    os.chown(shard, outsider.uid, grp.getgrnam(GROUP).gr_gid)
+    os.chown(shard, outsider.uid, _group_gid())
     with pytest.raises(UnsafeCacheDirError, match=f"owned by uid {outsider.uid}, who is not a member"):
         as_user(a, _read, str(team), ["k"], umask=0o002)
-    os.chown(shard, a.uid, grp.getgrnam(GROUP).gr_gid)
+    os.chown(shard, a.uid, _group_gid())
     assert as_user(a, _read, str(team), ["k"], umask=0o002) == {"k": b"v"}
 
 
@@ -357,7 +332,7 @@ def test_every_command_opens_a_team_cache_for_a_second_member(users: dict[str, U
     # imported before forking, and --json asks for no rich tables.
     _import_all_of_kernelcache()
 
-    a, b = users[A], users[B]
+    a, b = users["a"], users["b"]
     team = str(_team_dir(base))
     as_user(a, _write, team, None, {"k": b"v" * 100}, umask=0o002)
     for argv, env in (

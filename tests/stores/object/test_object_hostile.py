@@ -68,7 +68,7 @@ def test_bundle_create_from_a_bucket_it_cannot_read_to_the_end_keeps_the_older_b
         store[f"k{i}".encode()] = b"artifact %d" % i
     out = tmp_path / "b.kcb"
     made = _bundle_of(url, out)
-    assert made.returncode == 0 and json.loads(made.stdout)["entries"] == 5, made.stderr
+    assert made.returncode == 0 and json.loads(made.stdout)["records"] == 5, made.stderr
     good = out.read_bytes()
     proxy = FaultProxy(s3.endpoint)
     set_env(monkeypatch, proxy.endpoint)
@@ -97,7 +97,7 @@ def test_bundle_create_from_a_bucket_holds_one_batch_of_records_at_a_time(
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert report["entries"] == count and report["skipped"] == []
+    assert report["records"] == count and report["skipped"] == []
     # Every record held at once was count x size (64 MiB, twice over with the decoded copies).
     assert peak < count * size // 2, peak
     with BundleProgramCache(tmp_path / "b.kcb") as bundle:

@@ -270,11 +270,11 @@ def test_cli_stats_shows_the_fleet(tmp_path, server, ns) -> None:
     out = _cli("stats", "--cache-dir", str(tmp_path / "b"), "--redis", server.url, "--redis-namespace", ns, "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    fleet = data["redis"]
+    fleet = data["fleet"]
     assert (fleet["hits"], fleet["misses"], fleet["compiles"]) == (1, 1, 1)
-    # Redis keys: the artifact and its source's index (a source that names no header needs no
-    # header manifest)
-    assert fleet["entries"] == 2
+    # Kernels as ls lists them; the records are the artifact and its source's index (a source
+    # that names no header needs no header manifest)
+    assert fleet["entries"] == 1 and fleet["records"] == 2
     assert (data["disk"]["hits"], data["disk"]["misses"]) == (0, 1)  # host b's disk: it missed there
 
 

@@ -17,6 +17,7 @@ from kernelcache.config import file as configfile
 from kernelcache.log import WarnOnce
 from kernelcache.stores.file.marker import FORMAT_DIR, ROOT_CONFIG
 from kernelcache.stores.file.ops import publish, read_regular, stage
+from kernelcache.stores.file.treesafety import is_team_root
 
 NAME = ROOT_CONFIG
 _MAX_FILE = 64 * 1024
@@ -44,15 +45,32 @@ def path_of(root: str) -> str:
     return os.path.join(root, NAME)
 
 
-def cap_for(root: str) -> tuple[int | None, str]:
-    """The cap in force for the cache at ``root`` and where it came from: KERNELCACHE_MAX_SIZE
-    (the environment or the config file), else the cap stored in the cache directory, else 10 GB."""
-    if (config.env_get("KERNELCACHE_MAX_SIZE") or "").strip():
-        return config.max_size_bytes(), f"KERNELCACHE_MAX_SIZE ({configfile.source('KERNELCACHE_MAX_SIZE')})"
+def cap_for(root: str, team: bool | None = None) -> tuple[int | None, str]:
+    """The cap in force for the cache at ``root`` and where it came from.
+
+    A private cache: KERNELCACHE_MAX_SIZE (the environment or the config file), else the cap
+    stored in the cache directory, else 10 GB. A team cache (``team``; None: opened with
+    allow_shared and a team tree) is governed by its own settings: the cap stored in the
+    directory, else 10 GB, for every member alike. A member's KERNELCACHE_MAX_SIZE limits only
+    that member's private tiers (the memory tier): one member's 6 KB must not evict the team's
+    entries down to one while everyone else's cap is 200 GB."""
+    if team is None:
+        team = config.allow_shared() and is_team_root(root)
     found = read(root)
+    if team:
+        member = " (KERNELCACHE_MAX_SIZE: this member's private tiers only)" if _member_cap_set() else ""
+        if found is not None:
+            return found[0], f"the team cache directory ({path_of(root)}){member}"
+        return config.DEFAULT_MAX_SIZE, f"default: the team cache directory sets none{member}"
+    if _member_cap_set():
+        return config.max_size_bytes(), f"KERNELCACHE_MAX_SIZE ({configfile.source('KERNELCACHE_MAX_SIZE')})"
     if found is not None:
         return found[0], f"the cache directory ({path_of(root)})"
     return config.DEFAULT_MAX_SIZE, "default"
+
+
+def _member_cap_set() -> bool:
+    return bool((config.env_get("KERNELCACHE_MAX_SIZE") or "").strip())
 
 
 def parse(text: str) -> int | None:

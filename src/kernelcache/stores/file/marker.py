@@ -29,13 +29,16 @@ from kernelcache.regular_file import open_regular
 from kernelcache.stores.file.ops import starts_with
 
 __all__ = [
+    "COPIES_DIR",
     "FORMAT_DIR",
     "MARKER_NAME",
+    "TIER_COUNTERS",
     "ROOT_CONFIG",
     "NotACacheRootError",
     "has_marker",
     "holds_only_ours",
     "require_cache_root",
+    "tier_counters_path",
     "tree_exists",
     "write_marker",
 ]
@@ -54,12 +57,17 @@ _MAX_MARKER = 4096  # a marker is a few lines: a bigger file there is not ours
 # The directory of this version's layout under the root, and what it may hold (see
 # FileStreamProgramCache's layout).
 FORMAT_DIR = "v2"
-_V2_CHILDREN = frozenset({"entries", "tmp", "locks", "stats", "index"})  # index: headers.index
+# The tiers of the default cache that count into files of this tree (FileStreamProgramCache.tier_counters).
+TIER_COUNTERS = ("memory", "bundle", "redis", "object")
+_V2_CHILDREN = frozenset(
+    {"entries", "tmp", "locks", "stats", "index", *(f"stats.{tier}" for tier in TIER_COUNTERS)}
+)  # index: headers.index
 # The root's cap file (stores/file/dircap.py), and every name kernelcache gives a file in a
 # root: layout v1's tree, Triton's materialized copies, the marker.
 ROOT_CONFIG = "config.toml"
+COPIES_DIR = "materialized"  # copies of entries handed out as files (integrations/materialized.py)
 # oci/: the bundles KERNELCACHE_BUNDLES=oci://... pulled (stores/bundle/pulled.py); no tool removes them.
-_ROOT_CHILDREN = frozenset({FORMAT_DIR, "v1", "materialized", "oci", ROOT_CONFIG, MARKER_NAME})
+_ROOT_CHILDREN = frozenset({FORMAT_DIR, "v1", COPIES_DIR, "oci", ROOT_CONFIG, MARKER_NAME})
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY = re.compile(r"[0-9a-f]{64}(\.meta)?")
 _STATS_MAGIC = b"KCSTATS1"
@@ -68,6 +76,11 @@ _SIDECAR_MAGIC = b"kernelcache-sidecar "
 
 class NotACacheRootError(ValueError):
     """A destructive command was given a directory that is not a kernelcache cache root."""
+
+
+def tier_counters_path(root: str, tier: str) -> str:
+    """Where the default cache's ``tier`` counts this node's look-ups, in the cache at ``root``."""
+    return os.path.join(root, FORMAT_DIR, f"stats.{tier}")
 
 
 def tree_exists(root: str) -> bool:

@@ -27,12 +27,6 @@ TMP_SUFFIX = ".tmp"
 # One read() returns at most about 2 GiB on Linux (0x7ffff000 bytes), whatever is asked:
 # bigger files are read in a loop of reads of at most this many bytes.
 READ_CHUNK = 1 << 30
-# A read moves the file's atime (the LRU clock) only if the atime is not already this
-# recent. Eviction needs the order between entries used at different times, not between
-# two reads of one hot entry within a second (relatime keeps a day): the utime of every
-# hit was about a tenth of a warm compile_program hit. A file whose atime is not after its
-# mtime (never read since written) or lies in the future is always touched.
-TOUCH_GRANULARITY_NS = 1_000_000_000
 PAIR_LOCK_WAIT_S = 5.0  # the most a writer or remover waits for a shard's pair lock (pair_lock)
 
 StatKey = tuple[int, int, int]
@@ -84,31 +78,18 @@ def read_fd(fd: int, size: int, chunk: int = READ_CHUNK) -> bytes:
 
 
 def read_regular(
-    path: str, *, max_size: int | None = None, chunk: int = READ_CHUNK, touch: bool = False, keep_atime: bool = False
+    path: str, *, max_size: int | None = None, chunk: int = READ_CHUNK, keep_atime: bool = False
 ) -> tuple[bytes, os.stat_result]:
     """(content, fstat) of the regular file at path (see open_regular for what raises).
 
     ``max_size``: a bigger file raises NotRegularFileError (it is not what we expect there).
-    ``touch``: set its atime to now (unless it is already that recent, see
-    TOUCH_GRANULARITY_NS), on the open fd, so that a file another process has meanwhile
-    os.replace'd onto path is not touched; mtime is kept (it is part of the identity that
-    eviction's stat guard compares). Reads alone do not reliably move atime
-    (relatime, noatime mounts) and LRU eviction sorts by it; on read-only media the touch
-    fails silently and LRU degrades to FIFO.
+    A read records no use: the LRU stamp is the sidecar's (stores/file/lru.py).
     """
     fd, st = open_regular(path, keep_atime)
     try:
         if max_size is not None and st.st_size > max_size:
             raise NotRegularFileError(errno.EFBIG, f"is {st.st_size} bytes, more than expected there", path)
-        data = read_fd(fd, st.st_size, chunk)
-        if touch:
-            now = time.time_ns()
-            if st.st_atime_ns <= st.st_mtime_ns or not 0 <= now - st.st_atime_ns < TOUCH_GRANULARITY_NS:
-                try:
-                    os.utime(fd, ns=(now, st.st_mtime_ns))
-                except OSError:
-                    pass
-        return data, st
+        return read_fd(fd, st.st_size, chunk), st
     finally:
         os.close(fd)
 
@@ -142,7 +123,7 @@ def remove_path(path: str) -> bool:
 
 def unlink_if_same(path: str, key: StatKey | None, *, inode: int | None = None) -> int | None:
     """Unlink path if it is still the file version ``key`` (None: any) and, given ``inode``,
-    still that inode (a directory listing's identity of the file); the bytes freed.
+    still that inode (a directory listing's identity of the file); the bytes freed (``freed``).
 
     None if nothing was removed (absent, or replaced meanwhile). An unlink that fails for
     another reason (permission, an immutable directory, I/O) raises OSError: "could not
@@ -160,7 +141,14 @@ def unlink_if_same(path: str, key: StatKey | None, *, inode: int | None = None) 
         os.unlink(path)
     except FileNotFoundError:
         return None
-    return st.st_size
+    return freed(st)
+
+
+def freed(st: os.stat_result) -> int:
+    """The bytes unlinking the file of lstat ``st`` gives back: none while another link (a copy
+    handed to Triton, or the entry it was linked from) still holds the inode; its last link
+    frees them. So the size tracker counts a file's bytes once, whichever of its names goes last."""
+    return st.st_size if st.st_nlink <= 1 else 0
 
 
 @contextlib.contextmanager
@@ -314,11 +302,12 @@ def publish(tmp: str, target: str) -> None:
 
 
 def size_of(*paths: str) -> int:
-    """Total size of the files that exist among paths."""
+    """The bytes the files that exist among paths would give back (``freed``: a file another
+    link still holds gives none back)."""
     total = 0
     for p in paths:
         try:
-            total += os.lstat(p).st_size
+            total += freed(os.lstat(p))
         except OSError:
             pass
     return total

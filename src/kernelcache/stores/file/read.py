@@ -10,14 +10,20 @@ remembered by file identity, so a hit re-reads the artifact's bytes but not the 
 from __future__ import annotations
 
 import os
+import stat as stat_mod
 import time
 import zlib
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
+from kernelcache.log import WarnOnce, logger
 from kernelcache.memo import remember
 from kernelcache.stats import ErrorCause
 from kernelcache.stores.base import Meta
+from kernelcache.stores.file import lru
 from kernelcache.stores.file.ops import (
+    TMP_SUFFIX,
     NotRegularFileError,
     StatKey,
     pair_lock,
@@ -25,7 +31,7 @@ from kernelcache.stores.file.ops import (
     stat_key,
     unlink_if_same,
 )
-from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, parse_sidecar
+from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, parse_sidecar, sidecar_info
 from kernelcache.stores.file.sizecap import SizeCap
 
 # Verified (entry, sidecar) pairs remembered per process (see _read); bounded.
@@ -34,22 +40,38 @@ _VERIFIED_MEMO_SIZE = 4096
 Verified = tuple[StatKey, StatKey, int, Meta]
 
 
+@dataclass(frozen=True)
+class EntryInfo:
+    """One entry as found on disk (for listing tools; no payload read)."""
+
+    name: str  # the file name: hex digest of the key
+    path: str
+    size: int
+    atime: float  # its last use (lru.last_used_ns: the stamp on its sidecar, or its atime if later)
+    meta: Meta | None  # the sidecar's record, None if missing/unreadable
+
+
 class EntryReading:
     """The read half of FileStreamProgramCache (a mixin: the store provides the state below)."""
 
     read_chunk_bytes: int
     _verified: dict[str, Verified]
     _touch: bool
+    _warned: WarnOnce
     _sizecap: SizeCap
 
     if TYPE_CHECKING:  # provided by the store (and RecordStore); not defined here, so not overridden
 
         def _entry_path(self, key: bytes) -> str: ...
 
+        def scan(self) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]: ...
+
         def warn_once(self, cause: str, message: str, *, counted_as: ErrorCause) -> None: ...
 
     def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
-        path = self._entry_path(key)
+        return self._read_at(self._entry_path(key))
+
+    def _read_at(self, path: str) -> tuple[bytes, Meta] | None:
         previous = None
         for attempt in range(3):
             got = self._read_entry(path)
@@ -63,19 +85,24 @@ class EntryReading:
             known = self._verified.get(path)
             if known is not None and known[0] == st_key and known[2] == zlib.crc32(payload):
                 try:
-                    if stat_key(os.lstat(path + META_SUFFIX)) == known[1]:
-                        return payload, known[3]
+                    side = os.lstat(path + META_SUFFIX)
                 except OSError:
-                    pass
+                    side = None
+                if side is not None and stat_key(side) == known[1]:
+                    self._stamp(path, side, known)
+                    return payload, known[3]
             got_sidecar = self._read_sidecar(path)
             if got_sidecar is False:
                 return None
-            sidecar, sidecar_key = got_sidecar
+            sidecar, sidecar_st = got_sidecar
+            sidecar_key = stat_key(sidecar_st) if sidecar_st is not None else None
             # The sidecar's own check covers its header AND its metadata: a flipped bit in the
             # symbol mapping or a cut-off log is as much a mismatch as a damaged artifact.
             header, meta = parse_sidecar(sidecar)
             if meta is not None and header == (len(payload), zlib.crc32(payload)):
-                self._remember_verified(path, (st_key, sidecar_key, header[1], meta))
+                verified = (st_key, stat_key(sidecar_st), header[1], meta)
+                self._remember_verified(path, verified)
+                self._stamp(path, sidecar_st, verified)
                 return payload, meta
             if header is not None and header[0] < 0:
                 return None  # a sidecar format this version does not know: skip, do not judge
@@ -93,13 +120,63 @@ class EntryReading:
             time.sleep(0.001 * attempt)
         return None  # files kept changing under us: a miss, not a corruption
 
+    def iter_entries(self) -> Iterator[EntryInfo]:
+        """Every entry with its sidecar record (for ls/show/verify/prune); payloads are not read."""
+        for f, st in self.scan():
+            # Only regular files: a FIFO or symlink planted in the tree is no entry of ours
+            # (and reading it could hang the tool).
+            if f.name.endswith((META_SUFFIX, TMP_SUFFIX)) or not stat_mod.S_ISREG(st.st_mode):
+                continue
+            info, side = self._sidecar_of(f.path)
+            yield EntryInfo(f.name, f.path, st.st_size, lru.last_used_ns(st, side) / 1e9, info)
+
+    @staticmethod
+    def _sidecar_of(path: str) -> tuple[dict[str, Any] | None, os.stat_result | None]:
+        try:
+            raw, st = read_regular(path + META_SUFFIX, max_size=MAX_SIZE)
+        except OSError:
+            return None, None
+        return sidecar_info(raw), st
+
+    @staticmethod
+    def read_sidecar_info(path: str) -> dict[str, Any] | None:
+        """What the sidecar of the entry at path says, if it passes its check; else None."""
+        return EntryReading._sidecar_of(path)[0]
+
     def _remember_verified(self, path: str, item: Verified) -> None:
         remember(self._verified, path, item, _VERIFIED_MEMO_SIZE)  # a miss costs one sidecar read
 
-    def _read_entry(self, path: str) -> tuple[bytes, StatKey] | None:
-        """(payload, file identity) of the entry at path, with its atime bumped; None if absent."""
+    def _stamp(self, path: str, sidecar: os.stat_result, verified: Verified) -> None:
+        """Record this hit as the entry's last use (lru.py: the sidecar's mtime, at most once a
+        second), and remember the stamped sidecar as the one verified (same inode: only its
+        times changed) so that the next hit needs no sidecar read either."""
+        if not self._touch or not lru.due(sidecar.st_mtime_ns, time.time_ns()):
+            return
+        side_path = path + META_SUFFIX
+        if not lru.stamp(side_path):
+            if self._warned.first("stamp"):  # a note, not a failure: the hit is served
+                logger.info(
+                    "cannot record the use of %s (its sidecar is not writable by this user: written by "
+                    "another member before sidecars were group-writable, or a read-only mount); its LRU "
+                    "time moves only when its owner reads it",
+                    side_path,
+                )
+            return
         try:
-            payload, st = read_regular(path, chunk=self.read_chunk_bytes, touch=self._touch, keep_atime=not self._touch)
+            after = os.lstat(side_path)
+        except OSError:
+            return
+        # Race: a writer may have replaced the pair since we verified it: another inode, then,
+        # which the next hit reads and checks in full.
+        if after.st_ino == sidecar.st_ino and after.st_size == sidecar.st_size:
+            self._remember_verified(path, (verified[0], stat_key(after), verified[2], verified[3]))
+
+    def _read_entry(self, path: str) -> tuple[bytes, StatKey] | None:
+        """(payload, file identity) of the entry at path; None if absent. Its use is stamped on
+        its sidecar once the pair checks out (_stamp); with touch_on_read=False its atime is
+        kept too where the kernel allows (O_NOATIME: the owner)."""
+        try:
+            payload, st = read_regular(path, chunk=self.read_chunk_bytes, keep_atime=not self._touch)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -107,8 +184,8 @@ class EntryReading:
             return None
         return payload, stat_key(st)
 
-    def _read_sidecar(self, path: str) -> tuple[bytes | None, StatKey | None] | Literal[False]:
-        """(raw sidecar, its identity); (None, None) if missing (the entry is then
+    def _read_sidecar(self, path: str) -> tuple[bytes | None, os.stat_result | None] | Literal[False]:
+        """(raw sidecar, its fstat); (None, None) if missing (the entry is then
         unusable); False when it cannot be read or is not a regular file (already warned)."""
         try:
             raw, st = read_regular(path + META_SUFFIX, max_size=MAX_SIZE)
@@ -119,7 +196,7 @@ class EntryReading:
         except OSError as exc:
             self._unreadable(path + META_SUFFIX, exc)
             return False
-        return raw, stat_key(st)
+        return raw, st
 
     def _unreadable(self, path: str, exc: OSError) -> None:
         # Not proof of damage in our own format (a FIFO, a symlink, a permission problem):

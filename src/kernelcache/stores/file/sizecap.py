@@ -1,12 +1,12 @@
-"""Size tracking and eviction for a file store: a shared byte count, LRU by atime, one evictor.
+"""Size tracking and eviction for a file store: a shared byte count, LRU (lru.py), one evictor.
 
 The tracked size lives in the store's persistent counters (stores.file.counters), shared by every
 process using the directory. A writer *reserves* its bytes before it stages them (so bytes
 in flight count), and settles after publishing (minus what it replaced); each removal
 subtracts the bytes it freed. O(1) per write, no directory walk. Eviction brings it down to
-a low-water mark, least recently *read* entries first (the file store sets atime on a
-read, at most once a second per entry: ops.TOUCH_GRANULARITY_NS), and sweeps the
-staged files of dead writers (ops.sweep_dead_temps).
+a low-water mark, least recently *used* first (the stamp every reader sets: lru.py), entries
+and the copies handed to Triton alike (one budget: a copy's bytes are counted when it is
+written, count_copy), and sweeps the staged files of dead writers (ops.sweep_dead_temps).
 
 The invariant: the tracked size, in-flight bytes included, exceeds the cap by
 at most one value per writer. A writer whose reservation puts the store over the cap waits
@@ -24,16 +24,9 @@ from collections import deque
 from kernelcache import forksafe
 from kernelcache.log import logger
 from kernelcache.stores.file import locks as lockfiles
+from kernelcache.stores.file import lru
 from kernelcache.stores.file.counters import FileStats
-from kernelcache.stores.file.ops import (
-    StatKey,
-    pair_lock,
-    path_in,
-    scan_shards,
-    stat_key,
-    sweep_dead_temps,
-    unlink_if_same,
-)
+from kernelcache.stores.file.ops import pair_lock, path_in, stat_key, sweep_dead_temps, unlink_if_same
 from kernelcache.stores.file.sidecar import META_SUFFIX
 
 # Evict down to this fraction of the cap, not just below it: each eviction pass then frees
@@ -74,10 +67,11 @@ class SizeCap:
         self._evict_lock = threading.Lock()
         forksafe.reset_in_child(self)
         self._stuck_until = 0.0  # until then, do not wait for an evictor that seems stuck
-        # Oldest-first eviction candidates from the last directory scan: (atime_ns, path,
-        # stat key, bytes). Entries written after the scan are newer than all of these,
-        # so popping from the left stays LRU order without rescanning per write.
-        self._candidates: deque[tuple[int, str, StatKey, int]] = deque()
+        self._root = os.path.dirname(os.path.dirname(entries))  # <root>/v2/entries: copies are under <root>
+        # Oldest-first eviction candidates from the last directory scan (lru.scan). Entries
+        # written after the scan are newer than all of these, so popping from the left
+        # stays LRU order without rescanning per write.
+        self._candidates: deque[lru.Candidate] = deque()
         self._evicted_since_reconcile = 0
         if max_size is not None and time.time() - stats.snapshot()["reconciled_at"] > _RECONCILE_EVERY_S:
             self.reconcile()
@@ -121,6 +115,11 @@ class SizeCap:
         """After the write: -replaced bytes when it published, -nbytes when it failed."""
         if delta:
             self._stats.add(size_bytes=delta)
+
+    def count_copy(self, nbytes: int) -> None:
+        """A copy of an entry with bytes of its own (not a hard link) is about to be written
+        under the root: it counts under the one cap like an entry (room made first, reserve)."""
+        self.reserve(nbytes)
 
     def freed(self, nbytes: int, *, evicted: bool = False) -> None:
         """A removal freed nbytes (no-op for 0); ``evicted`` counts it as one eviction."""
@@ -176,58 +175,56 @@ class SizeCap:
             size = self.reconcile()
             rescanned = True
         evicted = 0
-        failed: OSError | None = None
         try:
-            while size > target:
-                if not self._candidates:
-                    if rescanned:
-                        break  # everything left is newer than the scan, or is being rewritten
-                    size = self._rescan()
-                    rescanned = True
-                    continue
-                atime_ns, path, key, nbytes = self._candidates.popleft()
-                try:
-                    freed = self._evict_one(path, key, atime_ns)
-                except OSError as exc:
-                    failed = failed or exc  # keep evicting others; report it after the pass
-                    continue
-                if freed:
-                    size -= freed
-                    evicted += 1
-                    self._stats.add(size_bytes=-freed)
+            while True:
+                size, taken = lru.take(self._candidates, size, target, self._remove)
+                evicted += taken
+                if size <= target or rescanned:
+                    break  # what is left is newer than the scan, being rewritten, or just handed out
+                size = self._rescan()
+                rescanned = True
         finally:
             self._evicted_since_reconcile += evicted
             if evicted:
                 self._stats.add(evictions=evicted)
                 logger.info(
-                    "evicted %d least recently used entries from %s: %d bytes left, cap %d",
+                    "evicted %d least recently used entries and copies from %s: %d bytes left, cap %d",
                     evicted,
-                    os.path.dirname(os.path.dirname(self._entries)),
+                    self._root,
                     size,
                     self.max_size,
                 )
-        if failed is not None:
-            raise failed
+
+    def _remove(self, c: lru.Candidate) -> int | None:
+        """Take one candidate (_evict_one, lru.remove_copy); counts what it freed. None: kept."""
+        got = lru.remove_copy(c) if c.copy else self._evict_one(c)
+        if got is not None:
+            self._stats.add(size_bytes=-got)
+        return got
 
     @staticmethod
-    def _evict_one(path: str, key: StatKey, atime_ns: int) -> int:
-        """Remove this candidate if it is still the version the scan saw, unread since; bytes freed."""
+    def _evict_one(c: lru.Candidate) -> int | None:
+        """Remove this entry if it is still the version the scan saw, unused since; bytes freed."""
         # Under the pair lock: a writer of this key publishes its sidecar and entry as one
         # step, so we never remove a fresh sidecar that belongs to an entry being published.
-        with pair_lock(os.path.dirname(path)):
+        with pair_lock(os.path.dirname(c.path)):
             try:
-                st = os.lstat(path)
+                st = os.lstat(c.path)
             except FileNotFoundError:
-                return 0
-            # Stat guard: evict only the exact file version that the scan saw, unread since.
-            # A different inode/size/mtime means a writer replaced it; a newer atime means a
+                return None
+            try:
+                side: os.stat_result | None = os.lstat(c.path + META_SUFFIX)
+            except FileNotFoundError:
+                side = None
+            # Stat guard: evict only the exact file version that the scan saw, unused since.
+            # A different inode/size/mtime means a writer replaced it; a newer stamp means a
             # reader used it: either way it is no longer a least-recently-used entry.
-            if stat_key(st) != key or st.st_atime_ns != atime_ns:
-                return 0
-            freed = unlink_if_same(path, key)
-            if freed is None:
-                return 0
-            return freed + (unlink_if_same(path + META_SUFFIX, None) or 0)
+            if stat_key(st) != c.key or lru.last_used_ns(st, side) != c.last_used_ns:
+                return None
+            got = unlink_if_same(c.path, c.key)
+            if got is None:
+                return None
+            return got + (unlink_if_same(c.path + META_SUFFIX, None) or 0)
 
     def _rescan(self) -> int:
         """Refill the candidates; correct the tracker only downward (returns it).
@@ -269,34 +266,6 @@ class SizeCap:
         return after
 
     def _scan(self) -> int:
-        """Refill the candidates from entries/; return the bytes of tmp/ and entries/.
-
-        tmp/ first: a staged file published (renamed into entries/) during the scan is then
-        counted twice rather than missed, so the total errs high, never low.
-        """
-        total = _dir_bytes(self._tmp)  # staged files, live or dead, take room too
-        found = []
-        meta_sizes: dict[str, int] = {}
-        for f, st in scan_shards(self._entries):
-            total += st.st_size
-            if f.name.endswith(META_SUFFIX):
-                meta_sizes[f.path[: -len(META_SUFFIX)]] = st.st_size
-            else:
-                found.append((st.st_atime_ns, f.path, stat_key(st), st.st_size))
-        found.sort()
-        self._candidates = deque((a, p, k, n + meta_sizes.get(p, 0)) for a, p, k, n in found)
+        """Refill the candidates (entries and copies, lru.scan); return the bytes that count."""
+        self._candidates, total = lru.scan(self._entries, self._tmp, self._root)
         return total
-
-
-def _dir_bytes(directory: str) -> int:
-    total = 0
-    try:
-        with os.scandir(directory) as it:
-            for f in it:
-                try:
-                    total += f.stat(follow_symlinks=False).st_size
-                except OSError:
-                    continue
-    except OSError:
-        pass
-    return total

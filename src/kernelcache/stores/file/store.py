@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from kernelcache import config
 from kernelcache.memo import remember
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
-from kernelcache.stores.file import dircap
+from kernelcache.stores.file import dircap, lru
 from kernelcache.stores.file import locks as lockfiles
 from kernelcache.stores.file.counters import FileStats
-from kernelcache.stores.file.marker import FORMAT_DIR, holds_only_ours
+from kernelcache.stores.file.marker import FORMAT_DIR, TIER_COUNTERS, holds_only_ours, tier_counters_path
 from kernelcache.stores.file.oldlayout import remove_v1_tree
 from kernelcache.stores.file.ops import (
     READ_CHUNK,
@@ -41,15 +41,14 @@ from kernelcache.stores.file.ops import (
     pair_lock,
     path_in,
     publish,
-    read_regular,
     scan_shards,
     size_of,
     stage_held,
     sweep_dead_temps,
     unlink_if_same,
 )
-from kernelcache.stores.file.read import EntryReading, Verified
-from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, is_entry_file_name, make_sidecar, sidecar_info
+from kernelcache.stores.file.read import EntryInfo, EntryReading, Verified
+from kernelcache.stores.file.sidecar import META_SUFFIX, is_entry_file_name, make_sidecar
 from kernelcache.stores.file.sizecap import SizeCap
 from kernelcache.stores.file.treesafety import UnsafeCacheDirError, make_root, make_tree
 from kernelcache.stores.naming import entry_name
@@ -65,17 +64,6 @@ DEFAULT_TMP_MAX_AGE_S = 15 * 60
 # Entry paths by key remembered per store (see _entry_path); bounded.
 _PATH_MEMO_SIZE = 4096
 _PATH_MEMO_KEY_MAX = 256
-
-
-@dataclass(frozen=True)
-class EntryInfo:
-    """One entry as found on disk (for listing tools; no payload read)."""
-
-    name: str  # the file name: hex digest of the key
-    path: str
-    size: int
-    atime: float
-    meta: Meta | None  # the sidecar's record, None if missing/unreadable
 
 
 class FileStreamProgramCache(EntryReading, RecordStore):
@@ -127,7 +115,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         self._touch = bool(touch_on_read)
         # Resolved once: a symlinked root re-pointed later by its owner must
         # not swap the tree under this store; every path below is built from this one.
-        self._root = make_root(given, self._allow_shared, create)
+        self._root, self._allow_shared = make_root(given, self._allow_shared, create)  # team: a team tree only
         from_dir = isinstance(max_size_bytes, dircap.FromDirectory)
         self._max_size = dircap.cap_of(self._root) if from_dir else max_size_bytes
         base = os.path.join(self._root, FORMAT_DIR)
@@ -142,6 +130,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         make_tree(self._root, subdirs, self._allow_shared, mark=fresh, create=create)
         # Files by umask in a team cache (ccache's model); 0600 in a private one.
         self._file_mode = 0o666 if self._allow_shared else 0o600
+        self._create = create
         self._stats = FileStats(os.path.join(base, "stats"), shared=self._allow_shared, create=create)
         self._verified: dict[str, Verified] = {}
         self._paths: dict[bytes, str] = {}
@@ -159,6 +148,11 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     @property
     def max_size_bytes(self) -> int | None:
         return self._max_size
+
+    @property
+    def team(self) -> bool:
+        """Whether this is a team cache (allow_shared and a team tree: group-writable, setgid)."""
+        return self._allow_shared
 
     def lock_path(self, name: str) -> str:
         """Path of a lock file in locks/ (used by single-flight); the dir is recreated if gone."""
@@ -212,10 +206,23 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     def tmp_dir(self) -> str:
         return self._tmp
 
+    def tier_counters(self, tier: str) -> FileStats:
+        """The counters file of another tier of the default cache built over this directory
+        (``v2/stats.<tier>``: memory, bundle, redis, object), shared like this store's own:
+        those tiers count this node's look-ups there, where ``kernelcache stats`` reads them."""
+        if tier not in TIER_COUNTERS:
+            raise ValueError(f"no counters file for a tier named {tier!r}; known: {', '.join(TIER_COUNTERS)}")
+        return FileStats(tier_counters_path(self._root, tier), shared=self._allow_shared, create=self._create)
+
     # -- writing ----------------------------------------------------------------------
 
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         return self._write_at(self._entry_path(key), payload, meta)
+
+    def read_named(self, name: str) -> tuple[bytes, Meta] | None:
+        """The checked (payload, meta) of the entry ``name``, uncounted (``kernelcache import``
+        asks whether a record is already there); None: absent or unusable."""
+        return self._read_at(self.entry_path(name))
 
     def write_named(self, name: str, payload: bytes, meta: Meta) -> bool:
         """Store an entry by its name (naming.entry_name of its key), as ``kernelcache import``
@@ -249,6 +256,8 @@ class FileStreamProgramCache(EntryReading, RecordStore):
             # Each staged file stays flocked until published: a sweeper takes an unlocked
             # one for a dead writer's leftover (ops.sweep_dead_temps).
             staged.append(stage_held(self._tmp, sidecar, durable=False, mode=self._file_mode))
+            if self._allow_shared:  # every member may stamp its last use (lru.py), whatever the umask
+                _group_writable(staged[0][1])
             staged.append(stage_held(self._tmp, payload, mode=self._file_mode))
             (meta_tmp, _), (entry_tmp, _) = staged
             # The two renames and the measure of what they replace happen under the pair
@@ -342,22 +351,30 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         self._sweep_stale_tmp()
         self.remove_idle_locks()
 
-    def iter_entries(self) -> Iterator[EntryInfo]:
-        """Every entry with its sidecar record (for ls/show/verify); payloads are not read."""
-        for f, st in self.scan():
-            # Only regular files: a FIFO or symlink planted in the tree is no entry of ours
-            # (and reading it could hang the tool).
-            if f.name.endswith((META_SUFFIX, TMP_SUFFIX)) or not stat_mod.S_ISREG(st.st_mode):
-                continue
-            yield EntryInfo(f.name, f.path, st.st_size, st.st_atime, self.read_sidecar_info(f.path))
-
-    @staticmethod
-    def read_sidecar_info(path: str) -> dict[str, Any] | None:
-        """What the sidecar of the entry at path says, if it passes its check; else None."""
+    def count_copy(self, nbytes: int) -> None:
+        """A copy with bytes of its own is about to be written under this root (Triton's copies,
+        integrations/materialized.py): counted under this store's one cap, room made first."""
         try:
-            return sidecar_info(read_regular(path + META_SUFFIX, max_size=MAX_SIZE)[0])
-        except OSError:
-            return None
+            self._sizecap.count_copy(nbytes)
+        except OSError as exc:
+            self._evict_failed(exc)
+
+    def lru_candidates(self) -> tuple[deque[lru.Candidate], int]:
+        """Every entry and copy under this root, least recently used first, and the bytes that
+        count under the cap (lru.scan): what ``kernelcache prune`` takes, in eviction's order."""
+        return lru.scan(self._entries, self._tmp, self._root)
+
+    def copies_swept_at(self, now: float | None = None) -> float:
+        """When idle copies under this root were last swept (any process); with ``now``, record
+        that they are being swept now. Kept in the counters file: no stamp file of its own."""
+        if now is not None:
+            self._stats.set("copies_swept_at", int(now))
+            return now
+        return float(self._stats.snapshot()["copies_swept_at"])
+
+    def copies_freed(self, nbytes: int) -> None:
+        """Copies under this root were removed, giving back ``nbytes`` (lru.freed of each)."""
+        self._sizecap.freed(nbytes)
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
@@ -367,3 +384,10 @@ class FileStreamProgramCache(EntryReading, RecordStore):
 
     def close(self) -> None:
         self._stats.close()
+
+
+def _group_writable(fd: int) -> None:
+    """Add the group's read and write bits to a file this process just created."""
+    mode = stat_mod.S_IMODE(os.fstat(fd).st_mode)
+    if mode & 0o060 != 0o060:
+        os.fchmod(fd, mode | 0o060)

@@ -28,6 +28,7 @@ import stat
 from collections.abc import Sequence
 
 from kernelcache import config
+from kernelcache.log import WarnOnce
 from kernelcache.stores.file.marker import write_marker
 
 # Directories of a private cache: only their owner can enter them.
@@ -40,14 +41,34 @@ class UnsafeCacheDirError(PermissionError):
     """The cache tree is owned by, or writable by, someone it should not be."""
 
 
-def make_root(given: str, team: bool, create: bool = True) -> str:
+def is_team_root(path: str) -> bool:
+    """Whether ``path`` is a team cache's root: a real directory, setgid and group-writable
+    (what ``kernelcache init --team`` makes). Anything else is not one, whoever asks."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISGID) and bool(st.st_mode & stat.S_IWGRP)
+
+
+def make_root(given: str, team: bool, create: bool = True) -> tuple[str, bool]:
     """Create the root (and missing parents) if missing; return it with every symlink
-    resolved: the store then uses only that path. ``create=False``: it must exist
-    (FileNotFoundError), and nothing is changed."""
+    resolved (the store then uses only that path), and whether the tree is a team cache.
+    ``create=False``: it must exist (FileNotFoundError), and nothing is changed.
+
+    ``team`` (allow_shared) accepts a team cache; it never makes one out of a directory that
+    exists: a directory the store did not create keeps its mode (a user's 755 directory of
+    notes must not become group-writable because it was named). Such a directory is used as a
+    private cache when it is one (yours, writable by you only), with one warning saying how to
+    make a team cache; otherwise the tree check refuses it, naming the same. A root created
+    here in team mode is made setgid and group-writable.
+    """
     if not create:
         if not os.path.isdir(given):
             raise FileNotFoundError(errno.ENOENT, "no cache directory there", given)
-        return os.path.realpath(given)
+        root = os.path.realpath(given)
+        return root, team and is_team_root(root)
+    existed = os.path.lexists(given)
     try:
         os.makedirs(given, mode=PRIVATE_DIR_MODE, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
@@ -64,11 +85,31 @@ def make_root(given: str, team: bool, create: bool = True) -> str:
             "give a directory (created if missing)"
         ) from None
     root = os.path.realpath(given)
-    if team:
-        st = os.lstat(root)
-        if st.st_uid == _me() and stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_ISGID:
-            os.chmod(root, stat.S_IMODE(st.st_mode) | TEAM_DIR_MODE)
-    return root
+    if not team:
+        return root, False
+    if not existed:
+        # Ours: made a team root now (mkdir masked the mode with the umask).
+        os.chmod(root, TEAM_DIR_MODE)
+        return root, True
+    if is_team_root(root):
+        return root, True
+    st = os.lstat(root)
+    if TreeCheck(root, team=False).problem(root, st) is None:
+        _not_team.warn(
+            root,
+            f"{root} is not a team cache directory (mode {stat.filemode(st.st_mode)}): kernelcache uses it as "
+            f"your private cache and leaves its mode as it is. {TEAM_HOW.format(root=root)}",
+            stacklevel=5,
+        )
+    return root, False
+
+
+# What to run instead of letting --allow-shared change an existing directory's mode.
+TEAM_HOW = (
+    "To share a cache with a group, make a team cache: `sudo kernelcache init --team GROUP {root}` "
+    "(a new or empty directory), or give it the team modes yourself (chgrp GROUP, chmod 2770)"
+)
+_not_team = WarnOnce()
 
 
 def make_tree(root: str, subdirs: Sequence[str], team: bool, *, mark: bool = False, create: bool = True) -> None:
@@ -117,7 +158,7 @@ class TreeCheck:
     def check(self, path: str) -> None:
         """UnsafeCacheDirError if path is not a directory this tree may contain."""
         st = os.lstat(path)
-        problem = self._problem(path, st)
+        problem = self.problem(path, st)
         if problem:
             raise UnsafeCacheDirError(self._message(path, problem))
 
@@ -131,7 +172,9 @@ class TreeCheck:
         for shard in shards:
             self.check(shard.path)
 
-    def _problem(self, path: str, st: os.stat_result) -> str | None:
+    def problem(self, path: str, st: os.stat_result) -> str | None:
+        """Why path (lstat ``st``) may not be a directory of this tree (None: it may; a directory of
+        a team tree that is yours and lacks the team's bits is repaired, below the root only)."""
         mode = st.st_mode
         if stat.S_ISLNK(mode):
             return "is a symlink (a directory of the cache must be a real directory)"
@@ -149,9 +192,11 @@ class TreeCheck:
             return f"is owned by uid {st.st_uid}, who is not a member of the cache's group (gid {self._gid})"
         if mode & stat.S_IWGRP and st.st_gid != self._gid:
             return f"is writable by group {st.st_gid}, not by the cache's group (gid {self._gid})"
-        if st.st_uid == self._me and (st.st_gid != self._gid or (mode & TEAM_DIR_MODE) != TEAM_DIR_MODE):
+        lacking = st.st_gid != self._gid or (mode & TEAM_DIR_MODE) != TEAM_DIR_MODE
+        if path != self.root and st.st_uid == self._me and lacking:
             # Ours but made by an older version or under another umask: repair it, so that
-            # the other members can write (and the files they create keep the group).
+            # the other members can write (and the files they create keep the group). Never
+            # the root: a directory that exists keeps the mode its owner gave it (make_root).
             if st.st_gid != self._gid:
                 os.chown(path, -1, self._gid)
             os.chmod(path, stat.S_IMODE(mode) | TEAM_DIR_MODE)
@@ -180,8 +225,8 @@ class TreeCheck:
             )
         return head + (
             "another user could plant kernels that your process would run. Use a private "
-            "directory, or pass allow_shared=True (KERNELCACHE_ALLOW_SHARED=1, kernelcache "
-            "--allow-shared) if this is a deliberately shared team cache."
+            "directory; for a team cache, open it with allow_shared=True (KERNELCACHE_ALLOW_SHARED=1, "
+            f"kernelcache --allow-shared). {TEAM_HOW.format(root=self.root)}."
         )
 
 

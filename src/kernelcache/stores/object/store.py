@@ -20,8 +20,7 @@ credentials) fails that one call and is warned about once.
 from __future__ import annotations
 
 import contextlib
-import os
-import stat
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -37,56 +36,10 @@ from kernelcache.stores.object import lock as objlock
 
 _BACKOFF_S = 5.0
 _MAX_PARALLEL_GETS = 16
-
-
-def _get_raw(path: str, local_root: str | None = None) -> Any:
-    """fn(store): (bytes, e_tag) of the object at path, or False when there is none.
-
-    ``local_root`` (a file:// store): the directory objects are files of. A FIFO or device
-    there is no object: obstore would open it and wait for a writer forever.
-    """
-    import obstore
-
-    def run(store: Any) -> Any:
-        # Race: a FIFO put there between this stat and obstore's open still blocks that one
-        # read; the check is for a FIFO that is there, left by a tool or planted by a peer.
-        if local_root is not None and not _regular_or_absent(os.path.join(local_root, path)):
-            return False
-        try:
-            got = obstore.get(store, path)
-            return bytes(got.bytes()), got.meta.get("e_tag")
-        except FileNotFoundError:  # obstore's not-found (for a missing bucket too: a miss)
-            return False
-
-    return run
-
-
-def _regular_or_absent(file: str) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(file).st_mode)
-    except OSError:
-        return True  # absent or unreadable: obstore's own answer decides
-
-
-def _put(path: str, data: bytes, mode: Any) -> Any:
-    """fn(store): "written", "exists" (create: already there; update: that version is gone),
-    "no-bucket", or "unsupported" (this kind of store cannot replace conditionally)."""
-    import obstore
-    from obstore.exceptions import AlreadyExistsError, PreconditionError
-
-    def run(store: Any) -> str:
-        try:
-            obstore.put(store, path, data, mode=mode)
-        except (AlreadyExistsError, PreconditionError):
-            return "exists"
-        except FileNotFoundError:
-            # A conditional create of a new object: only the bucket can be missing.
-            return "no-bucket" if mode == "create" else "exists"
-        except NotImplementedError:
-            return "unsupported"
-        return "written"
-
-    return run
+# A request answered after this long is a store too slow to wait on: backed off as if down.
+# Far above a healthy store's latency (tens of milliseconds) and well under the request
+# timeout (10 s), which bounds a store that does not answer at all.
+_SLOW_REQUEST_S = 2.0
 
 
 def _is_relative_path(prefix: object) -> bool:
@@ -95,10 +48,6 @@ def _is_relative_path(prefix: object) -> bool:
         return False
     parts = prefix.removesuffix("/").split("/") if prefix else []
     return all(p not in ("", ".", "..") and p.isprintable() for p in parts)
-
-
-def _path_of(row: Any) -> str:
-    return str(row["path"])
 
 
 class ObjectStoreProgramCache(RecordStore):
@@ -110,7 +59,8 @@ class ObjectStoreProgramCache(RecordStore):
     records. ``read_only=True`` never writes or deletes. ``prefix`` names this cache's
     objects inside the URL's path. ``client_options``: obstore's HTTP client options (the
     defaults bound every request: 10 s, 3 s to connect). ``retry_after_s``: how long a store
-    that cannot be reached is skipped (doubling while it stays down). ``lock_ttl_s``: expiry
+    that cannot be reached is skipped (doubling while it stays down); ``slow_request_s``: a
+    request answered after longer than this backs off the same way. ``lock_ttl_s``: expiry
     of the single-flight lock objects, rewritten while their holder compiles.
     """
 
@@ -124,6 +74,7 @@ class ObjectStoreProgramCache(RecordStore):
         client_options: Mapping[str, Any] | None = None,
         retry_after_s: float = _BACKOFF_S,
         lock_ttl_s: float = objlock.DEFAULT_TTL_S,
+        slow_request_s: float = _SLOW_REQUEST_S,
     ) -> None:
         super().__init__()
         self.url = check_object_store_url(url)
@@ -136,7 +87,11 @@ class ObjectStoreProgramCache(RecordStore):
             secret = secret.encode()
         if secret is not None and (not isinstance(secret, bytes) or not secret):
             raise ValueError("secret must be non-empty bytes or str, or None")
-        for label, value in (("retry_after_s", retry_after_s), ("lock_ttl_s", lock_ttl_s)):
+        for label, value in (
+            ("retry_after_s", retry_after_s),
+            ("lock_ttl_s", lock_ttl_s),
+            ("slow_request_s", slow_request_s),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
                 raise ValueError(f"{label} must be a positive number of seconds, got {value!r}")
         if client_options is not None and not isinstance(client_options, Mapping):
@@ -145,8 +100,11 @@ class ObjectStoreProgramCache(RecordStore):
         self._read_only = bool(read_only)
         self._prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         self._lock_ttl_s = float(lock_ttl_s)
+        self._client_options = client_options
         self._store = conn.make_store(url, client_options)
         self._local_root = unquote(urlsplit(url).path) if url.startswith("file://") else None
+        self._retry_after_s = float(retry_after_s)
+        self._slow_s = float(slow_request_s)
         self._health = Backoff(retry_after_s)
         self.last_error = ""
 
@@ -165,48 +123,109 @@ class ObjectStoreProgramCache(RecordStore):
 
     # -- calling the store safely --------------------------------------------------------------
 
-    def _call(self, what: str, fn: Any) -> Any:
-        """Run fn(store); on a failure return None (warned once, counted, maybe backing off)."""
-        if not self._health.may_call():
+    def call(self, what: str, fn: Any) -> Any:
+        """Run fn(client) (for this store and its modules: lock.py, listing.py); on a failure
+        return None (warned once, counted, maybe backing off). A call that answers but takes
+        longer than ``slow_request_s`` backs off like one that failed: a store that is slow
+        but up (3 s per request) would otherwise cost every request of a compile in turn,
+        and nothing would ever start the back-off."""
+        if not self._health.may_call() or not self._usable_here():
             return None
+        started = time.monotonic()
+        conn.note_call()
         try:
             result = fn(self._store)
         except (conn.errors().BaseError, OSError, TimeoutError) as exc:
-            self.last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            kind = type(exc).__name__
-            if conn.answered(exc):
-                self._health.healthy()
-                self.warn_once(
-                    f"refused-{what}-{kind}",
-                    f"the object store {self.url} refused to {what} ({kind}); "
-                    + ("the write is dropped" if what == "write" else "treated as a miss"),
-                    counted_as="refused",
-                )
-                return None
-            pause = self._health.failed()
-            self.warn_once(
-                f"{what}-{kind}",
-                f"the object store {self.url} failed to {what} ({self.last_error[:160]}); treated as a miss / "
-                f"dropped write (compiles still work); it is skipped for {pause:g} s, then tried again",
-                counted_as="unreachable",
-            )
+            self._failed(what, exc)
             return None
         finally:
             self._health.settled()  # a probe interrupted by anything else (Ctrl-C) is let go
-        self._health.healthy()
+        took = time.monotonic() - started
+        if took > self._slow_s:
+            pause = self._health.failed()
+            self.last_error = f"answered in {took:.1f} s"
+            self.warn_once(
+                f"slow-{what}",
+                f"the object store {self.url} took {took:.1f} s to {what} (more than slow_request_s="
+                f"{self._slow_s:g} s): it is skipped for {pause:g} s, then tried again, as if down "
+                "(compiles still work)",
+                counted_as="unreachable",
+            )
+        else:
+            self._health.healthy()
         return result
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        why = conn.explain(exc, self.url)
+        self.last_error = why
+        kind = type(exc).__name__
+        effect = "the write is dropped" if what == "write" else "treated as a miss"
+        if conn.no_such_bucket(exc) or conn.plain_http(exc):
+            # The set-up, not this call: one warning whichever call meets it first.
+            self._health.healthy()
+            self._unusable(why)
+            return
+        if conn.answered(exc):
+            self._health.healthy()
+            self.warn_once(
+                f"refused-{what}-{kind}-{why[:40]}",
+                f"the object store {self.url} refused to {what}: {why}; {effect}",
+                counted_as="refused",
+            )
+            return
+        pause = self._health.failed()
+        self.warn_once(
+            f"{what}-{kind}",
+            f"the object store {self.url} failed to {what}: {why}; {effect} (compiles still work); "
+            f"it is skipped for {pause:g} s, then tried again",
+            counted_as="unreachable",
+        )
+
+    def _usable_here(self) -> bool:
+        if conn.usable_here():
+            return True
+        self.warn_once(
+            "forked",
+            f"the object store {self.url} is not used in this process: it was forked from one that had used "
+            "an object store, and obstore's runtime does not survive fork() (a call would wait forever); "
+            "start such processes with spawn, or use the store only after forking",
+            counted_as="unreachable",
+        )
+        return False
+
+    def after_fork_in_child(self) -> None:
+        """A forked child judges the store afresh: a back-off (or a probe) of the parent's,
+        maybe begun by a thread the child does not have, must not skip the store in the child."""
+        super().after_fork_in_child()
+        self._health = Backoff(self._retry_after_s)
+        # The parent's client runs on threads the child does not have (obstore's runtime): a
+        # child using it can wait forever. It makes its own on its first call.
+        self._store = conn.make_store(self.url, self._client_options)
+
+    def _unusable(self, why: str) -> None:
+        message = f"the object store {self.url} cannot be used: {why}; reads are misses, writes are dropped"
+        self.warn_once(f"unusable-{why[:48]}", message, counted_as="refused")
+
+    @property
+    def entries_prefix(self) -> str:
+        """Where this store's entries are, as listed (``<prefix>e/``)."""
+        return f"{self._prefix}e/"
+
+    def decode(self, path: str, raw: bytes) -> tuple[rec.Verdict, tuple[bytes, Meta] | None]:
+        """The record ``raw`` read at ``path``, checked with this store's secret."""
+        return rec.decode(path, raw, self._secret)
 
     # -- the store -------------------------------------------------------------------------------
 
-    def _get(self, path: str) -> Any:
+    def get_raw(self, path: str) -> Any:
         """(bytes, e_tag) of the object at path, False when there is none, None when the call failed."""
-        return self._call("read", _get_raw(path, self._local_root))
+        return self.call("read", conn.get_raw(path, self._local_root))
 
     def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         return self._read_path(self._path(key))
 
     def _read_path(self, path: str) -> tuple[bytes, Meta] | None:
-        found = self._get(path)
+        found = self.get_raw(path)
         if not found:
             return None
         verdict, record = rec.decode(path, found[0], self._secret)
@@ -238,6 +257,10 @@ class ObjectStoreProgramCache(RecordStore):
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         return self._write_at(self._path(key), payload, meta)
 
+    def read_named(self, name: str) -> tuple[bytes, Meta] | None:
+        """The checked (payload, meta) of the entry ``name``, uncounted (``kernelcache import``)."""
+        return self._read_path(f"{self._prefix}e/{name}")
+
     def write_named(self, name: str, payload: bytes, meta: Meta) -> bool:
         """Store an entry by its name (naming.entry_name of its key): ``kernelcache import``."""
         return self._write_at(f"{self._prefix}e/{name}", payload, meta)
@@ -246,17 +269,16 @@ class ObjectStoreProgramCache(RecordStore):
         if self._read_only:
             return False  # a consumer: never writes (by choice, not an error)
         record = rec.encode(path, payload, meta, self._secret)
-        outcome = self._call("write", _put(path, record, "create"))
+        outcome = self.call("write", conn.put(path, record, "create"))
         if outcome == "no-bucket":
-            message = f"the bucket or container of {self.url} does not exist; writes are dropped"
-            self.warn_once("no-bucket", message, counted_as="refused")
+            self._unusable(f"the bucket or container of {self.url} does not exist")
         elif outcome == "exists":
             return self._replace_if_damaged(path, record)
         return outcome == "written"
 
     def _replace_if_damaged(self, path: str, record: bytes) -> bool:
         """Replace the record at path only if it is provably damaged, and only that version of it."""
-        found = self._get(path)
+        found = self.get_raw(path)
         if not found:
             return False
         verdict, _ = rec.decode(path, found[0], self._secret)
@@ -267,7 +289,7 @@ class ObjectStoreProgramCache(RecordStore):
             return False
         # Race: a peer may replace the damaged version between our read and this write; the
         # write is conditional on the version we judged, so the peer's record survives.
-        outcome = self._call("write", _put(path, record, {"e_tag": found[1]}))
+        outcome = self.call("write", conn.put(path, record, {"e_tag": found[1]}))
         return outcome == "written"
 
     def _remove(self, key: bytes) -> bool:
@@ -283,79 +305,24 @@ class ObjectStoreProgramCache(RecordStore):
             obstore.delete(store, path)
             return True
 
-        removed = self._call("delete", remove)
+        removed = self.call("delete", remove)
         if removed is None:
             raise ConnectionError(f"the object store {self.url} could not be reached: {path} may not be removed")
         return bool(removed)
 
     def _entry_paths(self, store: Any) -> list[str]:
-        import obstore
-
-        return [m["path"] for batch in obstore.list(store, f"{self._prefix}e/") for m in batch]
+        return [m["path"] for batch in conn.listing(store, self.entries_prefix) for m in batch]
 
     def __len__(self) -> int:
-        return len(self._call("count", self._entry_paths) or ())
+        return len(self.call("count", self._entry_paths) or ())
 
-    def _listing(self) -> list[Any] | None:
-        """The listing rows of every entry under this prefix, by path; None when it cannot be listed."""
-        import obstore
+    def iter_records(
+        self, skipped: list[tuple[str, rec.Verdict]] | None = None
+    ) -> Iterator[tuple[str, bytes, Meta, Any]]:
+        """Every record that passes its check, for ``bundle create`` (stores/object/listing.py)."""
+        from kernelcache.stores.object import listing
 
-        def listing(store: Any) -> list[Any]:
-            return sorted((m for batch in obstore.list(store, f"{self._prefix}e/") for m in batch), key=_path_of)
-
-        return self._call("list", listing)
-
-    def _in_batches(self, rows: list[Any], read: Any) -> Iterator[Any]:
-        """read(path) of each row, _MAX_PARALLEL_GETS at once and in order: a bucket larger than
-        memory is listed or bundled holding one batch of records at a time."""
-        with ThreadPoolExecutor(max_workers=_MAX_PARALLEL_GETS) as pool:
-            for i in range(0, len(rows), _MAX_PARALLEL_GETS):
-                yield from pool.map(read, [_path_of(m) for m in rows[i : i + _MAX_PARALLEL_GETS]])
-
-    def entries(self) -> list[tuple[str, int, float, Meta | None]] | None:
-        """(entry name, size, last modified as a Unix time, metadata or None) of every entry, for
-        listing tools; None when the store cannot be reached."""
-        listed = self._listing()
-        if listed is None:
-            return None
-
-        def meta_at(path: str) -> Meta | None:
-            found = self._read_path(path)
-            return found[1] if found else None
-
-        return [
-            (_path_of(m).rsplit("/", 1)[-1], int(m["size"]), m["last_modified"].timestamp(), meta)
-            for m, meta in zip(listed, self._in_batches(listed, meta_at))
-        ]
-
-    def iter_records(self, skipped: list[str] | None = None) -> Iterator[tuple[str, bytes, Meta, Any]]:
-        """(entry name, payload, meta, created) of each entry that passes its check (bundle create);
-        the names of those that do not are added to ``skipped``. ConnectionError when the store
-        cannot be listed or read: a bundle of part of a bucket must not pass for all of it."""
-        listed = self._listing()
-        if listed is None:
-            raise ConnectionError(f"the object store {self.url} could not be listed ({self.last_error})")
-        for m, found in zip(listed, self._in_batches(listed, self._get)):
-            path, name = _path_of(m), _path_of(m).rsplit("/", 1)[-1]
-            if found is None:
-                raise ConnectionError(f"the object store {self.url} failed to read {path} ({self.last_error})")
-            if found is False:
-                continue  # removed since the listing (a lifecycle rule)
-            verdict, record = rec.decode(path, found[0], self._secret)
-            if record is not None:
-                yield name, record[0], record[1], m["last_modified"].timestamp()
-            elif skipped is not None:
-                skipped.append(name)
-
-    def usage(self) -> tuple[int, int] | None:
-        """(entries, bytes) under this prefix, from one listing; None when the store cannot be reached."""
-        import obstore
-
-        def sizes(store: Any) -> tuple[int, int]:
-            listed = [m["size"] for batch in obstore.list(store, f"{self._prefix}e/") for m in batch]
-            return len(listed), sum(listed)
-
-        return self._call("count", sizes)
+        return listing.iter_records(self, skipped)
 
     def clear(self) -> None:
         """Delete this prefix's entries (a command a person runs: every host's records go)."""
@@ -367,7 +334,7 @@ class ObjectStoreProgramCache(RecordStore):
             for i in range(0, len(paths), 1000):
                 obstore.delete(store, paths[i : i + 1000])
 
-        self._call("clear", delete_all)
+        self.call("clear", delete_all)
 
     # -- single flight across hosts ------------------------------------------------------------
 
@@ -381,7 +348,7 @@ class ObjectStoreProgramCache(RecordStore):
             yield "unavailable"
             return
         path = f"{self._prefix}locks/{name}"
-        with objlock.hold(self._call, path, self._lock_ttl_s, deadline, ready) as outcome:
+        with objlock.hold(self.call, path, self._lock_ttl_s, deadline, ready) as outcome:
             yield outcome
 
     def stats(self) -> dict[str, Any]:

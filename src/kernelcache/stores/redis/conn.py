@@ -31,7 +31,7 @@ def make_client(url: str, socket_timeout: float) -> Any:
     if url.startswith(("redis+cluster://", "rediss+cluster://")):
         from redis.cluster import RedisCluster
 
-        # Connects at once (it reads the slot map): done on first use, inside RedisProgramCache._call, so a
+        # Connects at once (it reads the slot map): done on first use, inside RedisProgramCache.call, so a
         # down cluster degrades like a down server instead of raising here.
         return RedisCluster.from_url(url.replace("+cluster", "", 1), **kw)
     return redis.Redis.from_url(url, **kw)

@@ -11,7 +11,6 @@ with the next flush. Read-only stores send nothing.
 from __future__ import annotations
 
 import atexit
-import os
 import socket
 import threading
 import time
@@ -19,6 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from kernelcache import forksafe
 from kernelcache.stats import CAUSE_COUNTERS, MemoryStats, errors_view
 
 # Errors are kept by cause only: the fleet's total is their sum, so that a reader between two
@@ -101,8 +101,7 @@ def _after_fork_in_child() -> None:
         stats._forget_parents_tally()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forksafe.reset_function_in_child(_after_fork_in_child)
 
 
 def stats_key(namespace: str) -> str:

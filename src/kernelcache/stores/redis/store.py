@@ -1,7 +1,7 @@
 """RedisProgramCache: a shared tier on a real Redis server (single server or Redis Cluster).
 
 One Redis string per entry, ``<namespace>:e:<entry name>`` (the one naming rule of ``stores.naming``),
-holding a record that carries the artifact and its metadata, checked as one (``stores.redisrecord``).
+holding a record that carries the artifact and its metadata, checked as one (``stores.record``).
 
 Who may touch what: a reader never deletes what it cannot verify (signed with another secret,
 signed while it has none, a format it does not know); it removes only what it can prove damaged
@@ -15,7 +15,7 @@ the call is a miss or a dropped write, warned about once, and the store skips Re
 memory under ``noeviction``, a read-only replica) is not down: that one write is dropped with one
 warning, and reads go on.
 
-Single flight across hosts: ``remote_lock`` (``stores.redis.lock``); fleet counters: ``stores.redisfleet``.
+Single flight across hosts: ``remote_lock`` (lock.py); fleet counters: fleet.py; listings: listing.py.
 """
 
 from __future__ import annotations
@@ -158,8 +158,8 @@ class RedisProgramCache(RecordStore):
                 self._client = make_client(self.url, self._socket_timeout)
             return self._client
 
-    def _call(self, what: str, fn: Any) -> Any:
-        """Run fn(client); on a Redis failure return None (warned once, counted)."""
+    def call(self, what: str, fn: Any) -> Any:
+        """Run fn(client) (for this store and listing.py); on a Redis failure return None (warned once, counted)."""
         import redis
 
         if not self._health.may_call():
@@ -171,7 +171,7 @@ class RedisProgramCache(RecordStore):
             return None
         except redis.exceptions.RedisError as exc:
             # The server answered: this call failed, the server is not down (no back-off).
-            self._healthy()
+            self._health.healthy()
             self._note_error(exc)
             kind = type(exc).__name__
             self.warn_once(
@@ -185,7 +185,7 @@ class RedisProgramCache(RecordStore):
             # Anything else (Ctrl-C in a notebook) is the caller's; a probe it interrupted
             # must not leave Redis skipped for the life of the process.
             self._health.settled()
-        self._healthy()
+        self._health.healthy()
         return result
 
     def warn_once(self, cause: str, message: str, *, counted_as: ErrorCause) -> None:
@@ -198,9 +198,6 @@ class RedisProgramCache(RecordStore):
         self._stats.add(**error_deltas(counted_as))
         if self._warned.first("sender-" + cause):
             logger.warning("%s: %s", type(self).__name__, message)
-
-    def _healthy(self) -> None:
-        self._health.healthy()
 
     def _note_error(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -222,12 +219,12 @@ class RedisProgramCache(RecordStore):
 
     def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         rk = self._entry_key(key)
-        return self._judge(rk, self._call("read", lambda c: c.get(rk)))
+        return self._judge(rk, self.call("read", lambda c: c.get(rk)))
 
     def _read_many(self, keys: Sequence[bytes]) -> list[tuple[bytes, Meta] | None]:
         # One round trip: MGET (on a cluster, redis-py's per-slot MGETs, sent together).
         rks = [self._entry_key(key) for key in keys]
-        raws = self._call("read", lambda c: (c.mget_nonatomic if hasattr(c, "mget_nonatomic") else c.mget)(rks))
+        raws = self.call("read", lambda c: (c.mget_nonatomic if hasattr(c, "mget_nonatomic") else c.mget)(rks))
         return [self._judge(rk, raw) for rk, raw in zip(rks, raws or [None] * len(rks))]
 
     def _judge(self, rk: str, raw: bytes | None) -> tuple[bytes, Meta] | None:
@@ -242,7 +239,7 @@ class RedisProgramCache(RecordStore):
             self.warn_once("corrupt", f"Redis entry {rk} is {verdict.value}; {fate}", counted_as="corrupt")
             if not self._read_only:
                 digest = hashlib.sha1(raw).hexdigest()
-                self._call("delete", lambda c: c.eval(_DELETE_IF_UNCHANGED_LUA, 1, rk, digest))
+                self.call("delete", lambda c: c.eval(_DELETE_IF_UNCHANGED_LUA, 1, rk, digest))
         elif verdict is not rec.Verdict.OLD:  # the previous format is a plain miss
             self._warn_unverifiable(rk, verdict)
         return None
@@ -254,26 +251,22 @@ class RedisProgramCache(RecordStore):
     def _write(self, key: bytes, payload: bytes, meta: Meta) -> bool:
         return self._write_at(self._entry_key(key), payload, meta)
 
+    def read_named(self, name: str) -> tuple[bytes, Meta] | None:
+        """The checked (payload, meta) of the entry ``name``, uncounted (``kernelcache import``)."""
+        rk = f"{self._ns}:e:{name}"
+        return self._judge(rk, self.call("read", lambda c: c.get(rk)))
+
     def write_named(self, name: str, payload: bytes, meta: Meta) -> bool:
         """Store an entry by its name (naming.entry_name of its key): ``kernelcache import``."""
         return self._write_at(f"{self._ns}:e:{name}", payload, meta)
 
-    def iter_records(self, skipped: list[str] | None = None) -> Iterator[tuple[str, bytes, Meta, Any]]:
-        """(entry name, payload, meta, created) of each entry of the namespace that passes its check
-        (the names of those that do not are added to ``skipped``). ConnectionError when Redis
-        cannot be scanned or read: a bundle of part of a namespace must not pass for all of it."""
-        found = self._call("scan", lambda c: list(self._scan(c)))
-        if found is None:
-            raise ConnectionError(f"Redis at {self.url} could not be scanned ({self.last_error})")
-        for rk in sorted(k.decode() for k in found):
-            raw = self._call("read", lambda c, rk=rk: c.get(rk) or b"")  # b"": expired since the scan
-            if raw is None:
-                raise ConnectionError(f"Redis at {self.url} failed to read {rk} ({self.last_error})")
-            verdict, record = rec.decode(rk, raw, self._secret) if raw else (None, None)
-            if record is not None:
-                yield rk.rsplit(":", 1)[1], record[0], record[1], (rec.peek_head(raw) or {}).get("created")
-            elif raw and skipped is not None:
-                skipped.append(rk.rsplit(":", 1)[1])
+    def iter_records(
+        self, skipped: list[tuple[str, rec.Verdict]] | None = None
+    ) -> Iterator[tuple[str, bytes, Meta, Any]]:
+        """Every record that passes its check, for ``bundle create`` (stores/redis/listing.py)."""
+        from kernelcache.stores.redis import listing
+
+        return listing.iter_records(self, skipped)
 
     def _write_at(self, rk: str, payload: bytes, meta: Meta) -> bool:
         if self._read_only:
@@ -288,11 +281,11 @@ class RedisProgramCache(RecordStore):
         record = rec.encode(rk, payload, meta, self._secret)
         # The common case, a new key, is one plain SET NX; a key that exists goes through the
         # script, which decides atomically whether its record may be replaced.
-        answer = self._call("write", lambda c: 1 if c.set(rk, record, nx=True, px=self._ttl_ms) else 0)
+        answer = self.call("write", lambda c: 1 if c.set(rk, record, nx=True, px=self._ttl_ms) else 0)
         if answer == 0:
             px = str(self._ttl_ms) if self._ttl_ms is not None else ""
             signed = "1" if self._secret is not None else "0"
-            answer = self._call("write", lambda c: c.eval(_SET_LUA, 1, rk, record, self._prefix, signed, px))
+            answer = self.call("write", lambda c: c.eval(_SET_LUA, 1, rk, record, self._prefix, signed, px))
         if answer == 1:
             return True
         if isinstance(answer, bytes):  # kept: the key holds a record we cannot verify
@@ -302,21 +295,26 @@ class RedisProgramCache(RecordStore):
     def _remove(self, key: bytes) -> bool:
         self._check_writable("delete entries")
         rk = self._entry_key(key)
-        removed = self._call("delete", lambda c: c.delete(rk))
+        removed = self.call("delete", lambda c: c.delete(rk))
         if removed is None:
             # Unreachable or backing off: "could not" must not read as "absent". (A DEL that
             # timed out may still run when a stalled server wakes up: removal is unknown.)
             raise ConnectionError(f"Redis at {self.url} could not be reached: {rk} may not be removed")
         return bool(removed)
 
-    def _scan(self, client: Any) -> Iterator[Any]:
+    def decode(self, rk: str, raw: bytes) -> tuple[rec.Verdict, tuple[bytes, Meta] | None]:
+        """The record ``raw`` read at ``rk``, checked with this store's secret."""
+        return rec.decode(rk, raw, self._secret)
+
+    def scan(self, client: Any) -> Iterator[Any]:
+        """The Redis keys of this namespace's entries (SCAN; listing.py uses it too)."""
         # The namespace is matched literally: "ml*" must not match "ml-team".
         # The name is matched as hex digits of its exact length, so that namespace "a" does
         # not match the keys of namespace "a:e:b" either.
         return client.scan_iter(match=f"{_glob_escape(self._ns)}:e:{_NAME_GLOB}", count=1000)
 
     def __len__(self) -> int:
-        found = self._call("count", lambda c: sum(1 for _ in self._scan(c)))
+        found = self.call("count", lambda c: sum(1 for _ in self.scan(c)))
         return int(found or 0)
 
     def clear(self) -> None:
@@ -325,9 +323,9 @@ class RedisProgramCache(RecordStore):
 
         def unlink_all(c: Any) -> int:
             # One key per call: keys of a cluster live on different nodes.
-            return sum(c.unlink(k) for k in list(self._scan(c)))
+            return sum(c.unlink(k) for k in list(self.scan(c)))
 
-        self._call("clear", unlink_all)
+        self.call("clear", unlink_all)
 
     # -- single flight across hosts ------------------------------------------------------------
 
@@ -344,7 +342,7 @@ class RedisProgramCache(RecordStore):
             yield "unavailable"
             return
         lock_key = f"{self._ns}:lock:{name}"
-        with redislock.hold(self._call, lock_key, self._lock_ttl_ms, deadline, ready, local_lock) as outcome:
+        with redislock.hold(self.call, lock_key, self._lock_ttl_ms, deadline, ready, local_lock) as outcome:
             yield outcome
 
     # -- counters ----------------------------------------------------------------------------
@@ -352,39 +350,41 @@ class RedisProgramCache(RecordStore):
     def _send_tally(self, tally: dict[str, int]) -> bool:
         if self._health.backing_off():
             return False  # backing off: the tally waits, and is no call the program skipped
-        return bool(self._call("count", lambda c: redisfleet.send(c, self._ns, tally)))
+        return bool(self.call("count", lambda c: redisfleet.send(c, self._ns, tally)))
 
     def fleet_stats(self) -> dict[str, Any] | None:
         """Counters of every host sharing this namespace (hits, misses, stores, compiles, seconds
         saved, errors by cause), this process's included; None when Redis cannot be reached."""
         self._stats.flush()
-        raw = self._call("read counters", lambda c: c.hgetall(redisfleet.stats_key(self._ns)))
+        raw = self.call("read counters", lambda c: c.hgetall(redisfleet.stats_key(self._ns)))
         return None if raw is None else redisfleet.view(raw)
 
     def fleet_hosts(self) -> dict[str, dict[str, Any]] | None:
         """The fleet counters per host seen within a day (plus ``processes`` and ``last_seen``,
         a Unix time); None when Redis cannot be reached. Totals (fleet_stats) keep every host."""
         self._stats.flush()
-        return self._call("read counters", lambda c: redisfleet.read_hosts(c, self._ns))
+        return self.call("read counters", lambda c: redisfleet.read_hosts(c, self._ns))
 
     def namespace_written(self) -> bool | None:
         """Whether any host ever wrote counters or entries in this namespace; None: unreachable."""
         def written(c: Any) -> bool:
-            return bool(c.exists(redisfleet.stats_key(self._ns))) or next(iter(self._scan(c)), None) is not None
+            return bool(c.exists(redisfleet.stats_key(self._ns))) or next(iter(self.scan(c)), None) is not None
 
-        return self._call("read counters", written)
+        return self.call("read counters", written)
 
     def zero_stats(self) -> None:
         """Zero this process's counters and, unless read_only, the fleet's counters in Redis."""
         super().zero_stats()
         if not self._read_only:
             self._stats.drop_tally()
-            self._call("zero counters", lambda c: redisfleet.zero(c, self._ns))
+            self.call("zero counters", lambda c: redisfleet.zero(c, self._ns))
 
     def after_fork_in_child(self) -> None:
+        """Fresh locks, a client of its own (the parent's pool may be locked by one of its threads,
+        the counter sender) and the server judged afresh (a parent's back-off is not the child's)."""
         super().after_fork_in_child()
-        self._client_lock = threading.Lock()
-        self._health_lock = threading.Lock()
+        self._client_lock, self._health = threading.Lock(), Backoff(self._retry_after)
+        self._client = None if self._owns_client else self._client
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
