@@ -158,9 +158,9 @@ WITHOUT_WORKERS = textwrap.dedent(
 )
 
 
-def test_warm_where_workers_cannot_start_fails_what_restrict_leaked_into(tmp_path) -> None:
-    # restrict=True then compiles in warm's own process, and NVRTC keeps --restrict on for
-    # every later compile there: those are returned but not stored, and warm must say so.
+def test_warm_where_workers_cannot_start_stores_a_restrict_kernel_and_what_follows_it(tmp_path) -> None:
+    # restrict=True then compiles in a process forked for it alone (runners.choice), never in
+    # warm's own: NVRTC's --restrict stays out of the later compiles, which are stored as well.
     kernels = [
         {
             "name": "restricted",
@@ -179,13 +179,11 @@ def test_warm_where_workers_cannot_start_fails_what_restrict_leaked_into(tmp_pat
         timeout=600,
         env={**os.environ, "KERNELCACHE_RECORD": ""},
     )
-    assert warm.returncode == 1, warm.stdout + warm.stderr
-    (after,) = [ln for ln in warm.stdout.splitlines() if ln.startswith("after ")]
-    assert "not stored" in after and "restrict" in after, after
-    assert "1 ok, 1 failed" in warm.stdout
+    assert warm.returncode == 0, warm.stdout + warm.stderr
+    assert "2 ok, 0 failed" in warm.stdout
     with FileStreamProgramCache(cache) as store:
         kernels_stored = [e.meta["meta"].get("kernels") for e in store.iter_entries() if e.meta["meta"].get("kernels")]
-    assert kernels_stored == [["restricted"]]
+    assert sorted(kernels_stored) == [["after"], ["restricted"]]
 
 
 def test_a_request_made_in_a_deleted_directory_is_replayed_in_an_empty_one(tmp_path) -> None:

@@ -160,6 +160,21 @@ class FileStats:
         raw = os.pread(fd, _FILE_SIZE - _HEADER, _HEADER).ljust(_FILE_SIZE - _HEADER, b"\0")
         return list(struct.unpack(f"<{len(COUNTERS)}q", raw))
 
+    def _read_settled(self, fd: int) -> list[int]:
+        """The slots as a whole update left them, read without the lock (a snapshot never waits).
+
+        Race: a read of a regular file is not atomic with respect to another process's pwrite
+        into it, so one read can see part of an update (an error counted, its cause not yet).
+        A torn read cannot repeat itself (the pwrite of a few hundred bytes finishes between
+        two reads), so the slots are read until two reads in a row agree."""
+        last = self._read_slots(fd)
+        for _ in range(16):
+            now = self._read_slots(fd)
+            if now == last:
+                break
+            last = now
+        return last
+
     def _take_pending(self, deltas: Mapping[str, int]) -> dict[str, int]:
         with self._pending_lock:
             merged = dict(deltas)
@@ -218,7 +233,7 @@ class FileStats:
             if not wait:
                 return None
             try:
-                return self._pending_view(self._read_slots(fd))
+                return self._pending_view(self._read_settled(fd))
             except OSError:
                 return self._pending_view([0] * len(COUNTERS))
         try:
@@ -295,7 +310,7 @@ class FileStats:
             fd = self._fd
             if fd is not None:
                 try:
-                    return self._pending_view(self._read_slots(fd))
+                    return self._pending_view(self._read_settled(fd))
                 except OSError:
                     pass
         return self._fallback.snapshot()
