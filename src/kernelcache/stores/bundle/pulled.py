@@ -85,7 +85,7 @@ def pulled_bundle(
 
 def pull_dir(root: str, team: bool) -> str:
     """``<root>/oci/u<uid>``: created where missing, checked (yours, nobody else can write it)."""
-    real = make_root(root, team)
+    real, team = make_root(root, team)  # team: only where the root is a team tree
     shared = os.path.join(real, "oci")
     # The root is marked a cache root as the file store marks it (when it holds only kernelcache's
     # files): a directory whose first user is a pull is then one clear and prune maintain.
