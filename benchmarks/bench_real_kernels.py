@@ -3,13 +3,20 @@
     python benchmarks/bench_real_kernels.py                 # the 12 deep kernels (716 headers each)
     python benchmarks/bench_real_kernels.py --set all       # all 183 (171 CuPy + 12 deep)
     python benchmarks/bench_real_kernels.py --set cupy      # the 171 CuPy kernels
+    python benchmarks/bench_real_kernels.py --set all --fleet 8   # and 8 processes at once, one empty dir
+    python benchmarks/bench_real_kernels.py --limit 40      # the first 40 of the set (a quick run)
 
 Each phase runs in fresh processes, one per contender:
 - cold: a plain ``Program.compile`` loop (no cache), cuda.core's ``FileStreamProgramCache`` used
   as its docs show for include paths (``make_program_cache_key(..., extra_digest=<digest of the
   include paths>)``), and kernelcache's ``compile_program``: the miss's cost over a plain compile;
-- warm, fresh process, all hits: the same two caches (imports excluded, reported apart);
+- warm, fresh process, all hits: the same two caches (imports excluded, reported apart; so is
+  the full garbage collection the imports leave due, taken right after them in every child: it
+  is a cost of the imports, and whichever contender allocates first would pay it);
 - warm, repeated in one process: the best of 5 passes over all kernels, after one pass;
+- fleet (``--fleet N``): N processes started together on one empty directory, each over every
+  kernel: cuda.core's loop, the ``compile_program`` loop and one ``compile_many`` call; the wall
+  time until the last one ends, and how many compiles ran;
 - bytes: every kernelcache miss and hit is the plain compile's (corpus.same_code).
 Prints each figure and the ratio ours / theirs.
 """
@@ -17,6 +24,7 @@ Prints each figure and the ratio ours / theirs.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -33,7 +41,10 @@ import corpus  # noqa: E402
 
 
 def _select(bundled: str, which: str) -> list[corpus.Kernel]:
-    return corpus.kernels(bundled, deep={"deep": True, "cupy": False, "all": None}[which])
+    """The kernels of set ``which`` ("deep", "cupy", "all"; "<set>:<n>": its first n)."""
+    which, _, limit = which.partition(":")
+    chosen = corpus.kernels(bundled, deep={"deep": True, "cupy": False, "all": None}[which])
+    return chosen[: int(limit)] if limit else chosen
 
 
 def _theirs(cache, kernel: corpus.Kernel) -> tuple[bytes, bool]:  # noqa: ANN001
@@ -89,6 +100,9 @@ def child(who: str, phase: str, which: str, work: str) -> None:
 
     kernels = _select(os.path.join(work, "bundled"), which)
     imported = time.perf_counter()
+    gc.collect()  # the collection the imports left due (see the module's docstring)
+    if phase == "fleet":
+        return _fleet_child(who, kernels, work)
     if who == "plain":
         cache, run = None, lambda k: (corpus.plain_compile(k), False)
     elif who == "theirs":
@@ -126,6 +140,56 @@ def child(who: str, phase: str, which: str, work: str) -> None:
     )
 
 
+def _fleet_child(who: str, kernels: list[corpus.Kernel], work: str) -> None:
+    """One process of a fleet: every kernel through ``who``'s cache in ``work``/fleet-``who``."""
+    from cuda.core import ProgramOptions
+
+    from kernelcache import FileStreamProgramCache, compile_many
+
+    where = os.path.join(work, f"fleet-{who}")
+    if who == "theirs":
+        from cuda.core.utils import FileStreamProgramCache as TheirFile
+
+        cache = TheirFile(where)
+        compiled = sum(not _theirs(cache, k)[1] for k in kernels)
+    elif who == "ours":
+        cache = FileStreamProgramCache(where)
+        compiled = sum(not _ours(cache, k)[1] for k in kernels)
+    else:
+        requests = [
+            {"code": k.code, "options": ProgramOptions(**k.options), "name_expressions": k.name_expressions}
+            for k in kernels
+        ]
+        compile_many(requests, cache=FileStreamProgramCache(where))
+        compiled = -1  # counted by the store (its counters are the directory's, all processes')
+    print(json.dumps({"compiles": compiled}))
+
+
+def _fleet(n: int, which: str, work: str) -> dict[str, tuple[float, int]]:
+    """Per contender: (wall seconds until the last of ``n`` processes ends, compiles they ran)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    out = {}
+    for who in ("theirs", "ours", "many"):
+        args = [sys.executable, os.path.abspath(__file__), "--child", who, "fleet", which, work]
+        start = time.perf_counter()
+        procs = [
+            subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)
+        ]
+        results = [p.communicate(timeout=3600) for p in procs]
+        wall = time.perf_counter() - start
+        for p, (_stdout, stderr) in zip(procs, results):
+            if p.returncode:
+                raise SystemExit(f"fleet {who} failed:\n{stderr}")
+        if who == "theirs":
+            compiled = sum(json.loads(o.strip().splitlines()[-1])["compiles"] for o, _ in results)
+        else:
+            from kernelcache import FileStreamProgramCache
+
+            compiled = FileStreamProgramCache(os.path.join(work, f"fleet-{who}")).stats()["compiles"]
+        out[who] = (wall, compiled)
+    return out
+
+
 def _run(who: str, phase: str, which: str, work: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     args = [sys.executable, os.path.abspath(__file__), "--child", who, phase, which, work]
@@ -139,18 +203,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=["deep", "cupy", "all"], default="deep")
     parser.add_argument("--rounds", type=int, default=3, help="warm children per contender (best of them)")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N kernels of the set")
+    parser.add_argument("--fleet", type=int, default=0, help="also N processes at once on one empty directory")
     args = parser.parse_args()
+    which = f"{args.set}:{args.limit}" if args.limit else args.set
     work = tempfile.mkdtemp(prefix="kc-bench-real-")
+    fleet: dict[str, tuple[float, int]] = {}
     try:
         corpus.bundled_headers(os.path.join(work, "bundled"))
-        n = len(_select(os.path.join(work, "bundled"), args.set))
-        print(f"{n} kernels ({args.set}); cold phase...", file=sys.stderr, flush=True)
-        cold = {who: _run(who, "cold", args.set, work) for who in ("plain", "theirs", "ours")}
+        n = len(_select(os.path.join(work, "bundled"), which))
+        print(f"{n} kernels ({which}); cold phase...", file=sys.stderr, flush=True)
+        cold = {who: _run(who, "cold", which, work) for who in ("plain", "theirs", "ours")}
         warm: dict[str, dict] = {}
         for r in range(args.rounds):
             for who in ("theirs", "ours") if r % 2 == 0 else ("ours", "theirs"):
                 for phase in ("warm", "repeat"):
-                    got = _run(who, phase, args.set, work)
+                    got = _run(who, phase, which, work)
                     best = warm.setdefault(f"{who}-{phase}", got)
                     for k in ("seconds", "best_pass", "imports"):
                         best[k] = min(best[k], got[k])
@@ -162,6 +230,9 @@ def main() -> None:
                 with open(os.path.join(work, "bytes", f"ours-{phase}", str(i)), "rb") as f:
                     if not corpus.same_code(f.read(), plain):
                         wrong.append((i, phase))
+        if args.fleet:
+            print(f"fleet of {args.fleet} processes...", file=sys.stderr, flush=True)
+            fleet = _fleet(args.fleet, which, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = [
@@ -182,6 +253,17 @@ def main() -> None:
     print(f"{'measure':<42} {'kernelcache':>12} {'other':>12} {'ratio':>7}")
     for label, ours, theirs in rows:
         print(f"{label:<42} {ours:>12.2f} {theirs:>12.2f} {ours / theirs:>7.2f}")
+    for who, label in (("ours", "compile_program loop"), ("many", "compile_many")):
+        if fleet:
+            (ours_s, ours_c), (theirs_s, theirs_c) = fleet[who], fleet["theirs"]
+            label = f"fleet x{args.fleet}: {label} (s)"
+            ratio = ours_s / theirs_s
+            print(f"{label:<42} {ours_s:>12.2f} {theirs_s:>12.2f} {ratio:>7.2f}  compiles {ours_c} vs {theirs_c}")
+    ours_ms, theirs_ms = warm["ours-warm"]["seconds"] * 1e3, warm["theirs-warm"]["seconds"] * 1e3
+    print(
+        f"fresh all hits vs 2x cuda.core + 1 ms/kernel: {ours_ms:.1f} ms vs {2 * theirs_ms + n:.1f} ms "
+        f"({'met' if ours_ms <= 2 * theirs_ms + n else 'NOT met'}); vs 3x: {ours_ms / theirs_ms:.2f}x"
+    )
     hits = (warm["ours-warm"]["hits"], warm["theirs-warm"]["hits"])
     print(f"hits on the warm run: kernelcache {hits[0]}/{n}, cuda.core {hits[1]}/{n}")
     print(f"bytes differing from a plain compile: {len(wrong)} of {2 * n} (misses and hits) {wrong[:10]}")

@@ -5,7 +5,9 @@ A hit must vouch for every header a variant names (its content) and for every na
 probes (where it resolves now: which files exist before it on the search path). Proved from
 scratch, that is a read and a hash per header and a stat per place tried: thousands of calls
 per kernel for real include trees, in every fresh process. So the facts are remembered:
-- ``files``: path -> (device, inode, size, mtime_ns, ctime_ns, SHA-256 of the content);
+- ``files``: path -> "device inode size mtime_ns ctime_ns SHA-256-of-the-content" (one string:
+  a process that reads the index builds no container per header, none for its garbage
+  collector to trace: hundreds of lists tipped a fresh process into a full collection);
 - ``dirs``: directory -> (device, inode, mtime_ns, ctime_ns, its entries: regular files,
   directories, others);
 - ``proofs``: a variant under a search path -> the state (identity, or none) of every
@@ -52,7 +54,7 @@ from kernelcache.headers.digests import changed_since, now_ns, regular_file_sha2
 from kernelcache.memo import remember
 from kernelcache.regular_file import NotRegularFileError, open_regular
 
-FORMAT = 1
+FORMAT = 2  # 2: a file's fact as one string (an index of format 1 is not read: facts are relearned)
 MAX_FILES = 200_000  # facts kept in one index file (the oldest go first)
 MAX_DIRS = 50_000
 MAX_PROOFS = 20_000
@@ -74,7 +76,7 @@ class HeaderIndex:
         self.path = path
         self.tmp_dir = tmp_dir
         self._lock = threading.Lock()
-        self._files: dict[str, list[Any]] = {}
+        self._files: dict[str, str] = {}
         self._dirs: dict[str, list[Any]] = {}
         self._listings: dict[str, dict[str, str]] = {}  # parsed entries of _dirs, built on use
         self._proofs: dict[str, list[Any]] = {}  # variant under a search path -> its directories' state
@@ -99,10 +101,10 @@ class HeaderIndex:
             st = os.stat(path)
         except OSError:
             return None, None
-        ident = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        ident = f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} "
         known = self._files.get(path)
-        if known is not None and known[:5] == ident:
-            return str(known[5]), st
+        if isinstance(known, str) and len(known) == len(ident) + 64 and known.startswith(ident):
+            return known[len(ident) :], st
         hashed_at = now_ns()
         try:
             digest = regular_file_sha256(path)
@@ -110,10 +112,9 @@ class HeaderIndex:
             return None, st
         if digest is not None and not changed_since(st, hashed_at):
             with self._lock:
-                self._files[path] = [*ident, digest]
+                self._files[path] = ident + digest
                 self._new += 1
         return digest, st
-
 
     def is_file(self, path: str, seen: dict[str, dict[str, str] | None]) -> tuple[bool, bool]:
         """(os.path.isfile(path), whether its directory's listing proves it): the answer comes

@@ -46,7 +46,11 @@ _manifest_memo_lock = threading.Lock()
 # nothing of what another holds. An id reused by a later store can only cost a look-up.
 _manifest_memo: dict[bytes, dict[int, dict[str, Any]]] = {}
 _full_key_memo: dict[tuple[bytes, str], bytes] = {}
-_looked_up: dict[bytes, bool] = {}  # manifest keys this process looked up
+# Look-ups this process made (any source): from the second on, what a look-up proves is watched
+# (headers.watch.Look). Not per source: the kernels of one process share their headers (one
+# library's include tree), so a header watched for one kernel is trusted without a stat by the
+# next kernel's look-up; a process that looks up a single kernel pays for no watch.
+_lookups = [0]
 
 
 def _fresh_lock_in_child() -> None:
@@ -168,9 +172,8 @@ def matching_variant(cache: ProgramCacheResource, manifest_key: bytes, dirs: lis
     """
     index = header_index.for_store(cache)
     with _manifest_memo_lock:
-        again = manifest_key in _looked_up  # watched from its second look-up on (headers.watch.Look)
-        if not again:
-            remember(_looked_up, manifest_key, True, _MEMO_LIMIT)
+        again = _lookups[0] > 0  # watched from the process's second look-up on (see _lookups)
+        _lookups[0] += 1
     look = Look(index, watching=again)
     try:
         return _matching_variant(cache, manifest_key, dirs, look)
@@ -297,7 +300,7 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
 def add_variant(manifest: dict[str, Any] | None, variant: dict[str, Any]) -> dict[str, Any]:
     """The manifest with ``variant`` first (deduplicated, at most variants.MAX_VARIANTS)."""
     old = (manifest or {}).get("variants", [])
-    kept = [variant] + [v for v in old if v != variant]
+    kept = [variant] + [v for v in old if v["digest"] != variant["digest"]]  # a digest names its content
     return {"format": variants.MANIFEST_FORMAT, "variants": kept[: variants.MAX_VARIANTS]}
 
 
@@ -306,7 +309,8 @@ def merge_manifests(first: dict[str, Any] | None, second: dict[str, Any] | None)
     if first is None or second is None:
         return first if second is None else second
     ours = first.get("variants", [])
-    theirs = [v for v in second.get("variants", []) if v not in ours]
+    known = {v["digest"] for v in ours}
+    theirs = [v for v in second.get("variants", []) if v["digest"] not in known]
     return {"format": variants.MANIFEST_FORMAT, "variants": ours + theirs}
 
 

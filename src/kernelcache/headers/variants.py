@@ -369,7 +369,14 @@ def variant_from_bytes(raw: bytes, digest: str) -> dict[str, Any] | None:
         return None
     if not isinstance(parts, list) or len(parts) not in (3, 4):
         return None
-    variant: dict[str, Any] = {"headers": parts[0], "probes": parts[1], "first_include": parts[2]}
+    if not isinstance(parts[0], list) or not isinstance(parts[1], list):
+        return None
+    # Entries as tuples: a tuple of strings and numbers leaves the garbage collector's lists at
+    # its first collection, where a list of a deep variant's 700 headers would be traced by
+    # every later full collection of the process (and tip a fresh process into one).
+    headers = [tuple(e) if isinstance(e, list) else e for e in parts[0]]
+    probes = [tuple(p) if isinstance(p, list) else p for p in parts[1]]
+    variant: dict[str, Any] = {"headers": headers, "probes": probes, "first_include": parts[2]}
     if len(parts) == 4:
         variant["cwd"] = parts[3]
     variant["digest"] = digest

@@ -72,6 +72,7 @@ class Watcher:
         self._names: dict[int, set[str] | None] = {}  # wd -> the entry names that matter (None: all)
         self._guarded: set[tuple[str, bool]] = set()
         self._watched: set[tuple[str, str]] = set()  # (directory, entry name) watched on the way
+        self._entry_wd: dict[str, int] = {}  # directory -> its watch (the entries on the way to a path)
         self._local: dict[int, bool] = {}  # st_dev -> on a filesystem that reports every change
 
     def changed(self) -> int:
@@ -100,6 +101,7 @@ class Watcher:
             self.generation += 1
             self._guarded.clear()  # a watch may be gone (IN_IGNORED): watch everything again
             self._watched.clear()
+            self._entry_wd.clear()
 
     def guard(self, path: str, whole_dir: bool) -> bool:
         """Watch ``path`` (a file, or with ``whole_dir`` a directory's every entry) and each
@@ -109,22 +111,48 @@ class Watcher:
         with self._lock:
             if (path, whole_dir) in self._guarded:
                 return True
-            parts = path.split(os.sep)
-            for depth in range(1, len(parts)):
-                prefix = os.sep.join(parts[:depth]) or os.sep
-                if (prefix, parts[depth]) in self._watched:
-                    continue
-                wd = self._add(prefix, ENTRY_MASK, {parts[depth]})
-                if wd == -2:
-                    return True  # an ancestor is missing: the watch above reports its creation
-                if wd < 0:
-                    return False
-                self._watched.add((prefix, parts[depth]))
+            directory, name = os.path.split(path)
+            way = self._way(directory, name) if name else 0
+            if way == -2:
+                return True  # an ancestor is missing: the watch above reports its creation
+            if way < 0:
+                return False
             leaf = self._add(path, DIR_MASK if whole_dir else FILE_MASK, None)
             if leaf == -1:
                 return False
             self._guarded.add((path, whole_dir))
             return True
+
+    def _way(self, directory: str, name: str) -> int:
+        """Watch ``directory`` for its entry ``name``, and each directory above it for the next
+        component, from the top down (0; -2: one is missing; -1: one cannot be watched).
+
+        Most headers share their directories: a directory watched once takes each further name
+        into its filter without a call (its wd is known). Race: a directory replaced since its
+        watch was added (renamed away, another made in its place) raised an event on the way to
+        it or on itself; that event moves the generation, which clears these memos, and no
+        look-up running across it commits (Look.commit)."""
+        if (directory, name) in self._watched:
+            return 0
+        if not directory:
+            return 0  # a relative path: its first component is not watched (the working directory)
+        up, base = os.path.split(directory)
+        if base:
+            way = self._way(up, base)
+            if way != 0:
+                return way
+        wd = self._entry_wd.get(directory)
+        if wd is None:
+            wd = self._add(directory, ENTRY_MASK, {name})
+            if wd < 0:
+                return wd
+            self._entry_wd[directory] = wd
+        else:
+            names = self._names.get(wd)
+            if names is not None:
+                names.add(name)
+        self._watched.add((directory, name))
+        return 0
 
     def _add(self, path: str, mask: int, names: set[str] | None) -> int:
         """The watch of ``path`` (-2: it does not exist; -1: cannot be watched)."""
@@ -133,7 +161,11 @@ class Watcher:
             err = ctypes.get_errno()
             return -2 if err in (2, 20) else -1  # ENOENT, ENOTDIR
         known = self._names.get(wd, set())
-        self._names[wd] = None if names is None or known is None else known | names
+        if names is None or known is None:
+            self._names[wd] = None
+        else:
+            known.update(names)
+            self._names[wd] = known
         return int(wd)
 
     def local(self, st_dev: int, path: str) -> bool:
@@ -228,8 +260,8 @@ class Look:
         w = self.watcher if self.watching else None
         guarded = w is not None and all(w.guard(d, True) for d in directories)
         state, safe = self.index.dir_state(directories)
-        self._guarded_state = guarded and w is not None and all(
-            s == 0 or w.local(s[0], d) for s, d in zip(state, directories)
+        self._guarded_state = (
+            guarded and w is not None and all(s == 0 or w.local(s[0], d) for s, d in zip(state, directories))
         )
         return state, safe
 
