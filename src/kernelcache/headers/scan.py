@@ -222,9 +222,39 @@ def entry_path(entry: Sequence[Any], paths: Sequence[str], dirs: Sequence[str], 
 
 
 def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None]:
-    """The path of each header entry of ``variant`` under ``dirs``, in order."""
+    """The path of each header entry of ``variant`` under ``dirs``, in order: entry_path's
+    answer for each (tests/headers/test_variant_records.py compares them), without building each
+    entry's candidates (a hit in a fresh process derives a deep variant's 700 paths)."""
     first_include = variant.get("first_include", len(dirs))
     paths: list[str | None] = []
+    tail = list(dirs[first_include:])
+    no_source = bool(dirs) and not dirs[0]  # --no-source-include: no includer's directory
+    includer_dirs: dict[int, str] = {}
+    isabs, normpath, join, dirname = os.path.isabs, os.path.normpath, os.path.join, os.path.dirname
     for entry in variant.get("headers", ()):
-        paths.append(entry_path(entry, paths, dirs, first_include))  # type: ignore[arg-type]
+        kind = entry[0]
+        if not isinstance(kind, str):
+            paths.append(entry_path(entry, paths, dirs, first_include))  # type: ignore[arg-type]
+            continue
+        where, name, at = entry[1], entry[2], entry[3]
+        if where >= 0:  # as entry_path: the includer's directory, whatever the kind (or its error)
+            own = includer_dirs.get(where)
+            if own is None:
+                own = includer_dirs[where] = dirname(paths[where])  # type: ignore[type-var]
+        else:
+            own = dirs[0] if dirs else None
+        if isabs(name):
+            paths.append(normpath(name) if at == 0 else None)
+            continue
+        if kind == "a":
+            place = tail[at] if 0 <= at < len(tail) else None
+        else:
+            if own is not None and not no_source:
+                place = own if at == 0 else (tail[at - 1] if 0 < at <= len(tail) else None)
+            else:
+                place = tail[at] if 0 <= at < len(tail) else None
+        if place is None:
+            paths.append(None)
+        else:
+            paths.append(normpath(join(place, name) if place else name))
     return paths

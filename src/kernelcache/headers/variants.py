@@ -334,7 +334,7 @@ def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) 
     if plan is None:
         first_include = variant.get("first_include", len(dirs))
         probes = []
-        for where, kind, name, at in variant.get("probes", ()):
+        for where, kind, name, at in probes_of(variant):
             includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
             places = includes.candidates(kind, name, includer_dir, dirs, first_include)
             probes.append(([os.path.normpath(os.path.join(place, name)) for place in places], at))
@@ -347,7 +347,7 @@ def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) 
 def variant_bytes(variant: dict[str, Any]) -> bytes:
     """A variant's canonical bytes (headers, probes, search layout, the bound cwd): what its
     record holds (headers.manifests) and what its digest is of."""
-    parts = [variant.get("headers", []), variant.get("probes", []), variant.get("first_include")]
+    parts = [variant.get("headers", []), probes_of(variant), variant.get("first_include")]
     if "cwd" in variant:
         parts.append(variant["cwd"])
     return json.dumps(parts, separators=(",", ":")).encode()
@@ -358,29 +358,83 @@ def variant_digest(variant: dict[str, Any]) -> str:
     return hashlib.sha256(variant_bytes(variant)).hexdigest()
 
 
+_DECODER = json.JSONDecoder()
+
+
 def variant_from_bytes(raw: bytes, digest: str) -> dict[str, Any] | None:
     """The variant whose canonical bytes ``raw`` are, if their SHA-256 is ``digest``: a record
-    is never trusted for what it claims to be (the digest decides which entry a hit reads)."""
+    is never trusted for what it claims to be (the digest decides which entry a hit reads).
+
+    Its probes are parsed only when a look-up needs them (probes_of): a hit whose proof holds
+    (headers.index) never does, and they are most of a deep variant's bytes (6,500 probes, 300 KB
+    of a CUB kernel's 376 KB). So the headers are read from the front and the small fields from
+    the back; the slice between is the probes' text."""
     if hashlib.sha256(raw).hexdigest() != digest:
         return None
     try:
-        parts = json.loads(raw)
-    except ValueError:
+        text = raw.decode("ascii")  # canonical bytes are json.dumps' (ASCII: every other char escaped)
+        if not text.startswith("[["):
+            return None
+        headers, after = _DECODER.raw_decode(text, 1)
+        tail = _tail(text)
+    except (ValueError, UnicodeDecodeError):
         return None
-    if not isinstance(parts, list) or len(parts) not in (3, 4):
+    if not isinstance(headers, list) or tail is None:
         return None
-    if not isinstance(parts[0], list) or not isinstance(parts[1], list):
+    probes_end, first_include, cwd = tail
+    if text[after : after + 2] != ",[" or text[probes_end - 1] != "]" or probes_end <= after + 2:
         return None
-    # Entries as tuples: a tuple of strings and numbers leaves the garbage collector's lists at
-    # its first collection, where a list of a deep variant's 700 headers would be traced by
-    # every later full collection of the process (and tip a fresh process into one).
-    headers = [tuple(e) if isinstance(e, list) else e for e in parts[0]]
-    probes = [tuple(p) if isinstance(p, list) else p for p in parts[1]]
-    variant: dict[str, Any] = {"headers": headers, "probes": probes, "first_include": parts[2]}
-    if len(parts) == 4:
-        variant["cwd"] = parts[3]
+    variant: dict[str, Any] = {"headers": headers, "first_include": first_include}
+    if cwd is not None:
+        variant["cwd"] = cwd
     variant["digest"] = digest
+    variant["probes_text"] = text[after + 1 : probes_end]
     return variant
+
+
+def _tail(text: str) -> tuple[int, Any, str | None] | None:
+    """(where the probes' text ends, first_include, the bound cwd or None) of a variant's
+    canonical text ``[headers,probes,first_include]`` or ``[...,first_include,"cwd"]``, read
+    from its end: the cwd is a JSON string (its closing quote ends the text; its opening one is
+    the last quote not escaped by an odd run of backslashes), first_include a number."""
+    if not text.endswith("]"):
+        return None
+    end = len(text) - 1
+    cwd = None
+    if text.endswith('"]'):
+        at = end - 1
+        while True:
+            at = text.rfind('"', 0, at)
+            if at < 0:
+                return None
+            run = at
+            while text[run - 1] == "\\":
+                run -= 1
+            if (at - run) % 2 == 0:
+                break
+        found = json.loads(text[at:end])
+        if not isinstance(found, str) or text[at - 1] != ",":
+            return None
+        cwd, end = found, at - 1
+    comma = text.rfind(",", 0, end)
+    if comma < 0:
+        return None
+    return comma, json.loads(text[comma + 1 : end]), cwd
+
+
+def probes_of(variant: dict[str, Any]) -> list[Any]:
+    """The variant's probes (parsed from its record's text on first use; ValueError when that
+    text is not a list: such a variant matches nothing)."""
+    probes = variant.get("probes")
+    if probes is None:
+        text = variant.get("probes_text")
+        if text is None:
+            return []
+        probes = json.loads(text)
+        if not isinstance(probes, list):
+            raise ValueError("a variant's probes are not a list")
+        variant["probes"] = probes  # parsed twice at most, by two threads at once: the same list
+    return probes  # type: ignore[no-any-return]
 
 
 def tracked_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str]:

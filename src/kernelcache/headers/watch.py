@@ -207,9 +207,8 @@ class Look:
     watch is trusted by later look-ups only if no relevant event arrived from before its
     first watch to its end (commit).
 
-    ``watching``: whether to watch what it proves (the manifests' caller does so from a
-    source's second look-up in this process on: a source looked up once, as in a fresh
-    process warming its kernels, pays for no watch it would never use)."""
+    ``watching``: whether to watch what it proves (the manifests' look-ups always do: see
+    headers.manifests.matching_variant)."""
 
     def __init__(self, index: index_mod.HeaderIndex, watching: bool = True) -> None:
         self.index = index
