@@ -141,3 +141,29 @@ def test_a_forked_childs_change_misses_in_the_child_and_in_the_parent(project) -
     assert os.waitstatus_to_exitcode(status) == 0
     hit, got = _compile(root, cache)
     assert hit and got == _truth(root)  # the child stored the new bytes; the parent sees the change
+
+
+OTHER = '#include "top.h"\nextern "C" __global__ void other(int* o) { o[1] = TOP * NEST; }\n'
+
+
+@pytest.mark.parametrize("change", ["edit", "shadow"])
+def test_a_change_between_two_kernels_misses_the_next_kernel_that_reads_it(project, change: str) -> None:
+    """What one kernel's look-up proved under watch is trusted by another kernel's first look-up in
+    the process (they share the headers); a change in between misses that other kernel at once,
+    with the bytes a plain compile gives."""
+    root = project
+    cache = FileStreamProgramCache(root.parent.parent / "cache")
+    info = CompileInfo()
+    compile_program(OTHER, cache=cache, options=_options(root), info=info)
+    assert not info.hit and info.cached
+    _warm(root, cache)  # CODE: a miss, then hits proved under watch (shared top.h and nest.h)
+    CHANGES[change](root)
+    settle_timestamps()
+    info = CompileInfo()
+    got = bytes(compile_program(OTHER, cache=cache, options=_options(root), info=info).code)
+    program = Program(OTHER, "c++", options=_options(root))
+    try:
+        truth = bytes(program.compile("cubin").code)
+    finally:
+        program.close()
+    assert not info.hit and got == truth
