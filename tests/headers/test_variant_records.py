@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from kernelcache.headers import scan, variants
+from kernelcache.headers import records, scan
 
 
 @pytest.mark.parametrize("cwd", [None, "/tmp/a,b", 'x"y\\', '\\"]', "/p/\\\\", "/é/ü"])
@@ -23,22 +23,22 @@ def test_a_record_reads_back_as_the_variant_written(cwd) -> None:
     }
     if cwd is not None:
         variant["cwd"] = cwd
-    raw = variants.variant_bytes(variant)
-    got = variants.variant_from_bytes(raw, hashlib.sha256(raw).hexdigest())
+    raw = records.variant_bytes(variant)
+    got = records.variant_from_bytes(raw, hashlib.sha256(raw).hexdigest())
     assert got is not None
     assert got["headers"] == variant["headers"] and got["first_include"] == 1 and got.get("cwd") == cwd
-    assert variants.probes_of(got) == variant["probes"]
-    assert variants.variant_bytes(got) == raw
+    assert records.probes_of(got) == variant["probes"]
+    assert records.variant_bytes(got) == raw
 
 
 def test_a_record_under_another_digest_or_cut_short_is_no_variant() -> None:
     """The digest decides: bytes that are not the named digest's, or not a whole record, give None."""
-    raw = variants.variant_bytes(
+    raw = records.variant_bytes(
         {"headers": [[0, "a.h", "d" * 64]], "probes": [[-1, "q", "a.h", 0]], "first_include": 1}
     )
-    assert variants.variant_from_bytes(raw, hashlib.sha256(raw + b" ").hexdigest()) is None
+    assert records.variant_from_bytes(raw, hashlib.sha256(raw + b" ").hexdigest()) is None
     for cut in (raw[:-1], raw[:-3] + b"]", b"[[]]", b"[[],1]"):
-        assert variants.variant_from_bytes(cut, hashlib.sha256(cut).hexdigest()) is None, cut
+        assert records.variant_from_bytes(cut, hashlib.sha256(cut).hexdigest()) is None, cut
 
 
 def _one_by_one(variant: dict, dirs: list[str]) -> list:
