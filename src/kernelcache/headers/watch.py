@@ -111,7 +111,7 @@ class Watcher:
         with self._lock:
             if (path, whole_dir) in self._guarded:
                 return True
-            directory, name = os.path.split(path)
+            directory, name = _split(path)
             way = self._way(directory, name) if name else 0
             if way == -2:
                 return True  # an ancestor is missing: the watch above reports its creation
@@ -136,7 +136,7 @@ class Watcher:
             return 0
         if not directory:
             return 0  # a relative path: its first component is not watched (the working directory)
-        up, base = os.path.split(directory)
+        up, base = _split(directory)
         if base:
             way = self._way(up, base)
             if way != 0:
@@ -177,6 +177,15 @@ class Watcher:
             known = ok and struct.unpack_from("l", buf)[0] in LOCAL_FILESYSTEMS
             self._local[st_dev] = known
         return known
+
+
+def _split(path: str) -> tuple[str, str]:
+    """os.path.split for the normalised paths guarded here, by str.rpartition (a fresh process's
+    look-up splits every header's path and each directory's on the way)."""
+    head, sep, tail = path.rpartition(os.sep)
+    if not sep:
+        return "", path
+    return head or os.sep, tail
 
 
 _watcher: Watcher | None = None
