@@ -159,7 +159,19 @@ def first_include(options: Any) -> int:
 
 
 def toolchain_header_roots(options: Any) -> list[str]:
-    """Directories whose headers belong to the toolchain (not tracked)."""
+    """Directories whose headers belong to the toolchain (not tracked).
+
+    Whether that is safe: only where the toolchain identity in the key identifies every file under
+    the root. It does not, measured with NVRTC 13.5: ``--use-bundled-headers=DIR`` names a copy that
+    nvrtcInstallBundledHeaders wrote once into a user-writable directory (cuda.core's default:
+    ``~/.cache/cuda-python/nvrtc-bundled-headers``, marked by ``.nvrtc_headers_version``), and NVRTC
+    reads whatever that copy holds now: an ``#error`` appended to its cuComplex.h fails the next
+    compile. The identity pins the library that wrote the copy, not the copy, so an edit there (by
+    hand, or an install cut short) is a hit on stale code. Tracking them needs the root as the last
+    search directory (include_path first, as NVRTC searches) so each header is recorded by its place
+    and keys stay shareable across users; scan.may_read_files must then answer True for a source
+    using them. Not done here yet: the same reasoning rules out skipping any other directory of
+    headers a wheel installed (a bundled copy handed in through ``include_path`` is tracked)."""
     roots = []
     try:
         flags = options.as_bytes("nvrtc")
