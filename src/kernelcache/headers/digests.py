@@ -167,10 +167,11 @@ def toolchain_header_roots(options: Any) -> list[str]:
     ``~/.cache/cuda-python/nvrtc-bundled-headers``, marked by ``.nvrtc_headers_version``), and NVRTC
     reads whatever that copy holds now: an ``#error`` appended to its cuComplex.h fails the next
     compile. The identity pins the library that wrote the copy, not the copy, so an edit there (by
-    hand, or an install cut short) is a hit on stale code. Tracking them needs the root as the last
-    search directory (include_path first, as NVRTC searches) so each header is recorded by its place
-    and keys stay shareable across users; scan.may_read_files must then answer True for a source
-    using them. Not done here yet: the same reasoning rules out skipping any other directory of
+    hand, or an install cut short) is a hit on stale code. Tracking them needs the root as a search
+    directory where its flag stands (NVRTC searches it in flag order among the -I directories,
+    measured: cuda.core emits it before include_path, so it is searched first), each header then
+    recorded by its place so keys stay shareable across users; scan.may_read_files must then answer
+    True for a source using them. Not done here yet: the same reasoning rules out skipping any other directory of
     headers a wheel installed (a bundled copy handed in through ``include_path`` is tracked)."""
     roots = []
     try:
