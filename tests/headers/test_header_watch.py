@@ -167,3 +167,18 @@ def test_a_change_between_two_kernels_misses_the_next_kernel_that_reads_it(proje
     finally:
         program.close()
     assert not info.hit and got == truth
+
+
+def test_past_its_share_of_watches_a_process_proves_by_stat_and_still_misses_an_edit(project, monkeypatch) -> None:
+    """A process stops adding watches at its share of the user's inotify limit: what it could not
+    watch is proved by stat on every look-up, so an edit still misses at once."""
+    root = project
+    w = watch.watcher()
+    monkeypatch.setattr(w, "max_watches", len(w._names) + 3)  # a few: not the whole way to every header
+    cache = FileStreamProgramCache(root.parent.parent / "cache")
+    assert not _compile(root, cache)[0]
+    assert _compile(root, cache)[0] and _compile(root, cache)[0]
+    assert len(w._names) <= w.max_watches
+    CHANGES["edit"](root)
+    hit, got = _compile(root, cache)
+    assert not hit and got == _truth(root)

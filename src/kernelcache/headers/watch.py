@@ -74,6 +74,7 @@ class Watcher:
         self._watched: set[tuple[str, str]] = set()  # (directory, entry name) watched on the way
         self._entry_wd: dict[str, int] = {}  # directory -> its watch (the entries on the way to a path)
         self._local: dict[int, bool] = {}  # st_dev -> on a filesystem that reports every change
+        self.max_watches = _max_watches()  # beyond it, what a look-up proves is proved by stat again
 
     def changed(self) -> int:
         """The generation after reading every event queued so far."""
@@ -156,6 +157,8 @@ class Watcher:
 
     def _add(self, path: str, mask: int, names: set[str] | None) -> int:
         """The watch of ``path`` (-2: it does not exist; -1: cannot be watched)."""
+        if len(self._names) >= self.max_watches:
+            return -1  # this process's share of the user's watches is used up (see _max_watches)
         wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), mask | IN_MASK_ADD)
         if wd < 0:
             err = ctypes.get_errno()
@@ -177,6 +180,21 @@ class Watcher:
             known = ok and struct.unpack_from("l", buf)[0] in LOCAL_FILESYSTEMS
             self._local[st_dev] = known
         return known
+
+
+def _max_watches() -> int:
+    """The watches one process may add: an eighth of the user's inotify limit, at most 16384.
+
+    The limit (fs.inotify.max_user_watches: 8192 on older kernels) is shared by every process of
+    the user, editors and build tools included: a fleet of processes each watching a deep include
+    tree must not leave them none. Every look-up of a process watches what it proves, about a
+    thousand watches for a CUB kernel's headers and directories."""
+    try:
+        with open("/proc/sys/fs/inotify/max_user_watches", "rb") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        limit = 8192
+    return max(0, min(16384, limit // 8))
 
 
 def _split(path: str) -> tuple[str, str]:
