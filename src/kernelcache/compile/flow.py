@@ -71,10 +71,15 @@ class CompileInfo:
 class Call:
     """Where one call reports: its CompileInfo, its ``logs`` sink, when it started."""
 
-    __slots__ = ("info", "logs", "processes", "start", "want_headers")
+    __slots__ = ("info", "logs", "processes", "remote", "start", "want_headers")
 
     def __init__(
-        self, info: CompileInfo, logs: Any = None, want_headers: bool = False, processes: bool = False
+        self,
+        info: CompileInfo,
+        logs: Any = None,
+        want_headers: bool = False,
+        processes: bool = False,
+        remote: Any = None,
     ) -> None:
         if logs is not None and not callable(getattr(logs, "write", None)):
             raise TypeError(
@@ -86,6 +91,7 @@ class Call:
         self.start = time.perf_counter()
         self.want_headers = want_headers  # the list of tracked headers is built only when asked for
         self.processes = processes  # its compile may run in a worker process (compile_many's choice)
+        self.remote = remote  # a runner its C++ compile goes to (warm --executor: runners.remote)
 
     def emit_log(self, text: str) -> None:
         if self.logs is not None and text:
@@ -184,7 +190,7 @@ def compile_uncached(request: CompileRequest, call: Call) -> ObjectCode:
     """The compile of a call that has no cache to use (disabled, or none could be opened)."""
     lockfile.record(request)
     call.info.miss_reason = strict.on_uncached(config.disabled())  # KERNELCACHE_REQUIRE_HIT=1 raises here
-    obj, log_text, seconds = runner_for(request, call.processes).run_compiler(request, None)
+    obj, log_text, seconds = runner_for(request, call.processes, call.remote).run_compiler(request, None)
     call.emit_log(log_text)
     call.info.hit, call.info.cached, call.info.compile_seconds = False, False, seconds
     call.info.not_stored = call.info.miss_reason
@@ -249,7 +255,7 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
     call.info.miss_reason = strict.on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
     trace = HeaderTrace(look.request, look.manifest_key, cache) if look.track else None
     try:
-        obj, log_text, seconds = _compile(look.request, trace, call.processes)
+        obj, log_text, seconds = _compile(look.request, trace, call)
         count(cache, compiles=1)
         call.emit_log(log_text)
         call.info.hit, call.info.compile_seconds = False, seconds
@@ -280,10 +286,11 @@ def _compiled_by_another(look: Lookup) -> str:
     return toolchain.confirm(look.request.code_type, look.toolchain.compiler)
 
 
-def _compile(request: CompileRequest, trace: HeaderTrace | None, processes: bool) -> tuple[ObjectCode, str, float]:
+def _compile(request: CompileRequest, trace: HeaderTrace | None, call: Call) -> tuple[ObjectCode, str, float]:
     """The plain compile, then its header pass (compilers.header_pass) when headers are tracked.
-    Here or in a worker process (runners.choice; restrict=True: never here)."""
-    return runner_for(request, processes).run_compiler(request, trace.path if trace is not None else None)
+    Here, in a worker process (runners.choice; restrict=True: never here) or an executor's."""
+    runner = runner_for(request, call.processes, call.remote)
+    return runner.run_compiler(request, trace.path if trace is not None else None)
 
 
 def _store(
