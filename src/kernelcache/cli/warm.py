@@ -134,7 +134,8 @@ def run(
     groups: dict[str | None, list[int]] = {}
     for i in todo:  # manifest order within a directory; directories in order of first use
         groups.setdefault(items[i].cwd, []).append(i)
-    with _progress(items, len(todo), progress) as on_done:
+    # The cache is closed at the end: its counters' pending tally is written then (the caller reads them).
+    with contextlib.closing(cache), _progress(items, len(todo), progress) as on_done:
         for cwd, group in groups.items():
             # Race: the working directory is the process's. warm compiles one directory's
             # requests at a time and nothing else in this process compiles meanwhile;
