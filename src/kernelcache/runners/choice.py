@@ -6,7 +6,8 @@ and either holds one of the node's compile slots while it runs (slots.py). To a 
 C++ compile with ``restrict=True`` (NVRTC keeps ``--restrict`` on for the rest of a process that
 ran one: never the caller; where no worker can start, a process forked for it alone), and with
 ``processes`` every C++ compile but C++ -> PTX where this process has a driver (cuda.core checks
-that PTX against the driver, which a worker never loads). NVVM IR and PTX input run here.
+that PTX against the driver, which a worker never loads). NVVM IR and PTX input run here. A
+remote runner (remote.OnExecutor, ``warm --executor``) takes the C++ compiles it says it takes.
 """
 
 from __future__ import annotations

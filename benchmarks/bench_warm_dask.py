@@ -1,0 +1,103 @@
+"""Wall time of ``kernelcache warm`` of a 100-kernel lockfile on a Dask LocalCluster of 1 and of 2
+worker processes (one thread each, on 127.0.0.1), beside the local warm (-j 1 and -j N), in one run.
+
+Each warm starts from an empty cache directory; the cluster is started before the clock starts
+(a real cluster is there already) and its workers are warmed by one compile each (their NVRTC
+load), as a long-lived cluster's are. The lockfile is what KERNELCACHE_RECORD writes: one line
+per kernel, each a few hundred lines of unrolled device code (tens of ms of NVRTC each).
+Prints each wall time and the ratios; runs here vary up to 2x (2 shared cores).
+
+    PYTHONPATH=src python3 benchmarks/bench_warm_dask.py [--kernels 100] [--arch sm_90] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+
+_BODY = """
+extern "C" __global__ void k{i}(float* a, int n) {{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    float x = t < n ? a[t] : 0.0f;
+    #pragma unroll
+    for (int j = 0; j < {unroll}; ++j) x = x * {scale}f + __sinf(x + j);
+    if (t < n) a[t] = x;
+}}
+"""
+
+
+def write_lockfile(path: str, kernels: int, arch: str, unroll: int) -> None:
+    """``kernels`` distinct kernels, as lockfile lines (recorded in this directory)."""
+    with open(path, "w") as f:
+        for i in range(kernels):
+            code = _BODY.format(i=i, unroll=unroll, scale=1.0 + i / 1000)
+            kernel = {"name": f"k{i}", "code": code, "code_type": "c++", "target": "cubin", "arch": arch}
+            f.write(json.dumps({"kernel": [{**kernel, "options": {}, "cwd": os.getcwd()}]}) + "\n")
+
+
+def timed_warm(lockfile: str, executor: object = None, jobs: int = 1) -> float:
+    """Seconds of one warm of ``lockfile`` into a fresh cache directory (every kernel must warm)."""
+    import kernelcache
+
+    root = tempfile.mkdtemp(prefix="kc-bench-warm-")
+    try:
+        start = time.perf_counter()
+        results = kernelcache.warm(lockfile, cache_dir=root, executor=executor, jobs=jobs)  # type: ignore[arg-type]
+        seconds = time.perf_counter() - start
+        failed = [r for r in results if r.get("error")]
+        assert not failed, failed[:2]
+        return seconds
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def on_cluster(lockfile: str, warmup: str, workers: int, repeat: int) -> float:
+    """Best of ``repeat`` warms on a LocalCluster of ``workers`` processes (started off the clock)."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(
+        n_workers=workers, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+    ) as cluster, Client(cluster) as client:
+        executor = client.get_executor(pure=False)
+        for _ in range(workers):  # each worker loads NVRTC once, as on a cluster that is up already
+            timed_warm(warmup, executor)
+        return min(timed_warm(lockfile, executor) for _ in range(repeat))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=int, default=100)
+    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--unroll", type=int, default=64, help="loop unroll per kernel (compile time)")
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    os.environ.setdefault("KERNELCACHE_RECORD", "")
+    work = tempfile.mkdtemp(prefix="kc-bench-lock-")
+    try:
+        os.chdir(work)
+        lockfile, warmup = os.path.join(work, "kernels.lock"), os.path.join(work, "warmup.lock")
+        write_lockfile(lockfile, args.kernels, args.arch, args.unroll)
+        write_lockfile(warmup, 1, args.arch, 1)
+        timed_warm(warmup)  # this process's NVRTC loaded once, as for the cluster's workers
+        cores = os.cpu_count() or 1
+        local_1 = min(timed_warm(lockfile, jobs=1) for _ in range(args.repeat))
+        local_n = min(timed_warm(lockfile, jobs=cores) for _ in range(args.repeat))
+        dask_1 = on_cluster(lockfile, warmup, 1, args.repeat)
+        dask_2 = on_cluster(lockfile, warmup, 2, args.repeat)
+    finally:
+        os.chdir("/")
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{args.kernels} kernels ({args.arch}, unroll {args.unroll}), {cores} cores, best of {args.repeat}:")
+    print(f"  local warm -j 1        {local_1:7.2f} s")
+    print(f"  local warm -j {cores:<2}       {local_n:7.2f} s   (-j 1 / -j {cores}: {local_1 / local_n:.2f}x)")
+    print(f"  dask, 1 worker         {dask_1:7.2f} s   (/ local -j 1: {dask_1 / local_1:.2f})")
+    print(f"  dask, 2 workers        {dask_2:7.2f} s   (/ local -j {cores}: {dask_2 / local_n:.2f})")
+    print(f"  1 worker / 2 workers   {dask_1 / dask_2:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
