@@ -198,3 +198,26 @@ def test_without_dask_installed_the_error_names_the_extra(lockfile, tmp_path) ->
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "pip install 'kernelcache[dask]'" in proc.stderr, proc.stderr
     assert not os.path.exists(cache)
+
+
+def test_a_worker_that_read_another_header_at_the_same_path_is_refused(lockfile, tmp_path) -> None:
+    """A worker whose "scale.h" (the path the caller's compile reads) holds other content compiles
+    other bytes: its result must not be stored under the key of the caller's header."""
+    from mountns import can_unshare, see_file_as
+
+    if not can_unshare():
+        pytest.skip("mount namespaces need root here")
+    header, other = tmp_path / "proj" / "scale.h", tmp_path / "other.h"
+    other.write_text("#define SCALE 7.0f\n")
+    cache = str(tmp_path / "cache")
+    spawn = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(1, mp_context=spawn, initializer=see_file_as, initargs=(str(header), str(other)))
+    with pool, pytest.warns(kernelcache.KernelCacheWarning, match="other content"):
+        results = kernelcache.warm(lockfile, archs=ARCHS, cache_dir=cache, executor=pool)
+    refused = [r for r in results if r.get("error")]
+    assert [r["name"] for r in refused] == ["k0", "k0"], results  # the kernel that includes it, each arch
+    assert all("ForeignWorker" in r["error"] and str(header) in r["error"] for r in refused)
+    assert FileStreamProgramCache(cache).stats()["errors_by_cause"] == {"not_stored": len(ARCHS)}
+    # The others were stored; the caller's own warm of the header's kernel stores it, and the same bytes.
+    again = kernelcache.warm(lockfile, archs=ARCHS, cache_dir=cache)
+    assert sum(not r["hit"] for r in again) == len(ARCHS) and not any(r.get("error") for r in again)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -109,8 +110,7 @@ def kernelcache_compile(
     out: dict[str, Any] = {"reply": reply, "where": where, "toolchain": used}
     if trace is not None:
         out["trace"], out["headers"] = _trace_and_digests(trace, caller_cwd)
-        compilers.remove_trace(trace)
-        os.rmdir(trace_dir)  # type: ignore[arg-type]
+        shutil.rmtree(trace_dir, ignore_errors=True)  # type: ignore[arg-type]
     return out
 
 
