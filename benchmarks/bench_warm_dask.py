@@ -7,7 +7,9 @@ load), as a long-lived cluster's are. The lockfile is what KERNELCACHE_RECORD wr
 per kernel, each a few hundred lines of unrolled device code (tens of ms of NVRTC each).
 Prints each wall time and the ratios; runs here vary up to 2x (2 shared cores).
 
-    PYTHONPATH=src python3 benchmarks/bench_warm_dask.py [--kernels 100] [--arch sm_90] [--repeat 1]
+    PYTHONPATH=src python3 benchmarks/bench_warm_dask.py [--kernels 100] [--arch sm_90] [--repeat 1] [--workers 1,2]
+
+The load average is printed with each figure: on a host other work shares, it says how far to trust it.
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ def main() -> None:
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--unroll", type=int, default=64, help="loop unroll per kernel (compile time)")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--workers", default="1,2", help="cluster sizes to time, comma-separated (the first: the base)")
     args = parser.parse_args()
+    sizes = [int(n) for n in args.workers.split(",")]
     os.environ.setdefault("KERNELCACHE_RECORD", "")
     work = tempfile.mkdtemp(prefix="kc-bench-lock-")
     try:
@@ -84,19 +88,20 @@ def main() -> None:
         write_lockfile(warmup, 1, args.arch, 1)
         timed_warm(warmup)  # this process's NVRTC loaded once, as for the cluster's workers
         cores = os.cpu_count() or 1
-        local_1 = min(timed_warm(lockfile, jobs=1) for _ in range(args.repeat))
-        local_n = min(timed_warm(lockfile, jobs=cores) for _ in range(args.repeat))
-        dask_1 = on_cluster(lockfile, warmup, 1, args.repeat)
-        dask_2 = on_cluster(lockfile, warmup, 2, args.repeat)
+        local_1 = min(timed_warm(lockfile, jobs=1) for _ in range(args.repeat)), os.getloadavg()[0]
+        local_n = min(timed_warm(lockfile, jobs=cores) for _ in range(args.repeat)), os.getloadavg()[0]
+        on = {n: (on_cluster(lockfile, warmup, n, args.repeat), os.getloadavg()[0]) for n in sizes}
     finally:
         os.chdir("/")
         shutil.rmtree(work, ignore_errors=True)
     print(f"{args.kernels} kernels ({args.arch}, unroll {args.unroll}), {cores} cores, best of {args.repeat}:")
-    print(f"  local warm -j 1        {local_1:7.2f} s")
-    print(f"  local warm -j {cores:<2}       {local_n:7.2f} s   (-j 1 / -j {cores}: {local_1 / local_n:.2f}x)")
-    print(f"  dask, 1 worker         {dask_1:7.2f} s   (/ local -j 1: {dask_1 / local_1:.2f})")
-    print(f"  dask, 2 workers        {dask_2:7.2f} s   (/ local -j {cores}: {dask_2 / local_n:.2f})")
-    print(f"  1 worker / 2 workers   {dask_1 / dask_2:.2f}x")
+    print(f"  local warm -j 1          {local_1[0]:7.2f} s   load {local_1[1]:.1f}")
+    print(f"  local warm -j {cores:<3}        {local_n[0]:7.2f} s   load {local_n[1]:.1f}   (-j 1 / -j {cores}: "
+          f"{local_1[0] / local_n[0]:.2f}x)")
+    base = sizes[0]
+    for n, (seconds, load) in on.items():
+        print(f"  dask, {n:>3} worker(s)      {seconds:7.2f} s   load {load:.1f}   ({base} / {n} workers: "
+              f"{on[base][0] / seconds:.2f}x; / local -j 1: {seconds / local_1[0]:.2f})")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,9 @@ def kernelcache_compile(
     Returns the reply (outcome, value, warnings), where it ran, its toolchain, and for ``traced``
     the header trace and its digests.
     The process's directory and environment are restored after it; compiles in one process run
-    one at a time (Race: two threads of one Dask worker would change each other's directory)."""
+    one at a time (Race: two threads of one Dask worker would change each other's directory; the
+    worker's own threads see the caller's directory and variables during a compile: Dask's use
+    absolute paths, and the variables changed are the compilers' alone)."""
     import pickle
 
     from kernelcache.keys import toolchain
@@ -108,9 +110,9 @@ def kernelcache_compile(
         "compiler": toolchain.file_identity(loaded) if loaded else "no libnvrtc loaded",
     }
     out: dict[str, Any] = {"reply": reply, "where": where, "toolchain": used}
-    if trace is not None:
-        out["trace"], out["headers"] = _trace_and_digests(trace, caller_cwd)
-        shutil.rmtree(trace_dir, ignore_errors=True)  # type: ignore[arg-type]
+    if trace_dir is not None:  # no trace where there was no room for one: the caller does not store it
+        out["trace"], out["headers"] = _trace_and_digests(trace, caller_cwd) if trace else (None, {})
+        shutil.rmtree(trace_dir, ignore_errors=True)
     return out
 
 
@@ -137,17 +139,14 @@ def compiled_here() -> dict[str, int]:
 
 
 class OnExecutor:
-    """A runner (runners.choice) whose C++ compiles are tasks of ``executor``; ``where`` counts the
-    compiles each worker ran, ``refused`` the results refused (ForeignWorker)."""
+    """A runner (runners.choice) whose C++ compiles are tasks of ``executor``; ``on_refused(why)``
+    is called for each result refused (ForeignWorker; warm counts it in the store)."""
 
     def __init__(self, executor: Executor, on_refused: Any = None) -> None:
         if not callable(getattr(executor, "submit", None)):
             raise TypeError(f"executor must be a concurrent.futures.Executor, not {type(executor).__name__}")
         self.executor = executor
-        self.where: collections.Counter[str] = collections.Counter()
-        self.refused = 0
-        self._on_refused = on_refused  # called with the reason (warm counts it in the store)
-        self._lock = threading.Lock()
+        self._on_refused = on_refused
 
     def takes(self, request: Any) -> bool:
         """Whether this compile goes to the executor (C++, never ``restrict=True``)."""
@@ -165,11 +164,12 @@ class OnExecutor:
         except OSError:
             cwd = None
         traced = trace_path is not None
-        empty = cwd is None or not os.listdir(cwd)
+        try:
+            empty = cwd is None or not os.listdir(cwd)
+        except OSError:
+            empty = False  # unreadable here: a worker without it must not compile as if it were empty
         # Positional arguments only: Dask's executor takes keyword arguments as its own.
         got = self.executor.submit(kernelcache_compile, kind, args, cwd, empty, _overrides(), traced).result()
-        with self._lock:
-            self.where[got["where"]] += 1
         outcome = got["reply"][0]
         if outcome in ("ok", "object"):
             mine = toolchain_for(request.code_type).as_dict()
@@ -183,7 +183,7 @@ class OnExecutor:
         """Write the worker's trace where the flow reads it; refuse a header read with other content."""
         from kernelcache.headers import digests as hdr
 
-        if got["trace"] is None:
+        if got.get("trace") is None:
             return  # no trace: the flow does not store the result (tracing.HeaderTrace.variant)
         with open(trace_path + ".json", "wb") as f:
             f.write(got["trace"])
@@ -194,8 +194,6 @@ class OnExecutor:
                 self._refuse(f"worker {got['where']} read {path} with other content than this host's")
 
     def _refuse(self, why: str) -> None:
-        with self._lock:
-            self.refused += 1
         if self._on_refused is not None:
             self._on_refused(why)
         raise ForeignWorker(f"the result is refused: {why}")
@@ -225,6 +223,10 @@ def executor_for(spec: str) -> Iterator[Executor]:
     except (OSError, TimeoutError) as exc:
         raise OSError(f"--executor {spec}: the Dask scheduler cannot be reached ({exc})") from None
     try:
+        try:  # a scheduler without workers would queue every compile forever
+            client.wait_for_workers(1, timeout=CONNECT_S)
+        except (OSError, TimeoutError) as exc:
+            raise OSError(f"--executor {spec}: the Dask scheduler has no workers ({exc})") from None
         yield client.get_executor(pure=False)  # each compile a task of its own (a key of its own)
     finally:
         client.close()
