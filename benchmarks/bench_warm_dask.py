@@ -61,9 +61,12 @@ def on_cluster(lockfile: str, warmup: str, workers: int, repeat: int) -> float:
     """Best of ``repeat`` warms on a LocalCluster of ``workers`` processes (started off the clock)."""
     from distributed import Client, LocalCluster
 
-    with LocalCluster(
-        n_workers=workers, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-    ) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=workers, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         executor = client.get_executor(pure=False)
         for _ in range(workers):  # each worker loads NVRTC once, as on a cluster that is up already
             timed_warm(warmup, executor)
@@ -96,12 +99,16 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{args.kernels} kernels ({args.arch}, unroll {args.unroll}), {cores} cores, best of {args.repeat}:")
     print(f"  local warm -j 1          {local_1[0]:7.2f} s   load {local_1[1]:.1f}")
-    print(f"  local warm -j {cores:<3}        {local_n[0]:7.2f} s   load {local_n[1]:.1f}   (-j 1 / -j {cores}: "
-          f"{local_1[0] / local_n[0]:.2f}x)")
+    print(
+        f"  local warm -j {cores:<3}        {local_n[0]:7.2f} s   load {local_n[1]:.1f}   (-j 1 / -j {cores}: "
+        f"{local_1[0] / local_n[0]:.2f}x)"
+    )
     base = sizes[0]
     for n, (seconds, load) in on.items():
-        print(f"  dask, {n:>3} worker(s)      {seconds:7.2f} s   load {load:.1f}   ({base} / {n} workers: "
-              f"{on[base][0] / seconds:.2f}x; / local -j 1: {seconds / local_1[0]:.2f})")
+        print(
+            f"  dask, {n:>3} worker(s)      {seconds:7.2f} s   load {load:.1f}   ({base} / {n} workers: "
+            f"{on[base][0] / seconds:.2f}x; / local -j 1: {seconds / local_1[0]:.2f})"
+        )
 
 
 if __name__ == "__main__":

@@ -33,9 +33,12 @@ K = 3  # kernels in the lockfile; one reads a header through its working directo
 @pytest.fixture(scope="module")
 def cluster():
     """Two worker processes, one thread each; they run this interpreter with its PYTHONPATH."""
-    with distributed.LocalCluster(
-        n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-    ) as c, distributed.Client(c) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        ) as c,
+        distributed.Client(c) as client,
+    ):
         yield c, client
 
 
