@@ -2,9 +2,10 @@
 worker processes (one thread each, on 127.0.0.1), beside the local warm (-j 1 and -j N), in one run.
 
 Each warm starts from an empty cache directory; the cluster is started before the clock starts
-(a real cluster is there already) and its workers are warmed by one compile each (their NVRTC
-load), as a long-lived cluster's are. The lockfile is what KERNELCACHE_RECORD writes: one line
-per kernel, each a few hundred lines of unrolled device code (tens of ms of NVRTC each).
+(a real cluster is there already) and each of its workers has made one compile (NVRTC loaded),
+as a long-lived cluster's have; so has this process before the local warms. The lockfile is what
+KERNELCACHE_RECORD writes: one line per kernel, each a few hundred lines of unrolled device code
+(tens of ms of NVRTC each).
 Prints each wall time and the ratios; runs here vary up to 2x (2 shared cores).
 
     PYTHONPATH=src python3 benchmarks/bench_warm_dask.py [--kernels 100] [--arch sm_90] [--repeat 1] [--workers 1,2]
@@ -57,19 +58,29 @@ def timed_warm(lockfile: str, executor: object = None, jobs: int = 1) -> float:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def on_cluster(lockfile: str, warmup: str, workers: int, repeat: int) -> float:
-    """Best of ``repeat`` warms on a LocalCluster of ``workers`` processes (started off the clock)."""
+def _first_compile() -> None:
+    """One tiny compile in this process (NVRTC loaded and started), nothing stored."""
+    from cuda.core import ProgramOptions
+
+    from kernelcache.compile.request import CompileRequest
+    from kernelcache.runners.compilers import run_compiler
+
+    tiny = CompileRequest.of('extern "C" __global__ void w() {}', "c++", "cubin", ProgramOptions(arch="sm_90"), ())
+    run_compiler(tiny, None)
+
+
+def on_cluster(lockfile: str, workers: int, repeat: int, env: dict[str, str]) -> float:
+    """Best of ``repeat`` warms on a LocalCluster of ``workers`` processes (started off the clock),
+    their environment this one's plus ``env``."""
     from distributed import Client, LocalCluster
 
+    kw = {"processes": True, "threads_per_worker": 1, "host": "127.0.0.1", "dashboard_address": None, "env": env}
     with (
-        LocalCluster(
-            n_workers=workers, processes=True, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
+        LocalCluster(n_workers=workers, **kw) as cluster,
         Client(cluster) as client,
     ):
         executor = client.get_executor(pure=False)
-        for _ in range(workers):  # each worker loads NVRTC once, as on a cluster that is up already
-            timed_warm(warmup, executor)
+        client.run(_first_compile)  # each worker loads NVRTC once, as on a cluster that is up already
         return min(timed_warm(lockfile, executor) for _ in range(repeat))
 
 
@@ -80,8 +91,16 @@ def main() -> None:
     parser.add_argument("--unroll", type=int, default=64, help="loop unroll per kernel (compile time)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--workers", default="1,2", help="cluster sizes to time, comma-separated (the first: the base)")
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in the cluster's workers (CUDA_VISIBLE_DEVICES= : workers that never initialise the driver)",
+    )
     args = parser.parse_args()
     sizes = [int(n) for n in args.workers.split(",")]
+    env = dict(item.split("=", 1) for item in args.worker_env)
     os.environ.setdefault("KERNELCACHE_RECORD", "")
     work = tempfile.mkdtemp(prefix="kc-bench-lock-")
     try:
@@ -93,11 +112,12 @@ def main() -> None:
         cores = os.cpu_count() or 1
         local_1 = min(timed_warm(lockfile, jobs=1) for _ in range(args.repeat)), os.getloadavg()[0]
         local_n = min(timed_warm(lockfile, jobs=cores) for _ in range(args.repeat)), os.getloadavg()[0]
-        on = {n: (on_cluster(lockfile, warmup, n, args.repeat), os.getloadavg()[0]) for n in sizes}
+        on = {n: (on_cluster(lockfile, n, args.repeat, env), os.getloadavg()[0]) for n in sizes}
     finally:
         os.chdir("/")
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{args.kernels} kernels ({args.arch}, unroll {args.unroll}), {cores} cores, best of {args.repeat}:")
+    shown = f", workers with {args.worker_env}" if env else ""
+    print(f"{args.kernels} kernels ({args.arch}, unroll {args.unroll}), {cores} cores, best of {args.repeat}{shown}:")
     print(f"  local warm -j 1          {local_1[0]:7.2f} s   load {local_1[1]:.1f}")
     print(
         f"  local warm -j {cores:<3}        {local_n[0]:7.2f} s   load {local_n[1]:.1f}   (-j 1 / -j {cores}: "
