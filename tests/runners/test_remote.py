@@ -224,3 +224,18 @@ def test_a_worker_that_read_another_header_at_the_same_path_is_refused(lockfile,
     # The others were stored; the caller's own warm of the header's kernel stores it, and the same bytes.
     again = kernelcache.warm(lockfile, archs=ARCHS, cache_dir=cache)
     assert sum(not r["hit"] for r in again) == len(ARCHS) and not any(r.get("error") for r in again)
+
+
+def test_restrict_kernels_never_go_to_a_shared_worker(tmp_path) -> None:
+    """NVRTC keeps --restrict on for the rest of a process that ran one: a restrict=True kernel is
+    compiled on this host (in a process of its own), the others in the pool, and all are stored."""
+    path = tmp_path / "kernels.lock"
+    with open(path, "w") as f:
+        for i, options in enumerate(({"restrict": True}, {})):
+            code = f'extern "C" __global__ void r{i}(float* a, const float* b) {{ a[threadIdx.x] = b[0] + {i}; }}\n'
+            kernel = {"name": f"r{i}", "code": code, "code_type": "c++", "target": "cubin", "arch": "sm_90"}
+            f.write(json.dumps({"kernel": [{**kernel, "options": options, "cwd": str(tmp_path)}]}) + "\n")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = kernelcache.warm(str(path), archs=ARCHS, cache_dir=str(tmp_path / "cache"), executor=pool)
+        assert pool.submit(compiled_here).result() == {"ok": len(ARCHS)}  # r1 only
+    assert not any(r.get("error") for r in results) and len(results) == 2 * len(ARCHS)
