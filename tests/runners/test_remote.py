@@ -239,3 +239,35 @@ def test_restrict_kernels_never_go_to_a_shared_worker(tmp_path) -> None:
         results = kernelcache.warm(str(path), archs=ARCHS, cache_dir=str(tmp_path / "cache"), executor=pool)
         assert pool.submit(compiled_here).result() == {"ok": len(ARCHS)}  # r1 only
     assert not any(r.get("error") for r in results) and len(results) == 2 * len(ARCHS)
+
+
+FORK_CHILD = textwrap.dedent(
+    """
+    import os, signal, threading
+    from cuda.core import ProgramOptions
+    from kernelcache.compile.request import CompileRequest
+    from kernelcache.runners import compilers, remote
+    held, release = threading.Event(), threading.Event()
+    def compiling():  # what a worker thread in the middle of a compile holds
+        with remote._one_at_a_time:
+            held.set()
+            release.wait()
+    threading.Thread(target=compiling, daemon=True).start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(30)  # a hang ends the child with SIGALRM (a tiny compile takes well under 1 s)
+        r = CompileRequest.of('extern "C" __global__ void f() {}', "c++", "cubin", ProgramOptions(arch="sm_90"), ())
+        _, _, call = compilers.plan_compile(r, None, direct_ptx=True)
+        got = remote.kernelcache_compile("nvrtc", (call, None), os.getcwd(), False, {}, False)
+        os._exit(0 if got["reply"][0] == "ok" else 3)
+    release.set()
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """
+)
+
+
+def test_a_process_forked_while_another_thread_compiles_compiles_without_waiting_for_it() -> None:
+    out = subprocess.run([sys.executable, "-c", FORK_CHILD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "0", out.stdout  # not -14 (SIGALRM: it waited on the parent thread's lock)

@@ -237,12 +237,7 @@ CONNECT_S = 10.0  # how long warm waits for the Dask scheduler to answer
 
 def _reset_in_child() -> None:
     global _one_at_a_time
-    # Tasks in flight at most, one caller thread waiting on each: the executor queues them and its own
-
-
-# scheduler places them (kernelcache schedules nothing); more than a cluster's slots keeps it busy.
-IN_FLIGHT = 256
-_one_at_a_time = threading.Lock()  # another thread's compile runs in the parent, not here
+    _one_at_a_time = threading.Lock()  # another thread's compile runs in the parent, not here
 
 
 from kernelcache import forksafe  # noqa: E402 - registered once the lock exists
