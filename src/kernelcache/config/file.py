@@ -15,6 +15,7 @@ process reads it once.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 from typing import Any
@@ -37,6 +38,14 @@ _CONFIG_KEY = os.fsencode("KERNELCACHE_CONFIG")
 
 
 def default_path() -> str:
+    """The config file read when KERNELCACHE_CONFIG is unset: platformdirs' user config dir."""
+    environ = os.environ
+    home = environ.get("HOME", "")
+    if sys.platform.startswith("linux") and "XDG_CONFIG_HOME" not in environ and "ANDROID_DATA" not in environ:
+        if os.path.isabs(home):
+            # What every platformdirs >= 3 answers here (~/.config/kernelcache), without importing
+            # it: a fresh process's first hit reads this path.
+            return os.path.join(os.path.expanduser("~/.config"), "kernelcache", "config.toml")
     import platformdirs
 
     return os.path.join(platformdirs.user_config_dir("kernelcache", appauthor=False), "config.toml")

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.keys.arguments import check_as_cuda_core, check_path_fields
-from kernelcache.keys.explain import explain_components
 from kernelcache.keys.options import encode, option_components, options_fingerprint
 from kernelcache.keys.toolchain import Toolchain, toolchain_for
 from kernelcache.memo import remember
@@ -302,6 +301,8 @@ def explain_program_cache_key(
         name_expressions=name_expressions,
         extra_digest=extra_digest,
     )
+    from kernelcache.keys.explain import explain_components  # a tool's question, not a hit's
+
     out = explain_components(components)
     out["key"] = digest_components(components).hex()
     return out
