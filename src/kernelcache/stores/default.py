@@ -181,6 +181,8 @@ _TIER_NAMES = {
 
 
 def _bundle_tiers(paths: tuple[str, ...], secret: str | None, settings: Settings) -> list[ProgramCacheResource]:
+    if not paths:
+        return []  # no bundle module imported where none is configured
     from kernelcache.stores.bundle.store import BundleProgramCache, as_secret
 
     tiers: list[ProgramCacheResource] = []
