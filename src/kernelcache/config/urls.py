@@ -117,12 +117,11 @@ def check_object_store_url(url: object) -> str:
 OCI_SCHEME = "oci://"
 # The OCI distribution spec's grammar: a repository is path components of lowercase
 # alphanumerics joined by separators; a tag is at most 128 word characters, dots and dashes.
-_OCI_REPO = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
-_OCI_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_OCI_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
-_OCI_HOST = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
-)
+# Patterns, compiled by re (and kept in its cache) when an OCI reference is first checked, not at import.
+_OCI_REPO = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*"
+_OCI_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_OCI_DIGEST = r"sha256:[a-f0-9]{64}"
+_OCI_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
 
 
 @dataclass(frozen=True)
@@ -154,13 +153,13 @@ def oci_reference(text: str) -> OciReference:
     if ":" in path.rsplit("/", 1)[-1]:
         repo, _, tag = path.rpartition(":")
     problems = []
-    if not _OCI_HOST.fullmatch(registry):
+    if not re.fullmatch(_OCI_HOST, registry):
         problems.append(f"{registry!r} is not a registry host[:port]")
-    if not _OCI_REPO.fullmatch(repo):
+    if not re.fullmatch(_OCI_REPO, repo):
         problems.append(f"{repo!r} is not a repository (lowercase path components, e.g. team/kernels)")
-    if tag and not _OCI_TAG.fullmatch(tag):
+    if tag and not re.fullmatch(_OCI_TAG, tag):
         problems.append(f"{tag!r} is not a tag (letters, digits, _ . -; at most 128)")
-    if digest and not _OCI_DIGEST.fullmatch(digest):
+    if digest and not re.fullmatch(_OCI_DIGEST, digest):
         problems.append(f"{digest!r} is not a digest (sha256: and 64 lowercase hex digits)")
     if not tag and not digest:
         problems.append("it names no tag or digest (...:TAG or ...@sha256:HEX)")
