@@ -371,3 +371,33 @@ def test_fingerprints_tell_apart_values_that_compare_equal() -> None:
     a.include_path, b.include_path = ["a"], ("a",)
     assert fp(a) != fp(b)
     assert fp(object()) is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"std": "c++17"}, {"max_register_count": 1}, {"max_register_count": True}, {"define_macro": ["N=4", "M"]}],
+)
+@pytest.mark.parametrize(("code_type", "target_type"), [("c++", "cubin"), ("c++", "ptx"), ("ptx", "cubin")])
+def test_a_repeated_key_is_the_key_derived_in_full(fields: dict, code_type: str, target_type: str) -> None:
+    """The second derivation of a key (its options encoded, the digest around the source cut once)
+    gives the bytes of the full derivation, str and bytes sources alike, and a mutation is seen."""
+    options = ProgramOptions(arch=ARCH, **fields)
+    for code in ("k1", "k2 longer source", b"k1", "\\u00e9"):
+        kw = {"code": code, "code_type": code_type, "options": options, "target_type": target_type}
+        full = keys_mod.digest_components(keys_mod.key_components(**kw))
+        assert make_program_cache_key(**kw) == full
+        assert make_program_cache_key(**kw) == full  # from the template
+    options.arch = "sm_80"
+    kw = {"code": "k1", "code_type": code_type, "options": options, "target_type": target_type}
+    assert make_program_cache_key(**kw) == keys_mod.digest_components(keys_mod.key_components(**kw))
+
+
+def test_a_repeated_key_sees_an_output_variable_set_since(monkeypatch) -> None:
+    """The environment is read at every call: a variable that changes NVRTC's output, set between
+    two derivations of one key, changes the second."""
+    first = key()
+    assert key() == first
+    monkeypatch.setenv("FINALIZER_USE_LEGACY_ELF_BUILDER", "1")
+    assert key() != first
+    monkeypatch.delenv("FINALIZER_USE_LEGACY_ELF_BUILDER")
+    assert key() == first

@@ -265,16 +265,65 @@ def make_program_cache_key(
     ``extra_digest``, extra_sources for c++/PTX, and an empty or non-bytes ``extra_digest``.
     TypeError for arguments of the wrong type.
     """
-    return digest_components(
-        key_components(
-            code=code,
-            code_type=code_type,
-            options=options,
-            target_type=target_type,
-            name_expressions=name_expressions,
-            extra_digest=extra_digest,
-        )
+    plain = (
+        type(code) in (str, bytes)
+        and type(name_expressions) is tuple
+        and not name_expressions
+        and extra_digest is None
+        and options is not None
     )
+    if plain:
+        fingerprint = options_fingerprint(options)
+        template = _templates.get((fingerprint, type(options), code_type, target_type))
+        if template is not None and template[0] is toolchain_for(template[1]) and not environment_bytes():
+            _, _, head, middle, tail = template
+            source = code.encode("utf-8", "surrogatepass") if type(code) is str else code
+            return hashlib.sha256(b"".join((head, _LENGTH.pack(len(source)), middle, source, tail))).digest()
+    components = key_components(
+        code=code,
+        code_type=code_type,
+        options=options,
+        target_type=target_type,
+        name_expressions=name_expressions,
+        extra_digest=extra_digest,
+    )
+    if plain and fingerprint is not None and len(components) == len(_PLAIN_NAMES):
+        _remember_template((fingerprint, type(options), code_type, target_type), components)
+    return digest_components(components)
+
+
+# make_program_cache_key's repeated derivations: per (options fingerprint, code type, target
+# type, as given) with no name expressions, extra digest or output variable, the bytes the
+# digest reads around the source, cut from a key derived in full (so they are its bytes). A
+# call then encodes and hashes its source, and checks that the toolchain is the one the
+# template was made with (keys.toolchain.confirm can replace it) and the environment adds nothing.
+_templates: dict[tuple[Any, ...], tuple[Toolchain, str, bytes, bytes, bytes]] = {}
+_PLAIN_NAMES = (
+    "schema",
+    "code_type",
+    "target_type",
+    "code",
+    "options",
+    "name_expressions",
+    "toolchain.cuda_core",
+    "toolchain.compiler",
+)
+_LENGTH = struct.Struct("<Q")
+
+
+def _remember_template(memo_key: tuple[Any, ...], components: list[tuple[str, bytes]]) -> None:
+    names, values = zip(*components)
+    if names != _PLAIN_NAMES:
+        return
+    blob, _ = _layout(names)
+    lengths = [len(blob), *map(len, values)]
+    at = names.index("code") + 1  # the source's length, in the lengths, after the blob's
+    head = struct.pack(f"<{at}Q", *lengths[:at])
+    middle = struct.pack(f"<{len(lengths) - at - 1}Q", *lengths[at + 1 :]) + blob + b"".join(values[: at - 1])
+    tail = b"".join(values[at:])
+    code_type = components[1][1].decode()
+    template = (toolchain_for(code_type), code_type, head, middle, tail)
+    remember(_templates, memo_key, template, _OPTIONS_MEMO_LIMIT)
 
 
 def explain_program_cache_key(
