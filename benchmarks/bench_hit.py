@@ -209,6 +209,17 @@ def measure_tree(name: str, src: str, work: str, args: argparse.Namespace, redis
         med("theirs", "imports_ms") - med("theirs", "core_ms"),
         "ms",
     )
+    # cuda.core's own import varies from process to process far more than the rest: the same
+    # ratio with one cuda.core figure for both (the median of every child's) is the steadier one.
+    core = statistics.median(run["core_ms"] for kind in ("ours", "theirs") for run in runs[kind])
+    row(
+        name,
+        "(b)   imports, one cuda.core median for both",
+        core + med("ours", "imports_ms") - med("ours", "core_ms"),
+        core + med("theirs", "imports_ms") - med("theirs", "core_ms"),
+        "ms",
+        "target <= 1.05",
+    )
     row(
         name,
         "(b) first hit after imports",
