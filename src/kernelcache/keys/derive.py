@@ -163,33 +163,19 @@ def key_components(
     if fingerprint is not None:
         memo_key = (fingerprint, type(options), ct, tt, extra is not None, headers_tracked, tc.cuda_core, tc.compiler)
     fixed = None if memo_key is None else _options_memo.get(memo_key)
-    if fixed is None:  # else the checks below passed for this very value before
-        if ct == "nvvm" and extra is None and getattr(options, "use_libdevice", None) and not _pins_libdevice(tc):
-            raise ValueError(
-                "use_libdevice=True links a libdevice file that ships with no wheel here (a system NVVM: "
-                f"{tc.compiler}), so the key cannot see it; pass extra_digest=<a digest of that libdevice file>"
-            )
-        if ct == "c++":
-            check_path_fields(options)
+    known = fixed is not None  # then the checks below passed for this very value before
+    if not known:
+        _check_options(options, ct, extra, tc)
     source = code_bytes(code)
     if fixed is None:
-        encoded = option_components(options, ct, extra is not None, headers_tracked, _driver_links(ct, tc))
-        fixed = (
-            ("schema", _SCHEMA),
-            ("code_type", ct.encode()),
-            ("target_type", tt.encode()),
-            ("options", encoded),
-            ("toolchain.cuda_core", tc.cuda_core.encode()),
-            ("toolchain.compiler", tc.compiler.encode()),
-        )
-        # Only NVRTC reads name expressions; PTX and NVVM compiles ignore them.
-        names = _name_expressions_bytes(name_expressions) if ct == "c++" else b"l0:"
+        fixed = _fixed_components(options, ct, tt, extra is not None, headers_tracked, tc)
+    # Only NVRTC reads name expressions; PTX and NVVM compiles ignore them.
+    names = _name_expressions_bytes(name_expressions) if ct == "c++" else b"l0:"
+    if not known:
         if ct != "ptx":  # after the key's own refusals, which say what to do instead
             check_as_cuda_core(options, ct, tt)
         if memo_key is not None:
             remember(_options_memo, memo_key, fixed, _OPTIONS_MEMO_LIMIT)
-    else:
-        names = _name_expressions_bytes(name_expressions) if ct == "c++" else b"l0:"
     components = [fixed[0], fixed[1], fixed[2], ("code", source), fixed[3], ("name_expressions", names), *fixed[4:]]
     environment = environment_bytes()
     if environment:
@@ -200,6 +186,32 @@ def key_components(
 
 
 _SCHEMA = b"%d" % KEY_SCHEMA_VERSION
+
+
+def _check_options(options: ProgramOptions, ct: str, extra: bytes | None, tc: Toolchain) -> None:
+    """The refusals that come before the source's (libdevice without its digest, path fields)."""
+    if ct == "nvvm" and extra is None and getattr(options, "use_libdevice", None) and not _pins_libdevice(tc):
+        raise ValueError(
+            "use_libdevice=True links a libdevice file that ships with no wheel here (a system NVVM: "
+            f"{tc.compiler}), so the key cannot see it; pass extra_digest=<a digest of that libdevice file>"
+        )
+    if ct == "c++":
+        check_path_fields(options)
+
+
+def _fixed_components(
+    options: ProgramOptions, ct: str, tt: str, has_digest: bool, headers_tracked: bool, tc: Toolchain
+) -> tuple[tuple[str, bytes], ...]:
+    """The components that depend on no more than the options, the kinds and the toolchain."""
+    encoded = option_components(options, ct, has_digest, headers_tracked, _driver_links(ct, tc))
+    return (
+        ("schema", _SCHEMA),
+        ("code_type", ct.encode()),
+        ("target_type", tt.encode()),
+        ("options", encoded),
+        ("toolchain.cuda_core", tc.cuda_core.encode()),
+        ("toolchain.compiler", tc.compiler.encode()),
+    )
 
 
 def environment_bytes() -> bytes:

@@ -14,6 +14,7 @@ def given_client(url: Any) -> tuple[Any, str]:
     ``url``: a Redis URL str (checked now) or a redis-py client (Redis or RedisCluster)."""
     if isinstance(url, str):
         check_redis_url(url)
+        require_client()  # the client itself is imported and connected on the store's first call
         return None, url
     if hasattr(url, "get") and hasattr(url, "set"):
         connection_kwargs = getattr(url, "get_connection_kwargs", None)

@@ -35,7 +35,7 @@ from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.naming import entry_name
 from kernelcache.stores.redis import fleet as redisfleet
 from kernelcache.stores.redis import lock as redislock
-from kernelcache.stores.redis.conn import given_client, make_client, require_client, unreachable_errors
+from kernelcache.stores.redis.conn import given_client, make_client, unreachable_errors
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_MAX_ENTRY_BYTES = 64 * 1024 * 1024
@@ -133,8 +133,6 @@ class RedisProgramCache(RecordStore):
         self._read_only = bool(read_only)
         self._socket_timeout = float(socket_timeout)
         self._client_lock = threading.Lock()
-        if isinstance(url, str):
-            require_client()  # the client itself is imported and connected on the first call
         self._client, self.url = given_client(url)
         self._owns_client = self._client is None  # made from the URL on first use: ours to close
         self._health = Backoff(self._retry_after)
