@@ -35,9 +35,11 @@ CHILD = (
 mode = sys.argv[1]
 start = time.perf_counter()
 loaded = None
+load_s = 0.0
 if mode == "new":
     import kernelcache.torch as kt
     loaded = kt.load()
+load_s = time.perf_counter() - start
 compiled = torch.compile(model)
 with torch.no_grad():
     y = compiled(x)
@@ -51,7 +53,7 @@ if mode == "cold":
     saved = kt.save()
 from torch._dynamo.utils import counters
 fx = counters["inductor"]
-print(json.dumps({"first_call": first, "ok": bool(ok), "loaded": loaded and loaded.artifacts,
+print(json.dumps({"first_call": first, "load_s": load_s, "ok": bool(ok), "loaded": loaded and loaded.artifacts,
                   "saved": saved and saved.artifacts,
                   "fx_hit": fx["fxgraph_cache_hit"], "fx_miss": fx["fxgraph_cache_miss"]}))
 """
@@ -124,7 +126,8 @@ def main() -> None:
                 times[phase].append(result["first_call"])
                 if phase == "new node":
                     news.append((result, entries(node)))
-                print(f"  round {r + 1} {phase:<10} first call {result['first_call']:.2f} s", flush=True)
+                load = f" (kernelcache.torch.load {result['load_s']:.2f} s)" if phase == "new node" else ""
+                print(f"  round {r + 1} {phase:<10} first call {result['first_call']:.2f} s{load}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     local, new = times["local warm"], times["new node"]

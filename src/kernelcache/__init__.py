@@ -46,6 +46,7 @@ _EXPORTS = {
     "explain_program_cache_key": "kernelcache.keys.derive",
     "make_program_cache_key": "kernelcache.keys.derive",
     "probe": "kernelcache.compile.flow",
+    "warm": "kernelcache.cli.warm",
 }
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "explain_program_cache_key",
     "make_program_cache_key",
     "probe",
+    "warm",
 ]  # the same names as _EXPORTS (tests/test_package.py checks)
 
 

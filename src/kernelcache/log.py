@@ -13,14 +13,53 @@ fails on every call must not flood the program).
 
 from __future__ import annotations
 
-import logging
+import sys
 import threading
 import warnings
+from typing import TYPE_CHECKING, Any
 
 from kernelcache import forksafe
 
-logger = logging.getLogger("kernelcache")
-logger.addHandler(logging.NullHandler())
+if TYPE_CHECKING:
+    import logging
+
+DEBUG, INFO, WARNING = 10, 20, 30  # logging's levels, without importing it
+
+
+class _Logger:
+    """The ``kernelcache`` logging.Logger, made on first use: importing logging costs a few
+    milliseconds that a process whose hits log nothing never needs.
+
+    Until someone imports logging (the application, to configure it; or a WARNING of ours),
+    no handler or level can have been set, so the logger is Python's default one: WARNING
+    and above enabled. ``isEnabledFor`` answers that without importing logging; anything
+    else is the real logger's.
+    """
+
+    _real: logging.Logger | None = None
+
+    def _get(self) -> logging.Logger:
+        real = self._real
+        if real is None:
+            import logging
+
+            real = logging.getLogger("kernelcache")  # one logger per name, whoever asks first
+            # Race: two threads' first uses may both get here; a second NullHandler is harmless.
+            if not any(type(h) is logging.NullHandler for h in real.handlers):
+                real.addHandler(logging.NullHandler())
+            self._real = real
+        return real
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging.Logger's name
+        if self._real is None and "logging" not in sys.modules:
+            return level >= WARNING
+        return self._get().isEnabledFor(level)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+
+logger: logging.Logger = _Logger()  # type: ignore[assignment]  # a logging.Logger to every caller
 
 
 

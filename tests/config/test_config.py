@@ -326,3 +326,27 @@ def test_warm_fills_the_redis_of_kernelcache_redis_url(tmp_path, redis_url) -> N
            env={"KERNELCACHE_REDIS_SECRET": "s"}).stdout
     )
     assert all(r["hit"] for r in other)
+
+
+def test_the_default_config_and_cache_dirs_are_platformdirs_own(monkeypatch, tmp_path) -> None:
+    """Found without importing platformdirs where it can be, and always where platformdirs says."""
+    import platformdirs
+
+    from kernelcache import config
+    from kernelcache.config import file as configfile
+
+    monkeypatch.delenv("KERNELCACHE_DIR", raising=False)
+    for env in (
+        {"HOME": str(tmp_path)},
+        {"HOME": str(tmp_path) + "/"},
+        {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "x"), "XDG_CACHE_HOME": str(tmp_path / "y")},
+        {"HOME": str(tmp_path), "XDG_CACHE_HOME": "relative"},
+        {"HOME": "relative-home"},
+    ):
+        for name in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        theirs = os.path.join(platformdirs.user_config_dir("kernelcache", appauthor=False), "config.toml")
+        assert configfile.default_path() == theirs
+        assert config.cache_dir() == platformdirs.user_cache_dir("kernelcache", appauthor=False)

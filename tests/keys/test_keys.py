@@ -314,3 +314,90 @@ def test_define_macro_keys_follow_the_macros_nvrtc_receives() -> None:
     # One macro however it is spelled: one key.
     assert key(("N", "4")) == key("N=4") == key(["N=4"]) == key([("N", "4")])
     assert key([("N", "4"), "M"]) == key(["N=4", "M"]) != key(["M", "N=4"])  # order kept
+
+
+def test_an_options_object_mutated_between_two_calls_gets_the_key_of_its_new_values() -> None:
+    """The options memo is keyed by the values, not the object: every change is seen, exact to the type."""
+    options = ProgramOptions(arch=ARCH, max_register_count=1)
+    first = key(options=options)
+    assert key(options=options) == first
+    options.max_register_count = True  # equal to 1 in a comparison, another option to the key
+    assert key(options=options) == key(options=ProgramOptions(arch=ARCH, max_register_count=True)) != first
+    options.max_register_count = 1
+    assert key(options=options) == first
+    options.define_macro = ("N", "4")
+    with_macro = key(options=options)
+    options.define_macro = ["N", "4"]  # -DN -D4, not -DN=4
+    assert len({first, with_macro, key(options=options)}) == 3
+    options.define_macro = None
+    options.arch = "sm_80"
+    assert key(options=options) not in (first, key(options=ProgramOptions(arch=ARCH, max_register_count=1)))
+
+
+def test_options_are_encoded_once_per_distinct_value(monkeypatch) -> None:
+    """A repeated derivation hashes its source and reuses its options' encoding (counted)."""
+    calls = []
+    real = keys_mod.option_components
+    monkeypatch.setattr(keys_mod, "option_components", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(keys_mod, "_options_memo", {})
+    options = ProgramOptions(arch=ARCH, std="c++17")
+    keys = {key(code=f"{SRC} // {i}", options=options) for i in range(5)}
+    assert len(keys) == 5 and len(calls) == 1
+    key(options=ProgramOptions(arch=ARCH, std="c++17"))  # another object, the same values
+    assert len(calls) == 1
+    options.std = "c++20"
+    key(options=options)
+    assert len(calls) == 2
+
+
+def test_a_refused_option_is_refused_at_every_call() -> None:
+    """What raised once raises again: a refusal is never remembered as a usable encoding."""
+    options = ProgramOptions(arch=ARCH, create_pch="x.pch")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="create_pch"):
+            key(options=options)
+    options.create_pch = None
+    assert key(options=options) == key()
+
+
+def test_fingerprints_tell_apart_values_that_compare_equal() -> None:
+    """True == 1 == 1.0 and 0.0 == -0.0 in Python; an options fingerprint keeps them apart."""
+    fp = options_mod.options_fingerprint
+    a, b = ProgramOptions(arch=ARCH), ProgramOptions(arch=ARCH)
+    assert fp(a) == fp(b)
+    for x, y in ((1, True), (1, 1.0), (0.0, -0.0), (("N", 1), ("N", True)), ([1], [True])):
+        a.max_register_count, b.max_register_count = x, y
+        assert x == y and fp(a) != fp(b)
+    a.include_path, b.include_path = ["a"], ("a",)
+    assert fp(a) != fp(b)
+    assert fp(object()) is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"std": "c++17"}, {"max_register_count": 1}, {"max_register_count": True}, {"define_macro": ["N=4", "M"]}],
+)
+@pytest.mark.parametrize(("code_type", "target_type"), [("c++", "cubin"), ("c++", "ptx"), ("ptx", "cubin")])
+def test_a_repeated_key_is_the_key_derived_in_full(fields: dict, code_type: str, target_type: str) -> None:
+    """The second derivation of a key (its options encoded, the digest around the source cut once)
+    gives the bytes of the full derivation, str and bytes sources alike, and a mutation is seen."""
+    options = ProgramOptions(arch=ARCH, **fields)
+    for code in ("k1", "k2 longer source", b"k1", "\\u00e9"):
+        kw = {"code": code, "code_type": code_type, "options": options, "target_type": target_type}
+        full = keys_mod.digest_components(keys_mod.key_components(**kw))
+        assert make_program_cache_key(**kw) == full
+        assert make_program_cache_key(**kw) == full  # from the template
+    options.arch = "sm_80"
+    kw = {"code": "k1", "code_type": code_type, "options": options, "target_type": target_type}
+    assert make_program_cache_key(**kw) == keys_mod.digest_components(keys_mod.key_components(**kw))
+
+
+def test_a_repeated_key_sees_an_output_variable_set_since(monkeypatch) -> None:
+    """The environment is read at every call: a variable that changes NVRTC's output, set between
+    two derivations of one key, changes the second."""
+    first = key()
+    assert key() == first
+    monkeypatch.setenv("FINALIZER_USE_LEGACY_ELF_BUILDER", "1")
+    assert key() != first
+    monkeypatch.delenv("FINALIZER_USE_LEGACY_ELF_BUILDER")
+    assert key() == first

@@ -4,6 +4,7 @@ and rich are loaded only by the commands that use them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any
@@ -117,6 +118,13 @@ def demo(
     help="Compile every C++ kernel for this arch instead of its recorded one (repeatable; no GPU needed).",
 )
 @click.option("--bundle", "bundle_out", default=None, metavar="OUT", help="Then write the warmed cache as this bundle.")
+@click.option(
+    "--executor",
+    "executor_spec",
+    default=None,
+    metavar="dask://HOST:PORT",
+    help="Compile on this Dask cluster's workers (extra 'dask'); the results are stored here, as without it.",
+)
 @SECRET_ENV_OPTION
 @JSON_OPTION
 def warm(
@@ -126,6 +134,7 @@ def warm(
     redis_url: str | None,
     archs: tuple[str, ...],
     bundle_out: str | None,
+    executor_spec: str | None,
     secret_env: str | None,
     as_json: bool,
 ) -> None:
@@ -135,20 +144,23 @@ def warm(
     reason, and warm then exits 1. A recorded request is compiled in its recorded working
     directory. With --bundle OUT, the cache is then written as one bundle file (only when
     every kernel warmed; --secret-env VAR signs it); --json then prints {"kernels": [...],
-    "bundle": {...}}. KERNELCACHE_REQUIRE_HIT does not apply to warm's own compiles.
+    "bundle": {...}}. KERNELCACHE_REQUIRE_HIT does not apply to warm's own compiles. With
+    --executor dask://HOST:PORT each C++ compile is one task on that cluster (-j is then ignored).
     """
     from kernelcache.cli import warm as warm_mod
-    from kernelcache.cli.demo import check_arch
 
-    secret = secret_from_env(secret_env)
-    items = warm_mod.load_manifest(manifest)
-    # Warming is how a strict program's cache is filled: its compiles are what was asked for,
-    # not misses to refuse. "0" (not unset) so a config file cannot turn strict mode back on;
-    # worker processes inherit it.
-    os.environ["KERNELCACHE_REQUIRE_HIT"] = "0"
-    if archs:
-        items = warm_mod.for_archs(items, [check_arch(a) for a in archs])
-    results = warm_mod.run(items, cache_dir, jobs, progress=not as_json, redis_url=redis_url)
+    with contextlib.ExitStack() as stack:
+        executor = None
+        if executor_spec is not None:  # a wrong value, a missing extra, no scheduler: said before anything runs
+            from kernelcache.runners.remote import executor_for
+
+            try:
+                executor = stack.enter_context(executor_for(executor_spec))
+            except ImportError as exc:
+                raise click.ClickException(str(exc)) from None
+        secret = secret_from_env(secret_env)
+        kw = {"cache_dir": cache_dir, "redis_url": redis_url, "jobs": jobs, "progress": not as_json}
+        results = warm_mod.warm(manifest, archs=archs, executor=executor, **kw)
     failed = any(r.get("error") for r in results)
     if bundle_out is not None:
         summary = None if failed else create_bundle(bundle_out, cache_dir, secret)

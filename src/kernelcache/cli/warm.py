@@ -15,12 +15,50 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from kernelcache.cli.manifest import WarmItem, for_archs, load_manifest, program_options, request_of
 
-__all__ = ["WarmItem", "for_archs", "load_manifest", "not_in_bundle", "program_options", "request_of", "run"]
+__all__ = ["WarmItem", "for_archs", "load_manifest", "not_in_bundle", "program_options", "request_of", "run", "warm"]
+
+
+def warm(
+    manifest: str,
+    *,
+    archs: Sequence[str] = (),
+    executor: Executor | None = None,
+    cache_dir: str | None = None,
+    redis_url: str | None = None,
+    jobs: int | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """``kernelcache warm MANIFEST`` as a call: every kernel of the manifest (or lockfile) compiled
+    into the cache (``cache_dir`` or the default one, and Redis at ``redis_url``), for each of
+    ``archs`` instead of its recorded arch where given. ``executor``: any concurrent.futures.Executor
+    (Dask's ``Client.get_executor()``, a ProcessPoolExecutor, Ray's) whose workers run the C++
+    compiles; the keys and bytes are those a local warm stores. One result per kernel, in manifest
+    order: ``hit``, ``key`` or ``error`` (a compile refused or not stored is an error); ``progress``:
+    a bar (or a line per kernel) on stderr.
+    KERNELCACHE_REQUIRE_HIT does not apply to warm's own compiles (it is restored afterwards)."""
+    from kernelcache.cli.demo import check_arch
+
+    items = load_manifest(manifest)
+    if archs:
+        items = for_archs(items, [check_arch(a) for a in archs])
+    # Warming is how a strict program's cache is filled: its compiles are what was asked for, not
+    # misses to refuse. "0" (not unset) so a config file cannot turn strict mode back on; compiler
+    # worker processes inherit it.
+    before = os.environ.get("KERNELCACHE_REQUIRE_HIT")
+    os.environ["KERNELCACHE_REQUIRE_HIT"] = "0"
+    try:
+        return run(items, cache_dir, jobs or os.cpu_count() or 1, progress, redis_url, executor)
+    finally:
+        if before is None:
+            os.environ.pop("KERNELCACHE_REQUIRE_HIT", None)
+        else:
+            os.environ["KERNELCACHE_REQUIRE_HIT"] = before
 
 
 @contextlib.contextmanager
@@ -61,9 +99,16 @@ def working_directory(cwd: str | None) -> Iterator[str]:
 
 
 def run(
-    items: list[WarmItem], cache_dir: str | None, jobs: int, progress: bool, redis_url: str | None = None
+    items: list[WarmItem],
+    cache_dir: str | None,
+    jobs: int,
+    progress: bool,
+    redis_url: str | None = None,
+    executor: Executor | None = None,
 ) -> list[dict[str, Any]]:
     """Warm every item through compile_many on ``jobs`` threads; results in manifest order.
+    ``executor``: its workers run the C++ compiles (runners.remote), up to remote.IN_FLIGHT at once;
+    everything else (keys, single flight, headers, the stores) is as without it.
 
     The store is configured as the default cache is (KERNELCACHE_MAX_SIZE, a Redis tier from
     ``redis_url`` or KERNELCACHE_REDIS_URL, ...), at ``cache_dir``. Each result has ``hit``
@@ -78,17 +123,25 @@ def run(
 
     results, requests = _requests(items)
     cache = configured_cache(None if cache_dir is None else os.path.abspath(cache_dir), redis_url)
+    remote = None
+    if executor is not None:
+        from kernelcache.compile.metadata import refuse_to_store
+        from kernelcache.runners.remote import IN_FLIGHT, OnExecutor
+
+        remote = OnExecutor(executor, on_refused=lambda why: refuse_to_store(cache, why))
+        jobs = max(jobs, IN_FLIGHT)
     todo = [i for i, r in enumerate(results) if "error" not in r and "skipped" not in r]
     groups: dict[str | None, list[int]] = {}
     for i in todo:  # manifest order within a directory; directories in order of first use
         groups.setdefault(items[i].cwd, []).append(i)
-    with _progress(items, len(todo), progress) as on_done:
+    # The cache is closed at the end: its counters' pending tally is written then (the caller reads them).
+    with contextlib.closing(cache), _progress(items, len(todo), progress) as on_done:
         for cwd, group in groups.items():
             # Race: the working directory is the process's. warm compiles one directory's
             # requests at a time and nothing else in this process compiles meanwhile;
             # a compiler worker takes the caller's directory with each compile.
             with working_directory(cwd) as note:
-                _warm_group(group, requests, results, cache, jobs, on_done)
+                _warm_group(group, requests, results, cache, jobs, on_done, remote)
             if note:
                 for i in group:
                     results[i]["note"] = note
@@ -98,13 +151,20 @@ def run(
 
 
 def _warm_group(
-    group: list[int], requests: list[dict[str, Any]], results: list[dict[str, Any]], cache: Any, jobs: int, on_done: Any
+    group: list[int],
+    requests: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    cache: Any,
+    jobs: int,
+    on_done: Any,
+    remote: Any = None,
 ) -> None:
     """One directory's requests through compile_many; ok: a hit, or a compile the cache took."""
     from kernelcache.compile.batch import run_batch
 
     tick = None if on_done is None else (lambda j: on_done(group[j]))
-    batch = run_batch([requests[i] for i in group], cache, jobs, what="warm", strict=False, on_done=tick)
+    todo = [requests[i] for i in group]
+    batch = run_batch(todo, cache, jobs, what="warm", strict=False, on_done=tick, remote=remote)
     for j, i in enumerate(group):
         info = batch.infos[j]
         if j in batch.errors or info is None:

@@ -132,6 +132,7 @@ class _Batch:
         self.infos: list[CompileInfo | None] = [None] * size
         self.budget = budget
         self.processes = False  # misses compile in worker processes (runners.choice.batch_uses_processes)
+        self.remote: Any = None  # a runner the C++ misses go to (warm --executor: runners.remote.OnExecutor)
         # The thread whose compiles stay in this process, if any (the default's choice: the
         # caller's thread needs no worker to start, and one thread of NVRTC runs unserialised).
         self.here: threading.Thread | None = None
@@ -190,7 +191,8 @@ class _Batch:
             self.finish(job.index, obj, job.info)
 
     def _try(self, job: _Job) -> ObjectCode | None:
-        call = Call(job.info, processes=self.processes and threading.current_thread() is not self.here)
+        here = threading.current_thread() is self.here
+        call = Call(job.info, processes=self.processes and not here, remote=self.remote)
         if job.look is None:
             return compile_uncached(job.request, call)
         # Waited the whole budget for a peer that still holds the key (a hung process, a dead
@@ -210,12 +212,14 @@ def run_batch(
     strict: bool = True,
     on_done: Callable[[int], object] | None = None,
     processes: bool | None = None,
+    remote: Any = None,
 ) -> _Batch:
     """The batch run to its end: ``.results``, ``.errors`` and ``.infos`` by request index.
 
     Bad arguments raise at once, before anything compiles; with ``strict=False`` a request
     whose arguments are wrong is that request's error instead. ``on_done(index)`` is called
-    (from any thread) as each request finishes. ``processes``: as compile_many's.
+    (from any thread) as each request finishes. ``processes``: as compile_many's. ``remote``:
+    a runner that takes the C++ misses (runners.remote.OnExecutor; processes is then False).
     """
     normalized = normalize_requests(requests, fields, what)
     workers = worker_count(max_workers)
@@ -226,7 +230,8 @@ def run_batch(
     if not jobs:
         return batch  # all hits: no thread started
     batch.fresh.extend(jobs)
-    batch.processes = batch_uses_processes(processes, len(jobs))
+    batch.remote = remote
+    batch.processes = remote is None and batch_uses_processes(processes, len(jobs))
     if batch.processes and processes is None:
         batch.here = threading.current_thread()
     workers = batch_threads(workers, len(jobs), default_choice=batch.here is not None and max_workers is None)

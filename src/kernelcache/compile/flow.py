@@ -12,32 +12,28 @@ covers every header the compile read (headers.manifests).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
-from kernelcache.compile import lockfile, strict
-from kernelcache.compile.flight import BUSY, READY, SingleFlight
 from kernelcache.compile.lookup import Found, Lookup
-from kernelcache.compile.metadata import artifact_meta, object_from_record, refuse_to_store
+from kernelcache.compile.metadata import object_from_record
 from kernelcache.compile.request import CompileRequest
-from kernelcache.compile.tracing import HeaderTrace
-from kernelcache.headers import digests as hdr
-from kernelcache.headers import manifests, variants
-from kernelcache.keys import basedir, toolchain
 from kernelcache.keys.program_name import compiled_name
-from kernelcache.log import logger
-from kernelcache.runners.choice import runner_for
+from kernelcache.log import DEBUG, INFO, logger
 from kernelcache.stores.base import ProgramCacheResource, as_value_bytes
 from kernelcache.stores.cuda_core import as_store
-from kernelcache.stores.default import default_cache, default_cache_or_none
 from kernelcache.stores.naming import entry_name, key_prefix
-from kernelcache.stores.safe import count, write_record
+from kernelcache.stores.safe import count
 
+# What only a miss, a tracked header variant, KERNELCACHE_RECORD or the default store needs is
+# imported where it is used: a fresh process's hit from a given store loads none of it.
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
+
+    from kernelcache.compile.flight import SingleFlight
+    from kernelcache.compile.tracing import HeaderTrace
 
 __all__ = ["CompileInfo", "compile_program", "probe"]
 
@@ -71,10 +67,15 @@ class CompileInfo:
 class Call:
     """Where one call reports: its CompileInfo, its ``logs`` sink, when it started."""
 
-    __slots__ = ("info", "logs", "processes", "start", "want_headers")
+    __slots__ = ("info", "logs", "processes", "remote", "start", "want_headers")
 
     def __init__(
-        self, info: CompileInfo, logs: Any = None, want_headers: bool = False, processes: bool = False
+        self,
+        info: CompileInfo,
+        logs: Any = None,
+        want_headers: bool = False,
+        processes: bool = False,
+        remote: Any = None,
     ) -> None:
         if logs is not None and not callable(getattr(logs, "write", None)):
             raise TypeError(
@@ -86,6 +87,7 @@ class Call:
         self.start = time.perf_counter()
         self.want_headers = want_headers  # the list of tracked headers is built only when asked for
         self.processes = processes  # its compile may run in a worker process (compile_many's choice)
+        self.remote = remote  # a runner its C++ compile goes to (warm --executor: runners.remote)
 
     def emit_log(self, text: str) -> None:
         if self.logs is not None and text:
@@ -107,10 +109,18 @@ def probe(
 ) -> CompileInfo:
     """Would compile_program hit? Looks up without compiling, storing or counting."""
     request = CompileRequest.of(code, code_type, target_type, options, name_expressions, extra_digest)
-    store = as_store(cache) if cache is not None else default_cache()
+    if cache is not None:
+        store = as_store(cache)
+    else:
+        from kernelcache.stores.default import default_cache
+
+        store = default_cache()
     key, record, variant = Lookup(store, request).find()
     info = CompileInfo(hit=record is not None, key=key)
     if variant is not None:
+        from kernelcache.headers import digests as hdr
+        from kernelcache.headers import variants
+
         info.headers = variants.tracked_paths(variant, hdr.search_dirs(request.options))
     return info
 
@@ -148,15 +158,25 @@ def compile_program(
     if store is None:
         return compile_uncached(request, call)
     look = Lookup(store, request)
-    lockfile.record(request)  # KERNELCACHE_RECORD: hits and misses
+    _record(request)  # KERNELCACHE_RECORD: hits and misses
     found = look.find()
     call.info.lookup_seconds = time.perf_counter() - call.start
     recache = found[1] is not None and config.recache()  # compile, store, replace what is there
     if found[1] is not None and not recache:
         return replay_hit(look, found, call)
+    from kernelcache.compile.flight import SingleFlight
+
     obj = fly(look, call, SingleFlight.for_store(store, look.flight_key, budget), recache=recache)
     assert obj is not None  # only try_hold can leave the key to a peer
     return obj
+
+
+def _record(request: CompileRequest) -> None:
+    """lockfile.record(request), importing lockfile only where KERNELCACHE_RECORD is set."""
+    if config.record_path() is not None:
+        from kernelcache.compile import lockfile
+
+        lockfile.record(request)
 
 
 def _checked_wait(value: object) -> float:
@@ -176,15 +196,20 @@ def resolve_cache(cache: ProgramCacheResource | None) -> ProgramCacheResource | 
     such a call compiles uncached.
     """
     if cache is None:
+        from kernelcache.stores.default import default_cache_or_none
+
         return default_cache_or_none()
     return as_store(cache)  # a cuda.core store is wrapped: metadata under derived keys
 
 
 def compile_uncached(request: CompileRequest, call: Call) -> ObjectCode:
     """The compile of a call that has no cache to use (disabled, or none could be opened)."""
-    lockfile.record(request)
+    from kernelcache.compile import strict
+    from kernelcache.runners.choice import runner_for
+
+    _record(request)
     call.info.miss_reason = strict.on_uncached(config.disabled())  # KERNELCACHE_REQUIRE_HIT=1 raises here
-    obj, log_text, seconds = runner_for(request, call.processes).run_compiler(request, None)
+    obj, log_text, seconds = runner_for(request, call.processes, call.remote).run_compiler(request, None)
     call.emit_log(log_text)
     call.info.hit, call.info.cached, call.info.compile_seconds = False, False, seconds
     call.info.not_stored = call.info.miss_reason
@@ -198,6 +223,8 @@ def fly(
     """A missing key under its single flight: the peer's result if one published it
     meanwhile, else our compile. ``wait=False``: one try; None if a peer holds the key.
     ``recache``: compile even if it is stored (KERNELCACHE_RECACHE), and replace it."""
+    from kernelcache.compile.flight import BUSY, READY
+
     latest: list[Found] = []
 
     def ready() -> bool:  # asked by the flight after each lock it takes
@@ -226,10 +253,13 @@ def replay_hit(look: Lookup, found: Found, call: Call) -> ObjectCode:
     count(look.cache, hits=1, bytes_read=len(payload), compile_us_saved=int(saved * 1e6))
     info.hit, info.key, info.compile_seconds = True, key, saved
     if call.want_headers and variant and variant["headers"]:
+        from kernelcache.headers import digests as hdr
+        from kernelcache.headers import variants
+
         info.headers = variants.tracked_paths(variant, hdr.search_dirs(options))
     obj = object_from_record(payload, look.request.target_type, compiled_name(options, look.request.code_type), meta)
     call.done()
-    if logger.isEnabledFor(logging.DEBUG):
+    if logger.isEnabledFor(DEBUG):
         logger.debug(
             "hit %s lookup %.3f ms total %.3f ms (saves a %.3f s compile)%s",
             key_prefix(key),
@@ -244,12 +274,17 @@ def replay_hit(look: Lookup, found: Found, call: Call) -> ObjectCode:
 def compile_miss(look: Lookup, call: Call) -> ObjectCode:
     """Compile, then store the result under its key (with the header variant it read), or
     return it unstored when the headers cannot be vouched for (compile.tracing)."""
+    from kernelcache.compile import strict
+    from kernelcache.compile.metadata import refuse_to_store
+    from kernelcache.compile.tracing import HeaderTrace
+    from kernelcache.keys import basedir
+
     cache = look.cache
     count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
     call.info.miss_reason = strict.on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
     trace = HeaderTrace(look.request, look.manifest_key, cache) if look.track else None
     try:
-        obj, log_text, seconds = _compile(look.request, trace, call.processes)
+        obj, log_text, seconds = _compile(look.request, trace, call)
         count(cache, compiles=1)
         call.emit_log(log_text)
         call.info.hit, call.info.compile_seconds = False, seconds
@@ -277,13 +312,18 @@ def _compiled_by_another(look: Lookup) -> str:
     (keys.toolchain.confirm: a library that cuda.pathfinder loaded from elsewhere than foreseen)."""
     if look.toolchain is None:
         return ""
+    from kernelcache.keys import toolchain
+
     return toolchain.confirm(look.request.code_type, look.toolchain.compiler)
 
 
-def _compile(request: CompileRequest, trace: HeaderTrace | None, processes: bool) -> tuple[ObjectCode, str, float]:
+def _compile(request: CompileRequest, trace: HeaderTrace | None, call: Call) -> tuple[ObjectCode, str, float]:
     """The plain compile, then its header pass (compilers.header_pass) when headers are tracked.
-    Here or in a worker process (runners.choice; restrict=True: never here)."""
-    return runner_for(request, processes).run_compiler(request, trace.path if trace is not None else None)
+    Here, in a worker process (runners.choice; restrict=True: never here) or an executor's."""
+    from kernelcache.runners.choice import runner_for
+
+    runner = runner_for(request, call.processes, call.remote)
+    return runner.run_compiler(request, trace.path if trace is not None else None)
 
 
 def _store(
@@ -296,6 +336,11 @@ def _store(
     dirs: list[str],
 ) -> None:
     """Write the record (and the header manifest naming its variant); log the compile."""
+    from kernelcache.compile import strict
+    from kernelcache.compile.metadata import artifact_meta
+    from kernelcache.headers import manifests, variants
+    from kernelcache.stores.safe import write_record
+
     info, request = call.info, look.request
     if variant is not None:
         key = manifests.full_key(look.base, variant)
@@ -312,7 +357,7 @@ def _store(
     strict.stored(look, key)  # the source index explains later misses
     info.store_seconds = time.perf_counter() - stored_at
     call.done()
-    if logger.isEnabledFor(logging.INFO):
+    if logger.isEnabledFor(INFO):
         prefix = key_prefix(key)
         logger.debug("miss %s lookup %.3f ms", prefix, info.lookup_seconds * 1e3)
         logger.info(

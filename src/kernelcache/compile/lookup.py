@@ -8,8 +8,6 @@ from typing import Any
 
 from kernelcache.compile.metadata import read_artifact
 from kernelcache.compile.request import CompileRequest
-from kernelcache.headers import digests as hdr
-from kernelcache.headers import manifests
 from kernelcache.headers import scan as includes
 from kernelcache.keys import basedir, workdir
 from kernelcache.keys.derive import digest_components, key_components
@@ -77,7 +75,12 @@ class Lookup:
         ) + cwd
         # Tracked: the entry key depends on the headers, found through the manifest.
         # Untracked: no manifest; the entry key is known now.
-        self.manifest_key = manifests.manifest_key(self.base) if self.track else b""
+        if self.track:  # header manifests: imported by the calls whose source may read headers
+            from kernelcache.headers import manifests
+
+            self.manifest_key = manifests.manifest_key(self.base)
+        else:
+            self.manifest_key = b""
         self.entry_key = b"" if self.track else digest_components(self.base)
         if memo_key is not None:
             remember(_base_memo, memo_key, (self.base, self.manifest_key, self.entry_key, self.track), 4096)
@@ -92,6 +95,9 @@ class Lookup:
         """(key, record or None, header variant or None); key is b"" when no variant matches."""
         if not self.track:
             return self.entry_key, read_artifact(self.cache, self.entry_key), None
+        from kernelcache.headers import digests as hdr
+        from kernelcache.headers import manifests
+
         cwd = hdr.workdir()
         if cwd is None:  # deleted: no variant can be vouched for (compile.tracing: compiled untracked)
             return b"", None, None

@@ -84,9 +84,7 @@ def cache_dir() -> str:
         # Set where no shell expands it (a systemd unit, a Dockerfile ENV), "~/kc" means the
         # home's kc, never a directory named "~" in whatever the current directory is.
         return os.path.expanduser(env)
-    import platformdirs
-
-    return platformdirs.user_cache_dir("kernelcache", appauthor=False)
+    return configfile.user_dir("cache")
 
 
 def cache_dir_is_from_env(root: str) -> bool:

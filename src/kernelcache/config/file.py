@@ -15,6 +15,7 @@ process reads it once.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 from typing import Any
@@ -37,9 +38,30 @@ _CONFIG_KEY = os.fsencode("KERNELCACHE_CONFIG")
 
 
 def default_path() -> str:
+    """The config file read when KERNELCACHE_CONFIG is unset: platformdirs' user config dir."""
+    return os.path.join(user_dir("config"), "config.toml")
+
+
+def user_dir(kind: str) -> str:
+    """platformdirs' user ``kind`` ("config" or "cache") directory for kernelcache.
+
+    Where every platformdirs >= 3 answers the same (Linux, the XDG variable unset, an absolute
+    HOME: ~/.config/kernelcache, ~/.cache/kernelcache), without importing it: a fresh process's
+    first hit reads the config file's path, and the default cache's.
+    """
+    environ = os.environ
+    xdg = "XDG_CONFIG_HOME" if kind == "config" else "XDG_CACHE_HOME"
+    if (
+        sys.platform.startswith("linux")
+        and xdg not in environ
+        and "ANDROID_DATA" not in environ
+        and os.path.isabs(environ.get("HOME", ""))
+    ):
+        return os.path.join(os.path.expanduser(f"~/.{kind}"), "kernelcache")
     import platformdirs
 
-    return os.path.join(platformdirs.user_config_dir("kernelcache", appauthor=False), "config.toml")
+    find = platformdirs.user_config_dir if kind == "config" else platformdirs.user_cache_dir
+    return find("kernelcache", appauthor=False)
 
 
 def _config_env() -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 
 # Larger than any disk; beyond it a "size" is a typo (and int(float(...)) would overflow).
 _MAX_SANE_SIZE = 2**63 - 1
@@ -37,6 +36,8 @@ def parse_size(text: str) -> int:
     unit = m.group(2).upper() if m else None
     if m is None or unit not in _SIZE_UNITS:
         raise ValueError(f"bad size {shown(text)}: use a number with an optional unit, e.g. 500MB, 2GB, 1.5GiB")
+    from decimal import Decimal, InvalidOperation  # exact, and only where a size is written out
+
     try:
         value = int(Decimal(m.group(1)) * _SIZE_UNITS[unit])
     except (InvalidOperation, OverflowError):  # pragma: no cover - the regex admits plain decimals only

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 OBJECT_STORE_SCHEMES = (
@@ -27,26 +27,66 @@ OBJECT_STORE_SCHEMES = (
 )
 
 
-def check_redis_url(url: str) -> None:
-    """ValueError naming what is wrong with Redis URL ``url`` (ImportError without redis-py)."""
-    from redis.connection import parse_url
+# The query arguments redis-py's parse_url converts, by how (redis-py 5-7); a value it cannot
+# convert is a ValueError there, and here, without importing redis (120 ms: a hit from disk
+# must not wait for it). Any other argument is passed on as a str.
+_QUERY_NUMBERS = {
+    "db": int,
+    "socket_timeout": float,
+    "socket_connect_timeout": float,
+    "socket_read_size": int,
+    "max_connections": int,
+    "health_check_interval": int,
+    "ssl_min_version": int,
+    "timeout": float,
+    "protocol": int,
+}
 
+
+def check_redis_url(url: str) -> None:
+    """ValueError naming what is wrong with Redis URL ``url``; imports nothing (redis-py included).
+
+    What redis-py's own parse_url refuses (a scheme, a port, a query value it cannot convert)
+    is refused here in its terms; what it accepts in silence but serves badly too (a database
+    that is not a number, a decoding client). The client itself is made on first use
+    (stores.redis.conn), by redis-py, from the same URL.
+    """
     if not url.startswith(REDIS_SCHEMES):
         raise ValueError(f"Redis URL {url!r} must start with one of {', '.join(REDIS_SCHEMES)}")
     plain = url.replace("+cluster", "", 1)
+    where = urlsplit(plain)
     if plain.startswith("unix://"):
-        where = urlsplit(plain)
         if where.netloc or where.path in ("", "/"):
             # redis-py would drop a host and connect to "" or "/": a back-off at every call.
             raise ValueError(
                 f"Redis URL {url!r} names no socket: write the socket's absolute path, unix:///run/redis/redis.sock"
             )
-    options = parse_url(plain)  # a malformed port or query value raises ValueError now
+    else:
+        try:
+            where.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        except ValueError as exc:
+            raise ValueError(f"Redis URL {url!r}: {exc}") from None
+    options: dict[str, Any] = {}
+    for name, values in parse_qs(where.query).items():
+        options[name] = values[0]
+        convert = _QUERY_NUMBERS.get(name)
+        if convert is not None:
+            try:
+                options[name] = convert(values[0])
+            except ValueError:
+                raise ValueError(f"Invalid value for '{name}' in connection URL {url!r}.") from None
+        elif name in ("ssl_include_verify_flags", "ssl_exclude_verify_flags"):
+            import ssl  # redis-py's names: ssl.VerifyFlags members, a comma-separated list
+
+            flags = [flag.strip() for flag in values[0].replace("[", "").replace("]", "").split(",")]
+            for flag in flags:
+                if not hasattr(ssl.VerifyFlags, flag):
+                    raise ValueError(f"Invalid ssl verify flag: {flag} in connection URL {url!r}")
     # redis-py silently ignores a database that is not a number (redis://host/cache is db 0).
-    db = urlsplit(plain).path.strip("/") if not plain.startswith("unix://") else ""
+    db = where.path.strip("/") if not plain.startswith("unix://") else ""
     if db and not db.isdigit():
         raise ValueError(f"the database {db!r} in Redis URL {url!r} is not a number (redis://host:port/0)")
-    if plain != url and int(options.get("db") or 0) != 0:
+    if plain != url and int(options.get("db") or db or 0) != 0:
         # Redis Cluster has database 0 only: the client would refuse it at every call, which
         # reads as "Redis unreachable" (a miss and a back-off) instead of a bad URL.
         raise ValueError(f"Redis URL {url!r}: Redis Cluster has only database 0")
@@ -77,12 +117,11 @@ def check_object_store_url(url: object) -> str:
 OCI_SCHEME = "oci://"
 # The OCI distribution spec's grammar: a repository is path components of lowercase
 # alphanumerics joined by separators; a tag is at most 128 word characters, dots and dashes.
-_OCI_REPO = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*")
-_OCI_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_OCI_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
-_OCI_HOST = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
-)
+# Patterns, compiled by re (and kept in its cache) when an OCI reference is first checked, not at import.
+_OCI_REPO = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*)*"
+_OCI_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_OCI_DIGEST = r"sha256:[a-f0-9]{64}"
+_OCI_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
 
 
 @dataclass(frozen=True)
@@ -114,13 +153,13 @@ def oci_reference(text: str) -> OciReference:
     if ":" in path.rsplit("/", 1)[-1]:
         repo, _, tag = path.rpartition(":")
     problems = []
-    if not _OCI_HOST.fullmatch(registry):
+    if not re.fullmatch(_OCI_HOST, registry):
         problems.append(f"{registry!r} is not a registry host[:port]")
-    if not _OCI_REPO.fullmatch(repo):
+    if not re.fullmatch(_OCI_REPO, repo):
         problems.append(f"{repo!r} is not a repository (lowercase path components, e.g. team/kernels)")
-    if tag and not _OCI_TAG.fullmatch(tag):
+    if tag and not re.fullmatch(_OCI_TAG, tag):
         problems.append(f"{tag!r} is not a tag (letters, digits, _ . -; at most 128)")
-    if digest and not _OCI_DIGEST.fullmatch(digest):
+    if digest and not re.fullmatch(_OCI_DIGEST, digest):
         problems.append(f"{digest!r} is not a digest (sha256: and 64 lowercase hex digits)")
     if not tag and not digest:
         problems.append("it names no tag or digest (...:TAG or ...@sha256:HEX)")

@@ -6,7 +6,8 @@ and either holds one of the node's compile slots while it runs (slots.py). To a 
 C++ compile with ``restrict=True`` (NVRTC keeps ``--restrict`` on for the rest of a process that
 ran one: never the caller; where no worker can start, a process forked for it alone), and with
 ``processes`` every C++ compile but C++ -> PTX where this process has a driver (cuda.core checks
-that PTX against the driver, which a worker never loads). NVVM IR and PTX input run here.
+that PTX against the driver, which a worker never loads). NVVM IR and PTX input run here. A
+remote runner (remote.OnExecutor, ``warm --executor``) takes the C++ compiles it says it takes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kernelcache.log import WarnOnce
 from kernelcache.runners import compilers, slots
 
 __all__ = ["IN_PROCESS", "IN_WORKERS", "MIN_MISSES", "MISSES_PER_WORKER", "batch_threads", "batch_uses_processes"]
-__all__ += ["runner_for"]
+__all__ += ["result_of_reply", "runner_for"]
 
 # compile_many(processes=None) compiles in workers from MIN_MISSES misses on, on a host with more
 # than one usable core, with one worker per MISSES_PER_WORKER misses at most: a worker's start (an
@@ -81,18 +82,26 @@ class _InWorkers:
             if not restrict:
                 return IN_PROCESS.run_compiler(request, trace_path)
             outcome, value, shown = _in_a_fork(kind, args)
-        _replay(shown)
-        if outcome == "ok":
-            data, mapping, log_text, seconds = value
-            assert call is not None
-            return call.object_code(data, mapping), log_text, seconds
-        if outcome == "object":
-            return value  # type: ignore[no-any-return]
-        if outcome == "nvrtc-error":
-            from cuda.core._utils.cuda_utils import NVRTCError
+        return result_of_reply(call, outcome, value, shown)
 
-            raise NVRTCError(value)
-        raise value
+
+def result_of_reply(call: Any, outcome: str, value: Any, shown: list[tuple[str, str, str]]) -> tuple[Any, str, float]:
+    """What the compile gives here, from job.run_job's reply for it (``call``: the NvrtcCall it ran,
+    None for kind "program"): its warnings raised here, its result, or its error raised here."""
+    _replay(shown)
+    if outcome == "ok":
+        data, mapping, log_text, seconds = value
+        assert call is not None
+        return call.object_code(data, mapping), log_text, seconds
+    if outcome == "object":
+        return value  # type: ignore[no-any-return]
+    if outcome == "nvrtc-error":
+        from cuda.core._utils.cuda_utils import NVRTCError
+
+        raise NVRTCError(value)
+    if outcome == "unreadable":
+        raise RuntimeError(f"the process that compiles cannot read its arguments ({value})")
+    raise value
 
 
 _warned = WarnOnce()
@@ -100,8 +109,11 @@ IN_PROCESS: Runner = _InProcess()
 IN_WORKERS: Runner = _InWorkers()
 
 
-def runner_for(request: Any, processes: bool = False) -> Runner:
-    """The runner for one compile (see the module docstring for the rule)."""
+def runner_for(request: Any, processes: bool = False, remote: Any = None) -> Runner:
+    """The runner for one compile (see the module docstring for the rule); ``remote``: a runner
+    (remote.OnExecutor) that takes the compiles it says it takes."""
+    if remote is not None and remote.takes(request):
+        return remote  # type: ignore[no-any-return]
     if request.code_type != "c++":
         return IN_PROCESS
     if getattr(request.options, "restrict", False):

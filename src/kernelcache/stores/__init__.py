@@ -1,34 +1,31 @@
-"""Byte stores: every one implements ProgramCacheResource (bytes in, the same bytes out)."""
+"""Byte stores: every one implements ProgramCacheResource (bytes in, the same bytes out).
 
-from kernelcache.log import KernelCacheWarning
+Only the registration with cuda.core's ABC runs on import; each store class is imported on
+first use (a hit from one store loads no other store's modules; Redis and the object store
+need optional clients besides).
+"""
+
 from kernelcache.stores import cuda_core  # noqa: F401 - registers our stores with cuda.core's ABC
-from kernelcache.stores.base import ProgramCacheResource
-from kernelcache.stores.file.store import FileStreamProgramCache
-from kernelcache.stores.file.treesafety import UnsafeCacheDirError
-from kernelcache.stores.memory import InMemoryProgramCache
-from kernelcache.stores.tiered import TieredProgramCache
+
+_EXPORTS = {
+    "FileStreamProgramCache": "kernelcache.stores.file.store",
+    "InMemoryProgramCache": "kernelcache.stores.memory",
+    "KernelCacheWarning": "kernelcache.log",
+    "ObjectStoreProgramCache": "kernelcache.stores.object.store",
+    "ProgramCacheResource": "kernelcache.stores.base",
+    "RedisProgramCache": "kernelcache.stores.redis.store",
+    "TieredProgramCache": "kernelcache.stores.tiered",
+    "UnsafeCacheDirError": "kernelcache.stores.file.treesafety",
+}
 
 
 def __getattr__(name: str) -> object:
-    # RedisProgramCache and ObjectStoreProgramCache need optional clients: imported on first use only.
-    if name == "RedisProgramCache":
-        from kernelcache.stores.redis.store import RedisProgramCache
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernelcache.stores' has no attribute {name!r}")
+    import importlib
 
-        return RedisProgramCache
-    if name == "ObjectStoreProgramCache":
-        from kernelcache.stores.object.store import ObjectStoreProgramCache
-
-        return ObjectStoreProgramCache
-    raise AttributeError(name)
+    return getattr(importlib.import_module(module), name)
 
 
-__all__ = [
-    "FileStreamProgramCache",
-    "InMemoryProgramCache",
-    "KernelCacheWarning",
-    "ObjectStoreProgramCache",
-    "ProgramCacheResource",
-    "RedisProgramCache",
-    "TieredProgramCache",
-    "UnsafeCacheDirError",
-]
+__all__ = sorted(_EXPORTS)

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 from kernelcache import config, forksafe
 from kernelcache.log import WarnOnce
 from kernelcache.stores.base import CountingStore, ProgramCacheResource
 from kernelcache.stores.file import dircap
 from kernelcache.stores.file.store import FileStreamProgramCache
+
+if TYPE_CHECKING:
+    from kernelcache.stores.tiered import Deferred
 
 _default_lock = threading.Lock()
 _default_caches: dict[tuple[object, ...], ProgramCacheResource] = {}
@@ -130,7 +136,7 @@ class Settings:
         )
 
 
-def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[ProgramCacheResource]:
+def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[ProgramCacheResource | Deferred]:
     """The default cache's tiers, in the one order every integration gets:
     memory -> bundles -> disk -> Redis -> object store; the disk alone when nothing else is set.
 
@@ -143,6 +149,7 @@ def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[P
     if not shared and not settings.bundles:
         return [FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared)]
     from kernelcache.stores.memory import InMemoryProgramCache
+    from kernelcache.stores.tiered import Deferred
 
     # The memory tier is this process's own: a member's cap (KERNELCACHE_MAX_SIZE) limits it
     # even where the disk tier is a team cache, which only its directory's cap governs.
@@ -150,20 +157,37 @@ def default_tiers(settings: Settings, skip_unusable_disk: bool = True) -> list[P
     cap = min(own or _DEFAULT_MEMORY_TIER_BYTES, _DEFAULT_MEMORY_TIER_BYTES)
     bundles = _bundle_tiers(settings.bundles, settings.bundle_secret, settings)
     memory = InMemoryProgramCache(cap)
-    tiers: list[ProgramCacheResource] = [memory, *bundles]
+    tiers: list[ProgramCacheResource | Deferred] = [memory, *bundles]
     try:
         disk = FileStreamProgramCache(settings.root, settings.max_size, allow_shared=settings.allow_shared)
     except OSError as exc:
         if not skip_unusable_disk or not (bundles or shared):
             raise
-        names = [*(["Bundle"] if bundles else []), *(type(t).__name__.replace("ProgramCache", "") for t in shared)]
+        names = [
+            *(["Bundle"] if bundles else []),
+            *(t.name if isinstance(t, Deferred) else type(t).__name__.replace("ProgramCache", "") for t in shared),
+        ]
         _warn_unusable(settings.root, exc, f"using memory -> {' -> '.join(names)} only")
         return tiers + shared  # nowhere to keep the other tiers' counts: they stay in memory
     # Every tier's counts in one place, the disk tier's directory (kernelcache stats reads them).
     for tier in (memory, *bundles, *shared):
         if isinstance(tier, CountingStore):
             tier.count_into(disk.tier_counters(tier_name(tier)))
+        elif isinstance(tier, Deferred):  # counted there from when it is made
+            tier.make = _counted_into(tier.make, disk)
     return [*tiers, disk, *shared]
+
+
+def _counted_into(
+    make: Callable[[], ProgramCacheResource], disk: FileStreamProgramCache
+) -> Callable[[], ProgramCacheResource]:
+    def made() -> ProgramCacheResource:
+        tier = make()
+        if isinstance(tier, CountingStore):
+            tier.count_into(disk.tier_counters(tier_name(tier)))
+        return tier
+
+    return made
 
 
 def tier_name(tier: ProgramCacheResource) -> str:
@@ -181,6 +205,8 @@ _TIER_NAMES = {
 
 
 def _bundle_tiers(paths: tuple[str, ...], secret: str | None, settings: Settings) -> list[ProgramCacheResource]:
+    if not paths:
+        return []  # no bundle module imported where none is configured
     from kernelcache.stores.bundle.store import BundleProgramCache, as_secret
 
     tiers: list[ProgramCacheResource] = []
@@ -205,19 +231,22 @@ def _bundle_tiers(paths: tuple[str, ...], secret: str | None, settings: Settings
     return tiers
 
 
-def _shared_tiers(settings: Settings) -> list[ProgramCacheResource]:
-    shared: list[ProgramCacheResource] = []
+def _shared_tiers(settings: Settings) -> list[ProgramCacheResource | Deferred]:
+    shared: list[ProgramCacheResource | Deferred] = []
     if settings.redis_url is not None:
+        from kernelcache.stores.redis.conn import require_client
+        from kernelcache.stores.tiered import Deferred
+
         try:
-            from kernelcache.stores.redis.store import RedisProgramCache
+            require_client()  # now: a missing client is the user's to fix, not a first miss's surprise
         except ImportError as exc:
             raise config.ConfigError(
                 f"KERNELCACHE_REDIS_URL is set but the redis client is missing ({exc}): "
                 "pip install 'kernelcache[redis]'"
             ) from None
-        shared.append(
-            RedisProgramCache(settings.redis_url, secret=settings.redis_secret, read_only=settings.redis_read_only)
-        )
+        # The URL and the secret are checked (config); the store is made when a look-up first
+        # reaches it: a hit from memory or disk imports none of Redis's modules, redis-py's either.
+        shared.append(Deferred(partial(_redis_tier, settings), read_only=settings.redis_read_only, name="Redis"))
     if settings.object_store_url is not None:
         from kernelcache.stores.object.store import ObjectStoreProgramCache
 
@@ -231,6 +260,13 @@ def _shared_tiers(settings: Settings) -> list[ProgramCacheResource]:
             raise config.ConfigError(f"KERNELCACHE_OBJECT_STORE_URL is set but {exc}") from None
         shared.append(store)
     return shared
+
+
+def _redis_tier(settings: Settings) -> ProgramCacheResource:
+    from kernelcache.stores.redis.store import RedisProgramCache
+
+    assert settings.redis_url is not None
+    return RedisProgramCache(settings.redis_url, secret=settings.redis_secret, read_only=settings.redis_read_only)
 
 
 def _make_default_cache(settings: Settings, skip_unusable_disk: bool = True) -> ProgramCacheResource:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import hmac
 import json
 import struct
 import time
@@ -58,6 +57,8 @@ def key_id(secret: bytes | None) -> bytes:
     """The 8-byte fingerprint of ``secret`` stored in each signed record (zeros: unsigned)."""
     if secret is None:
         return UNSIGNED_KEY_ID
+    import hmac  # here, not at import: a store that never reads a signed record never needs it
+
     return hmac.new(secret, b"kernelcache redis key id", hashlib.sha256).digest()[:8]
 
 
@@ -67,6 +68,8 @@ def writer_prefix(secret: bytes | None) -> bytes:
 
 
 def _tag(secret: bytes | None, name: str, body: bytes | memoryview) -> bytes:
+    import hmac
+
     h: Any = hashlib.sha256() if secret is None else hmac.new(secret, digestmod=hashlib.sha256)
     h.update(name.encode() + b"\0")
     h.update(body)  # a memoryview of the record: no copy of a large artifact
@@ -101,6 +104,8 @@ def decode(name: str, raw: bytes, secret: bytes | None) -> tuple[Verdict, tuple[
             return Verdict.FOREIGN, None
     elif secret is not None:
         return Verdict.UNSIGNED, None
+    import hmac
+
     view = memoryview(raw)
     if not hmac.compare_digest(raw[-_TAG_SIZE:], _tag(secret, name, view[:-_TAG_SIZE])):
         return Verdict.DAMAGED, None

@@ -21,6 +21,20 @@ _TO_SERVING_TIER = ("hits", "bytes_read", "compile_us_saved")
 _TO_EVERY_TIER = ("misses", "compiles")
 
 
+class Deferred:
+    """A tier made on its first use: a far tier (Redis, an object store) that a hit from a nearer
+    one never needs, so that such a hit neither imports its client nor connects.
+
+    ``make()`` returns the store; ``read_only`` is what it will say (asked before it exists);
+    ``name`` names it in messages ("Redis").
+    """
+
+    def __init__(self, make: Callable[[], ProgramCacheResource], *, read_only: bool, name: str) -> None:
+        self.make = make
+        self.read_only = read_only
+        self.name = name
+
+
 class TieredProgramCache(CountingStore):
     """Reads walk ``tiers`` in order; a hit in a lower tier is copied into every tier above it.
 
@@ -36,25 +50,49 @@ class TieredProgramCache(CountingStore):
     Redis tier's lock (every host sharing the server).
     """
 
-    def __init__(self, tiers: Sequence[ProgramCacheResource]) -> None:
+    def __init__(self, tiers: Sequence[ProgramCacheResource | Deferred]) -> None:
         super().__init__()
         tiers = list(tiers)
         if not tiers:
             raise ValueError("TieredProgramCache needs at least one tier, e.g. [InMemoryProgramCache(), ...]")
         for t in tiers:
-            if not isinstance(t, ProgramCacheResource):
+            if not isinstance(t, (ProgramCacheResource, Deferred)):
                 raise TypeError(f"every tier must be a ProgramCacheResource, not {type(t).__name__}")
-        self.tiers = tiers
+        self._tiers: list[ProgramCacheResource | Deferred] = tiers
+        self._making = threading.Lock()
         # Which tier answered this thread's last uncounted look-up: compile_program looks
         # up uncounted, then reports the hit through add_stats from the same thread.
         # Race: threads share this store, and a plain attribute would let another thread's
         # look-up replace the answer between a look-up and its count; one per thread.
         self._served = threading.local()
 
+    def after_fork_in_child(self) -> None:
+        self._making = threading.Lock()
+
+    @property
+    def tiers(self) -> list[ProgramCacheResource]:
+        """The tiers, nearest first (a deferred one is made now)."""
+        return [self._tier(i) for i in range(len(self._tiers))]
+
+    def _tier(self, i: int) -> ProgramCacheResource:
+        tier = self._tiers[i]
+        if isinstance(tier, Deferred):
+            # Race: two threads' first uses of a deferred tier; the lock makes it once.
+            with self._making:
+                tier = self._tiers[i]
+                if isinstance(tier, Deferred):
+                    tier = self._tiers[i] = tier.make()
+        return tier
+
+    def _made(self) -> list[ProgramCacheResource]:
+        """The tiers made so far (closing or zeroing one never made is nothing to do)."""
+        return [t for t in self._tiers if not isinstance(t, Deferred)]
+
     # -- reads -------------------------------------------------------------------------------
 
     def _walk(self, key: bytes, mode: str) -> tuple[bytes, Meta] | None:
-        for i, tier in enumerate(self.tiers):
+        for i in range(len(self._tiers)):
+            tier = self._tier(i)  # a deferred tier is made when a look-up first reaches it
             if mode == "user":
                 record = tier.get_record(key)
             elif mode == "uncounted" and isinstance(tier, CountingStore):
@@ -73,7 +111,7 @@ class TieredProgramCache(CountingStore):
     def _promote(self, key: bytes, record: tuple[bytes, Meta], served: int) -> None:
         """Copy a hit into every tier above the one that served it: the next look-up stops higher up.
         Never downward: a hit is not written into the tiers below it."""
-        for upper in self.tiers[:served]:
+        for upper in (self._tier(i) for i in range(served)):
             if not upper.read_only:  # a bundle above the disk that served it
                 upper.set_record(key, record[0], record[1], internal=True)
 
@@ -82,9 +120,10 @@ class TieredProgramCache(CountingStore):
         wanted = [as_key_bytes(key) for key in keys]
         found: list[tuple[bytes, Meta] | None] = [None] * len(wanted)
         missing = list(range(len(wanted)))
-        for i, tier in enumerate(self.tiers):
+        for i in range(len(self._tiers)):
             if not missing:
                 break
+            tier = self._tier(i)  # made only where some key is still missing
             for j, record in zip(missing, tier.get_many([wanted[j] for j in missing], internal=internal)):
                 if record is not None:
                     found[j] = record
@@ -121,15 +160,15 @@ class TieredProgramCache(CountingStore):
         """Count a layer's events here and in the tiers they happened in (see the class doc)."""
         self._stats.add_deferred(**deltas)
         served = getattr(self._served, "index", None)
-        for i, tier in enumerate(self.tiers):
+        for i in range(len(self._tiers)):
             mine = {k: v for k, v in deltas.items() if k in _TO_EVERY_TIER}
             if served is not None and "hits" in deltas:
                 if i < served:
                     mine["misses"] = mine.get("misses", 0) + deltas["hits"]
                 elif i == served:
                     mine.update({k: v for k, v in deltas.items() if k in _TO_SERVING_TIER})
-            if mine:
-                tier.add_stats(**mine)
+            if mine:  # a hit above a deferred tier has nothing for it: it stays unmade
+                self._tier(i).add_stats(**mine)
 
     def _remove(self, key: bytes) -> bool:
         removed, failure = False, None
@@ -161,11 +200,11 @@ class TieredProgramCache(CountingStore):
 
     @property
     def read_only(self) -> bool:
-        return all(tier.read_only for tier in self.tiers)
+        return all(tier.read_only for tier in self._tiers)  # a deferred tier says it unmade
 
     def lock_path(self, name: str) -> str | None:
-        for tier in self.tiers:
-            path = tier.lock_path(name)
+        for i in range(len(self._tiers)):  # the nearest file tier answers before a far one is made
+            path = self._tier(i).lock_path(name)
             if path is not None:
                 return path
         return None
@@ -184,11 +223,13 @@ class TieredProgramCache(CountingStore):
 
     @property
     def tmp_dir(self) -> str | None:
-        return next((tier.tmp_dir for tier in self.tiers if tier.tmp_dir is not None), None)
+        tiers = (self._tier(i) for i in range(len(self._tiers)))
+        return next((tier.tmp_dir for tier in tiers if tier.tmp_dir is not None), None)
 
     @property
     def file_root(self) -> str | None:
-        return next((tier.file_root for tier in self.tiers if tier.file_root is not None), None)
+        tiers = (self._tier(i) for i in range(len(self._tiers)))
+        return next((tier.file_root for tier in tiers if tier.file_root is not None), None)
 
     def tier_stats(self) -> list[dict[str, Any]]:
         return [t.stats() for t in self.tiers]
@@ -200,7 +241,7 @@ class TieredProgramCache(CountingStore):
             tier.zero_stats()
 
     def close(self) -> None:
-        for tier in self.tiers:
+        for tier in self._made():
             tier.close()
 
 
@@ -211,4 +252,4 @@ def leaf_tiers(cache: ProgramCacheResource) -> list[ProgramCacheResource]:
     return [cache]
 
 
-__all__ = ["TieredProgramCache", "leaf_tiers"]
+__all__ = ["Deferred", "TieredProgramCache", "leaf_tiers"]

@@ -55,7 +55,7 @@ def test_triton_and_cupy_kernels_served_from_a_bundle_compile_nothing(tmp_path):
     entries = os.path.join(node["KERNELCACHE_DIR"], "v2", "entries")
     assert not os.path.exists(entries) or not any(files for _, _, files in os.walk(entries))
     print(
-        f"\nbundle create: {report['entries']} entries, {report['bytes']} bytes, 1 inode, {create_s:.2f} s "
+        f"\nbundle create: {report['kernels']} kernels ({report['records']} records), {report['bytes']} bytes, 1 inode, {create_s:.2f} s "
         f"(CLI process included); fresh-process first launch from the bundle: Triton "
         f"{triton['first_launch_s'] * 1e3:.1f} ms, CuPy {cupy['first_launch_s'] * 1e3:.1f} ms"
     )

@@ -34,7 +34,6 @@ from kernelcache.stores.file import dircap, lru
 from kernelcache.stores.file import locks as lockfiles
 from kernelcache.stores.file.counters import FileStats
 from kernelcache.stores.file.marker import FORMAT_DIR, TIER_COUNTERS, holds_only_ours, tier_counters_path
-from kernelcache.stores.file.oldlayout import remove_v1_tree
 from kernelcache.stores.file.ops import (
     READ_CHUNK,
     TMP_SUFFIX,
@@ -200,6 +199,8 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         Its entries are never read by this version, so they only take space. Only files
         that layout wrote go (oldlayout.py): anything else under a ``v1/`` stays.
         """
+        from kernelcache.stores.file.oldlayout import remove_v1_tree  # maintenance only
+
         return remove_v1_tree(self._root)
 
     @property

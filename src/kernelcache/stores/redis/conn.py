@@ -14,6 +14,7 @@ def given_client(url: Any) -> tuple[Any, str]:
     ``url``: a Redis URL str (checked now) or a redis-py client (Redis or RedisCluster)."""
     if isinstance(url, str):
         check_redis_url(url)
+        require_client()  # the client itself is imported and connected on the store's first call
         return None, url
     if hasattr(url, "get") and hasattr(url, "set"):
         connection_kwargs = getattr(url, "get_connection_kwargs", None)
@@ -24,17 +25,33 @@ def given_client(url: Any) -> tuple[Any, str]:
 
 
 def make_client(url: str, socket_timeout: float) -> Any:
-    """A redis-py client for a URL check_redis_url accepted (RedisCluster for ``+cluster``); no I/O yet."""
+    """A redis-py client for a URL check_redis_url accepted (RedisCluster for ``+cluster``); no I/O yet.
+
+    Called on a store's first call to Redis, not when the store is made: importing redis costs
+    more than a hundred hits from a nearer tier. A URL that redis-py refuses where
+    check_redis_url did not is an OSError: that tier is then unreachable (warned, backed off).
+    """
     import redis
 
     kw = {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout}
-    if url.startswith(("redis+cluster://", "rediss+cluster://")):
-        from redis.cluster import RedisCluster
+    try:
+        if url.startswith(("redis+cluster://", "rediss+cluster://")):
+            from redis.cluster import RedisCluster
 
-        # Connects at once (it reads the slot map): done on first use, inside RedisProgramCache.call, so a
-        # down cluster degrades like a down server instead of raising here.
-        return RedisCluster.from_url(url.replace("+cluster", "", 1), **kw)
-    return redis.Redis.from_url(url, **kw)
+            # Connects at once (it reads the slot map): done on first use, inside RedisProgramCache.call, so
+            # a down cluster degrades like a down server instead of raising here.
+            return RedisCluster.from_url(url.replace("+cluster", "", 1), **kw)
+        return redis.Redis.from_url(url, **kw)
+    except ValueError as exc:
+        raise OSError(f"redis-py refuses the URL {url!r}: {exc}") from exc
+
+
+def require_client() -> None:
+    """ImportError naming the extra when redis-py is not installed; imports nothing."""
+    import importlib.util
+
+    if importlib.util.find_spec("redis") is None:
+        raise ImportError("RedisProgramCache needs the redis client (redis-py): pip install 'kernelcache[redis]'")
 
 
 def unreachable_errors() -> tuple[type[BaseException], ...]:

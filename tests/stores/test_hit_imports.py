@@ -1,0 +1,70 @@
+"""A hit from a near tier loads nothing of the far ones: no client library imported, no connection
+made, until a call needs that tier (each case a real, fresh process on a real cache directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from helpers import ARCH, run_python
+
+# One fresh process: a compile_program call, then what it found and what is loaded.
+CHILD = f"""
+import json, sys
+from cuda.core import ProgramOptions
+from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
+cache = FileStreamProgramCache(sys.argv[2]) if sys.argv[2] else None
+info = CompileInfo()
+compile_program(sys.argv[1], options=ProgramOptions(arch={ARCH!r}), cache=cache, info=info)
+heavy = ("redis", "obstore", "triton", "torch", "cupy", "rich", "click", "platformdirs", "logging", "decimal")
+print(json.dumps({{"hit": info.hit, "loaded": sorted(m for m in heavy if m in sys.modules)}}))
+"""
+SRC = 'extern "C" __global__ void k(float* a) {{ a[threadIdx.x] = {}.0f; }}'
+
+
+def child(source: str, store: str = "", **env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    out = run_python(CHILD, source, store, env={**clean, **env})
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_hit_from_disk_loads_no_remote_client_nor_anything_a_miss_needs(tmp_path) -> None:
+    """Proven on the process's own sys.modules: the first call (a miss) and a fresh process's hit."""
+    store = str(tmp_path / "c")
+    assert child(SRC.format(1), store)["hit"] is False
+    got = child(SRC.format(1), store)
+    assert got == {"hit": True, "loaded": []}
+
+
+def test_with_a_redis_url_a_hit_from_disk_neither_imports_redis_nor_connects(tmp_path) -> None:
+    """The default cache is memory -> disk -> Redis; an entry on disk is served with Redis untouched
+    (the server counts no connection from that process); a miss then reaches Redis."""
+    pytest.importorskip("redis", reason="the redis client is the 'redis' extra")
+    from redis_servers import RedisServer, need_redis
+
+    need_redis()
+    server = RedisServer(str(tmp_path))
+    try:
+        kc_dir = str(tmp_path / "kc")
+        assert child(SRC.format(2), KERNELCACHE_DIR=kc_dir)["hit"] is False  # on disk only: no Redis yet
+
+        def connections() -> int:
+            stats = server.cli("info", "stats")
+            return int(
+                next(line for line in stats.splitlines() if line.startswith("total_connections_received:")).split(":")[
+                    1
+                ]
+            )
+
+        before = connections()
+        got = child(SRC.format(2), KERNELCACHE_DIR=kc_dir, KERNELCACHE_REDIS_URL=server.url)
+        assert got["hit"] is True and "redis" not in got["loaded"]
+        assert connections() - before == 1  # that one is this INFO's own
+        assert server.cli("dbsize") == "0"
+        # A miss needs Redis: the client is imported then, and the entry is written there.
+        got = child(SRC.format(3), KERNELCACHE_DIR=kc_dir, KERNELCACHE_REDIS_URL=server.url)
+        assert got["hit"] is False and "redis" in got["loaded"]
+        assert int(server.cli("dbsize")) >= 1
+    finally:
+        server.stop()
