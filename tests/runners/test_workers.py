@@ -13,7 +13,7 @@ import time
 
 import pytest
 from cuda.core import ProgramOptions
-from helpers import ARCH, in_forked_child, run_python, settle_timestamps, support_script
+from helpers import ARCH, in_forked_child, settle_timestamps, support_script
 from sources import HEAVY, TEMPLATE, WARNS, needs_bundled_headers
 
 from kernelcache import CompileManyError, FileStreamProgramCache, KernelCacheWarning, compile_many
@@ -281,26 +281,6 @@ def test_workers_load_no_driver_and_hold_no_context(tmp_path) -> None:
         with open(f"/proc/{pid}/maps") as f:
             maps = f.read()
         assert "libnvrtc" in maps and "libcuda.so" not in maps
-
-
-def test_workers_see_no_gpu_whatever_the_caller_sees(tmp_path, monkeypatch) -> None:
-    """A worker starts with no visible device (NVRTC would initialise the driver in it) and keeps
-    that through every compile, though each compile takes on the caller's environment."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    reqs = [{"code": TEMPLATE, "options": ProgramOptions(arch=ARCH), "name_expressions": ("axpy<float>",)}]
-    compile_many(reqs, cache=FileStreamProgramCache(tmp_path), processes=True)
-    assert pool().pids()
-    for pid in pool().pids():
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            assert b"CUDA_VISIBLE_DEVICES=" in f.read().split(b"\0")
-    kept = run_python(
-        "import json, os, sys\n"
-        "from kernelcache.runners.job import take_on\n"
-        "take_on(os.getcwd(), {**os.environ, 'CUDA_VISIBLE_DEVICES': '0', 'FROM_CALLER': '1'}, list(sys.path))\n"
-        "print(json.dumps([os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('FROM_CALLER')]))",
-        env={"CUDA_VISIBLE_DEVICES": ""},
-    )
-    assert json.loads(kept) == ["", "1"]
 
 
 def test_workers_that_cannot_start_leave_the_compile_in_this_process(tmp_path) -> None:

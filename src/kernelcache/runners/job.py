@@ -66,31 +66,10 @@ def take_on(cwd: str | None, env: dict[str, str], path: list[str]) -> None:
         os.rmdir(gone)
     elif cwd is not None and here != cwd:
         os.chdir(cwd)
-    env = _keeping_own_devices(env)
     if env != os.environ:
         for name in [n for n in os.environ if n not in env]:
             del os.environ[name]
         os.environ.update(env)
-
-
-# Which GPUs this process sees is its own (a compiler worker sees none: worker.NO_DEVICE; a Dask
-# worker keeps its own assignment): compiles name their target and never need a device, and the
-# driver would read the caller's value only at its first use anyway.
-_OWN = ("CUDA_VISIBLE_DEVICES",)
-
-
-def _keeping_own_devices(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with this process's own values of the variables in _OWN (or without them)."""
-    if all(env.get(name) == os.environ.get(name) for name in _OWN):
-        return env
-    env = dict(env)
-    for name in _OWN:
-        mine = os.environ.get(name)
-        if mine is None:
-            env.pop(name, None)
-        else:
-            env[name] = mine
-    return env
 
 
 def _nvrtc(call: Any, trace_dir: str | None) -> tuple[str, Any]:

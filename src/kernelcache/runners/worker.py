@@ -25,7 +25,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["FORK_LOCK", "IDLE_S", "NO_DEVICE", "Died", "Retired", "Worker", "boot_flags", "environ_copy"]
+__all__ = ["FORK_LOCK", "IDLE_S", "Died", "Retired", "Worker", "boot_flags", "environ_copy"]
 
 # An idle worker ends after this long (its slot goes back to the node; one another process waits
 # for goes at once): a batch right after another finds its workers warm, an idle process holds
@@ -113,7 +113,7 @@ class Worker:
                     pass_fds=(req_r, rep_w, slot_fd) if slot_fd >= 0 else (req_r, rep_w),
                     stdin=subprocess.DEVNULL,
                     stderr=errors,
-                    env={**environ_copy(), **NO_DEVICE},
+                    env=environ_copy(),
                 )
             except BaseException:
                 to.close()
@@ -239,17 +239,6 @@ class Worker:
                 end.close()
             except OSError:
                 pass  # one end that cannot be closed must not keep the other, or other workers', open
-
-
-# A worker sees no GPU. NVRTC opens the driver's device files and initialises the driver in
-# every process that compiles, though its output does not depend on the device (the target is
-# always named: ProgramOptions resolves the arch in the caller, and the key records it). On the
-# H200 host that start is 0.2-0.45 s of mostly system time per process, and later compiles cost
-# 27-44 ms instead of 12-19 ms; with no visible device the first compile is 0.06-0.08 s and the
-# bytes are identical (benchmarks/bench_nvrtc_first.py --env CUDA_VISIBLE_DEVICES=; the corpus
-# compiled both ways compares equal). The driver reads the variable once, at its first use, so
-# job.take_on keeps this process's own value when it takes on the caller's environment.
-NO_DEVICE = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def environ_copy() -> dict[str, str]:
