@@ -33,31 +33,18 @@ class Kernel:
 
 def bundled_headers(where: str) -> str:
     """NVRTC's bundled headers installed under ``where`` (kept there: later calls reuse them);
-    where this NVRTC cannot install them (before nvrtcInstallBundledHeaders), a CUDA toolkit's
-    include directory; RuntimeError where neither is found."""
+    RuntimeError when this NVRTC has no bundled headers (before 13.x's nvrtcInstallBundledHeaders)."""
     from cuda.bindings import nvrtc
 
     marker = os.path.join(where, ".nvrtc_headers_version")
     if not os.path.exists(marker):
         install = getattr(nvrtc, "nvrtcInstallBundledHeaders", None)
-        try:
-            err = install(os.fsencode(where), 0)[0] if install is not None else None
-        except Exception:  # cuda.bindings knows the call, the loaded NVRTC (before 13.x's) does not
-            err = None
-        if err is None:
-            return _toolkit_headers()
+        if install is None:
+            raise RuntimeError("this NVRTC bundles no headers (nvrtcInstallBundledHeaders is missing)")
+        err = install(os.fsencode(where), 0)[0]
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise RuntimeError(f"nvrtcInstallBundledHeaders({where!r}) failed: {err!r}")
     return where
-
-
-def _toolkit_headers() -> str:
-    """A CUDA toolkit's include directory, which has the bundled headers' layout (cccl/ beside the
-    CUDA headers) and the version of the toolkit's NVRTC; RuntimeError where there is none."""
-    include = os.path.join(os.environ.get("CUDA_HOME") or "/usr/local/cuda", "include")
-    if os.path.isdir(os.path.join(include, "cccl")):
-        return include
-    raise RuntimeError("this NVRTC bundles no headers (nvrtcInstallBundledHeaders) and no CUDA toolkit is found")
 
 
 def kernels(bundled: str, arch: str = "sm_90", deep: bool | None = None) -> list[Kernel]:
