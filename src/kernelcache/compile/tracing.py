@@ -62,7 +62,6 @@ class HeaderTrace:
             found,
             self.dirs,
             hdr.first_include(options),
-            hdr.toolchain_header_roots(options),
             self.request.source_bytes(),
             includes.pre_includes(options),
             self.started_ns,
