@@ -160,9 +160,10 @@ def may_read_files(code: str | bytes, options: Any) -> bool:
     trigraph that could splice "#inc\\<newline>lude" together, and pre_include or
     extra_sources mean True. Directives cannot come out of macro expansion and _Pragma cannot
     include, so the text shows every name. Without include_path or bundled headers an
-    angle-bracket name resolves only among NVRTC's builtin headers (measured: not in the current directory, nor that of options.name), which the
-    toolchain in the key pins. A source with no "include" reads no bundled header (measured:
-    NVRTC's trace of such a compile lists its builtin header alone).
+    angle-bracket name resolves only among NVRTC's builtin headers (measured: not in the
+    current directory, nor that of options.name), which the toolchain in the key pins. A source
+    with no "include" reads no bundled header (measured: NVRTC's trace of such a compile lists
+    its builtin header alone).
     """
     for field in ("pre_include", "extra_sources", "pch", "use_pch", "pch_dir"):
         if emits_flag(field, getattr(options, field, None)):
