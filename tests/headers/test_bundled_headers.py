@@ -31,7 +31,7 @@ from cuda.core import Program, ProgramOptions
 from helpers import ARCH
 from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
 code, cache_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-options = ProgramOptions(arch=ARCH, use_bundled_headers=True)
+options = ProgramOptions(arch=ARCH, use_bundled_headers=True, include_path=sys.argv[4:] or None)
 root = options.as_bytes("nvrtc")[1].decode().split("=", 1)[1]
 if mode == "plain":
     out = Program(code, "c++", options=options).compile("cubin")
@@ -44,10 +44,10 @@ else:
 """
 
 
-def child(tmp_path, xdg: str, mode: str) -> dict:
+def child(tmp_path, xdg: str, mode: str, code: str = CODE, include: tuple[str, ...] = ()) -> dict:
     helpers_dir = os.path.dirname(os.path.abspath(__import__("helpers").__file__))
     env = {"XDG_CACHE_HOME": xdg, "PYTHONPATH": os.pathsep.join([helpers_dir, os.environ.get("PYTHONPATH", "")])}
-    return json.loads(run_python(CHILD, CODE, str(tmp_path / "cache"), mode, env=env).strip().splitlines()[-1])
+    return json.loads(run_python(CHILD, code, str(tmp_path / "cache"), mode, *include, env=env).strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +105,25 @@ def test_a_bundled_header_copy_elsewhere_still_hits(installed, tmp_path) -> None
     again = child(tmp_path, str(other), "cached")
     assert (stored["cached"], again["hit"], again["sha"]) == (True, True, stored["sha"])
     assert not any(h.startswith(xdg + os.sep) for h in again["headers"])
+
+
+@pytest.mark.parametrize("kind", ["<>", '""'])
+def test_a_header_added_to_the_bundled_cccl_dir_shadows_include_path(installed, tmp_path, kind: str) -> None:
+    """NVRTC searches the bundled root's cccl subdirectory before include_path (for both kinds
+    of name): a header found on include_path and then shadowed by a new file there is a miss
+    with the plain compile's bytes."""
+    xdg, header = private_copy(installed, tmp_path)
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "kc_shadow.h").write_text("#define KC_BUNDLED_VALUE 3\n")
+    code = CODE.replace("<cuComplex.h>", kind[0] + "kc_shadow.h" + kind[1])
+    settle_timestamps()
+    stored = child(tmp_path, xdg, "cached", code, (str(inc),))
+    assert (stored["hit"], stored["cached"]) == (False, True)
+    with open(os.path.join(os.path.dirname(header), "cccl", "kc_shadow.h"), "w") as f:
+        f.write("#define KC_BUNDLED_VALUE 4\n")
+    settle_timestamps()
+    plain = child(tmp_path, xdg, "plain", code, (str(inc),))
+    assert plain["sha"] != stored["sha"]  # NVRTC now reads the cccl copy
+    again = child(tmp_path, xdg, "cached", code, (str(inc),))
+    assert (again["hit"], again["sha"]) == (False, plain["sha"])

@@ -130,8 +130,8 @@ def workdir() -> str | None:
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
     """Absolute search directories in NVRTC's order (memoised): the main source's own
     directory (that of the program name, joined to the working directory), then the -I
-    directories in flag order: include_path, and the bundled-headers root where its flag
-    stands (headers.scan states the whole rule)."""
+    directories in flag order: include_path, and the bundled-headers root and its cccl
+    subdirectory where their flag stands (headers.scan states the whole rule)."""
     cwd = cwd or os.getcwd()
     name = compiled_name(options, "c++")  # NVRTC searches the encoded name's directory
     include = getattr(options, "include_path", None)
@@ -150,7 +150,8 @@ def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
             own = ""  # --no-source-include: no includer's directory is searched
         included = [os.path.normpath(os.path.join(cwd, d)) for d in as_list(include)]
         for at, root in reversed(bundled):
-            included.insert(at, os.path.normpath(os.path.join(cwd, root)))
+            root = os.path.normpath(os.path.join(cwd, root))
+            included[at:at] = [root, os.path.join(root, BUNDLED_CCCL)]
         dirs = [own] + included
         remember(_dirs_memo, memo_key, dirs, 1024)
     return dirs
@@ -159,6 +160,7 @@ def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
 _dirs_memo: dict[tuple[Any, ...], list[str]] = {}
 FIRST_INCLUDE = 1  # where the -I directories start among search_dirs() (angle-bracket names search from there)
 _BUNDLED_FLAG = "--use-bundled-headers="
+BUNDLED_CCCL = "cccl"  # NVRTC searches the root, then root/cccl (CCCL's cub/, thrust/, cuda/, nv/)
 _INCLUDE_FLAG = "--include-path="
 
 
@@ -171,17 +173,18 @@ def bundled_roots(options: Any) -> tuple[tuple[int, str], ...]:
     """Each bundled-headers root NVRTC receives (``use_bundled_headers``), with how many
     include_path flags precede it, in flag order.
 
-    The root is a search directory like any -I directory and its headers are tracked like
-    theirs (recorded by their place under it, so keys stay shareable between users whose roots
-    differ): nvrtcInstallBundledHeaders writes its copy once into a user-writable directory
-    (cuda.core's: ``$XDG_CACHE_HOME/cuda-python/nvrtc-bundled-headers``, ``~/.cache`` without
-    it) and NVRTC reads whatever that copy holds now (measured with NVRTC 13.5: an ``#error``
-    appended to its cuComplex.h fails the next compile), so the toolchain identity in the key,
-    which pins the library that wrote the copy, does not pin the copy. NVRTC searches the root
-    in flag order among the -I directories (measured: a quoted name tries the includer's
-    directory, then the root, then include_path, as cuda.core emits the root first). The flags
-    are cuda.core's own (``as_bytes``, about 12 us), asked for only when the option is set: the
-    directory is cuda.core's choice, read from the environment when the flags are made."""
+    The root and its ``cccl`` subdirectory are search directories like the -I ones (search_dirs
+    puts both at the flag's place), their headers tracked like theirs: recorded by their place
+    under them, so keys stay shareable between users whose roots differ. Not pinned by the key's
+    toolchain identity: nvrtcInstallBundledHeaders writes its copy once into a user-writable
+    directory (cuda.core's: ``$XDG_CACHE_HOME/cuda-python/nvrtc-bundled-headers``, ``~/.cache``
+    without it) and NVRTC reads whatever that copy holds now (measured with NVRTC 13.5: an
+    ``#error`` appended to its cuComplex.h fails the next compile). Search order, measured: a
+    quoted name tries the includer's directory, then the root, then root/cccl, then
+    include_path (cuda.core emits the root's flag first); an angle-bracket name the same
+    without the includer's directory. The flags are cuda.core's own (``as_bytes``, about 12
+    us), asked for only when the option is set: the directory is cuda.core's choice, read from
+    the environment when the flags are made."""
     if not getattr(options, "use_bundled_headers", None):
         return ()
     try:

@@ -19,8 +19,9 @@ checks each place against NVRTC itself):
   working directory is searched only as one of those: a header's quoted include does not
   look in it, nor in the main source's directory;
 - the -I directories are ``include_path`` and, with ``use_bundled_headers``, the bundled-headers
-  root where its flag stands among them (cuda.core emits it first; a user-writable copy that
-  NVRTC reads as it is now, so tracked like the others: headers.digests.bundled_roots);
+  root and its ``cccl`` subdirectory where their flag stands among them (cuda.core emits it
+  first; a user-writable copy that NVRTC reads as it is now, so tracked like the others:
+  headers.digests.bundled_roots);
 - an angle-bracket name tries the -I directories only, then NVRTC's builtin headers (inside
   the library, pinned by the toolchain in the key, not tracked);
 - ``--no-source-include`` drops the includer's directory from quoted names (main source and
