@@ -127,3 +127,13 @@ def test_a_header_added_to_the_bundled_cccl_dir_shadows_include_path(installed, 
     assert plain["sha"] != stored["sha"]  # NVRTC now reads the cccl copy
     again = child(tmp_path, xdg, "cached", code, (str(inc),))
     assert (again["hit"], again["sha"]) == (False, plain["sha"])
+
+
+def test_the_compile_that_installs_the_bundled_headers_is_stored(tmp_path) -> None:
+    """A first compile in a home without the bundled headers (NVRTC would install them during
+    the compile, stamping them after its start) is stored, and a fresh process hits it."""
+    xdg = str(tmp_path / "fresh-xdg")
+    stored = child(tmp_path, xdg, "cached")
+    assert os.path.isfile(os.path.join(stored["root"], ".nvrtc_headers_version"))
+    again = child(tmp_path, xdg, "cached")
+    assert (stored["hit"], stored["cached"], again["hit"], again["sha"]) == (False, True, True, stored["sha"])
