@@ -10,6 +10,8 @@ never stored under a key that would claim it.
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from kernelcache.compile.request import CompileRequest
@@ -19,6 +21,44 @@ from kernelcache.headers import manifests, variants
 from kernelcache.headers import scan as includes
 from kernelcache.runners.compilers import new_trace_path, remove_trace
 from kernelcache.stores.base import ProgramCacheResource
+
+
+def install_bundled_headers(options: Any) -> None:
+    """Install NVRTC's bundled headers into each root the options name, as the compile would.
+
+    NVRTC installs them during a compile that finds the root without an up-to-date copy (a new
+    home directory, a new NVRTC), and the headers it then reads are stamped after the compile's
+    start, so that compile could not be stored. Installing first (the same call NVRTC makes,
+    skipping an up-to-date copy: about 15 us) stores it; after an install, this waits until the
+    filesystem's clock has moved past the marker NVRTC writes last (one tick, 1-10 ms), so the
+    copy is older than the compile's start. Any failure leaves it to the compile."""
+    roots = hdr.bundled_roots(options)
+    if not roots:
+        return
+    try:
+        from cuda.bindings import nvrtc
+
+        for _, root in roots:
+            marker = os.path.join(root, _MARKER)
+            before = _stamp(marker)
+            nvrtc.nvrtcInstallBundledHeaders(root.encode(), 0)  # 0: skip an up-to-date copy
+            after = _stamp(marker)
+            deadline = time.monotonic() + 0.1
+            while after is not None and after != before and hdr.now_ns() <= after and time.monotonic() < deadline:
+                time.sleep(0.001)
+    except Exception:  # noqa: BLE001 - an older NVRTC, a read-only home: the compile installs (or fails) as before
+        return
+
+
+_MARKER = ".nvrtc_headers_version"  # nvrtcInstallBundledHeaders' version marker
+
+
+def _stamp(path: str) -> int | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return max(st.st_mtime_ns, st.st_ctime_ns)
 
 
 class HeaderTrace:
@@ -40,6 +80,7 @@ class HeaderTrace:
             self.not_stored = "there is no room for NVRTC's header trace (a full disk would abort NVRTC)"
         self.cwd = cwd or "/"
         self.dirs = [] if cwd is None else hdr.search_dirs(request.options, cwd)
+        install_bundled_headers(request.options)
         self.before = manifests.digests_before(manifest_key, self.dirs)
         self.started_ns = hdr.now_ns()  # the clock files are stamped with
 
@@ -62,7 +103,6 @@ class HeaderTrace:
             found,
             self.dirs,
             hdr.first_include(options),
-            hdr.toolchain_header_roots(options),
             self.request.source_bytes(),
             includes.pre_includes(options),
             self.started_ns,

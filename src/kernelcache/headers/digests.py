@@ -7,9 +7,10 @@ its place on the search path and its content digest, plus the names the texts pr
 (headers.scan).
 
 The search dirs are, in NVRTC's order for a quoted include: the directory of
-``options.name``, the current directory, then ``include_path``. Headers of the toolchain
-itself (NVRTC's builtin and bundled headers) are not tracked: their content is pinned by
-the NVRTC identity in the key.
+``options.name``, the current directory, then the -I directories in flag order: the
+bundled-headers root (``use_bundled_headers``: a user-writable copy, tracked like any other)
+and ``include_path``. Only NVRTC's builtin headers, which exist inside the library alone, are
+not tracked: their content is pinned by the NVRTC identity in the key.
 
 Hashing a header is memoised per process by (inode, size, mtime, ctime), so a warm process
 pays one stat per tracked header per look-up; a file whose timestamps are within the
@@ -128,61 +129,77 @@ def workdir() -> str | None:
 
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
     """Absolute search directories in NVRTC's order (memoised): the main source's own
-    directory (that of the program name, joined to the working directory), then
-    include_path (headers.scan states the whole rule)."""
+    directory (that of the program name, joined to the working directory), then the -I
+    directories in flag order: include_path, and the bundled-headers root and its cccl
+    subdirectory where their flag stands (headers.scan states the whole rule)."""
     cwd = cwd or os.getcwd()
     name = compiled_name(options, "c++")  # NVRTC searches the encoded name's directory
     include = getattr(options, "include_path", None)
+    bundled = bundled_roots(options)
     memo_key = (
         cwd,
         name,
         include if isinstance(include, (str, type(None))) else tuple(include),
         bool(getattr(options, "no_source_include", None)),
+        bundled,
     )
     dirs = _dirs_memo.get(memo_key)
     if dirs is None:
         own = os.path.normpath(os.path.join(cwd, os.path.dirname(name)))
         if getattr(options, "no_source_include", None):
             own = ""  # --no-source-include: no includer's directory is searched
-        dirs = [own] + [os.path.normpath(os.path.join(cwd, d)) for d in as_list(include)]
+        included = [os.path.normpath(os.path.join(cwd, d)) for d in as_list(include)]
+        for at, root in reversed(bundled):
+            root = os.path.normpath(os.path.join(cwd, root))
+            included[at:at] = [root, os.path.join(root, BUNDLED_CCCL)]
+        dirs = [own] + included
         remember(_dirs_memo, memo_key, dirs, 1024)
     return dirs
 
 
 _dirs_memo: dict[tuple[Any, ...], list[str]] = {}
-FIRST_INCLUDE = 1  # where include_path starts among search_dirs() (angle-bracket names search from there)
+FIRST_INCLUDE = 1  # where the -I directories start among search_dirs() (angle-bracket names search from there)
+_BUNDLED_FLAG = "--use-bundled-headers="
+BUNDLED_CCCL = "cccl"  # NVRTC searches the root, then root/cccl (CCCL's cub/, thrust/, cuda/, nv/)
+_INCLUDE_FLAG = "--include-path="
 
 
 def first_include(options: Any) -> int:
-    """Where include_path starts among search_dirs(options)."""
+    """Where the -I directories (include_path and the bundled root) start among search_dirs(options)."""
     return FIRST_INCLUDE
 
 
-def toolchain_header_roots(options: Any) -> list[str]:
-    """Directories whose headers belong to the toolchain (not tracked).
+def bundled_roots(options: Any) -> tuple[tuple[int, str], ...]:
+    """Each bundled-headers root NVRTC receives (``use_bundled_headers``), with how many
+    include_path flags precede it, in flag order.
 
-    Whether that is safe: only where the toolchain identity in the key identifies every file under
-    the root. It does not, measured with NVRTC 13.5: ``--use-bundled-headers=DIR`` names a copy that
-    nvrtcInstallBundledHeaders wrote once into a user-writable directory (cuda.core's default:
-    ``~/.cache/cuda-python/nvrtc-bundled-headers``, marked by ``.nvrtc_headers_version``), and NVRTC
-    reads whatever that copy holds now: an ``#error`` appended to its cuComplex.h fails the next
-    compile. The identity pins the library that wrote the copy, not the copy, so an edit there (by
-    hand, or an install cut short) is a hit on stale code. Tracking them needs the root as a search
-    directory where its flag stands (NVRTC searches it in flag order among the -I directories,
-    measured: cuda.core emits it before include_path, so it is searched first), each header then
-    recorded by its place so keys stay shareable across users; scan.may_read_files must then answer
-    True for a source using them. Not done here yet: the same reasoning rules out skipping any other directory of
-    headers a wheel installed (a bundled copy handed in through ``include_path`` is tracked)."""
-    roots = []
+    The root and its ``cccl`` subdirectory are search directories like the -I ones (search_dirs
+    puts both at the flag's place), their headers tracked like theirs: recorded by their place
+    under them, so keys stay shareable between users whose roots differ. Not pinned by the key's
+    toolchain identity: nvrtcInstallBundledHeaders writes its copy once into a user-writable
+    directory (cuda.core's: ``$XDG_CACHE_HOME/cuda-python/nvrtc-bundled-headers``, ``~/.cache``
+    without it) and NVRTC reads whatever that copy holds now (measured with NVRTC 13.5: an
+    ``#error`` appended to its cuComplex.h fails the next compile). Search order, measured: a
+    quoted name tries the includer's directory, then the root, then root/cccl, then
+    include_path (cuda.core emits the root's flag first); an angle-bracket name the same
+    without the includer's directory. The flags are cuda.core's own (``as_bytes``, about 12
+    us), asked for only when the option is set: the directory is cuda.core's choice, read from
+    the environment when the flags are made."""
+    if not getattr(options, "use_bundled_headers", None):
+        return ()
     try:
         flags = options.as_bytes("nvrtc")
-    except Exception:
-        flags = []
+    except Exception:  # cuda.core refuses the options: the compile fails the same way
+        return ()
+    roots = []
+    includes = 0
     for flag in flags:
         text = flag.decode(errors="replace") if isinstance(flag, bytes) else str(flag)
-        if text.startswith("--use-bundled-headers="):
-            roots.append(os.path.normpath(text.split("=", 1)[1]))
-    return roots
+        if text.startswith(_INCLUDE_FLAG):
+            includes += 1
+        elif text.startswith(_BUNDLED_FLAG):
+            roots.append((includes, text[len(_BUNDLED_FLAG) :]))
+    return tuple(roots)
 
 
 # NVRTC processes this header (inside the library) first in every C++ compile; its event is the

@@ -18,8 +18,12 @@ checks each place against NVRTC itself):
   (relative entries joined to the working directory, "" is the working directory). The
   working directory is searched only as one of those: a header's quoted include does not
   look in it, nor in the main source's directory;
-- an angle-bracket name tries ``include_path`` only, then NVRTC's builtin and bundled headers
-  (pinned by the toolchain in the key, not tracked);
+- the -I directories are ``include_path`` and, with ``use_bundled_headers``, the bundled-headers
+  root and its ``cccl`` subdirectory where their flag stands among them (cuda.core emits it
+  first; a user-writable copy that NVRTC reads as it is now, so tracked like the others:
+  headers.digests.bundled_roots);
+- an angle-bracket name tries the -I directories only, then NVRTC's builtin headers (inside
+  the library, pinned by the toolchain in the key, not tracked);
 - ``--no-source-include`` drops the includer's directory from quoted names (main source and
   headers alike: search_dirs then gives "" as the main source's directory).
 ``#include_next`` is read as ``#include``: the header it reads is then not derived from a
@@ -152,13 +156,15 @@ def may_read_files(code: str | bytes, options: Any) -> bool:
     (so no trace is needed: the trace could list nothing but toolchain headers).
 
     Conservative: any "include" in the text (comments and strings included) that is not
-    an angle-bracket name with a literal, relative spelling, any include_path (angle names then
-    search it), a line continuation or trigraph that could splice "#inc\\<newline>lude"
-    together, and pre_include or extra_sources mean True. Directives cannot come out of
-    macro expansion and _Pragma cannot include, so the text shows every name. Without
-    include_path an angle-bracket name resolves only among NVRTC's builtin and bundled
-    headers (measured: not in the current directory, nor that of options.name), which the
-    toolchain in the key pins, as it does when they are traced.
+    an angle-bracket name with a literal, relative spelling, any include_path or
+    use_bundled_headers (angle names then search that directory), a line continuation or
+    trigraph that could splice "#inc\\<newline>lude" together, and pre_include or
+    extra_sources mean True. Directives cannot come out of macro expansion and _Pragma cannot
+    include, so the text shows every name. Without include_path or bundled headers an
+    angle-bracket name resolves only among NVRTC's builtin headers (measured: not in the
+    current directory, nor that of options.name), which the toolchain in the key pins. A source
+    with no "include" reads no bundled header (measured: NVRTC's trace of such a compile lists
+    its builtin header alone).
     """
     for field in ("pre_include", "extra_sources", "pch", "use_pch", "pch_dir"):
         if emits_flag(field, getattr(options, field, None)):
@@ -171,6 +177,8 @@ def may_read_files(code: str | bytes, options: Any) -> bool:
         return False
     if emits_flag("include_path", getattr(options, "include_path", None)):
         return True  # "" too: --include-path= makes NVRTC search the current directory
+    if getattr(options, "use_bundled_headers", None):
+        return True  # angle names search the bundled root, a copy the key does not pin (headers.digests)
     # An absolute angle-bracket name (<"/abs/cfg.h">) is opened as it is, wherever it is.
     return (
         sum(1 for m in _DIRECTIVE.finditer(raw) if m.group(2) == b"<" and not m.group(3).strip().startswith(b"/"))

@@ -80,7 +80,6 @@ def build_variant(
     headers: Sequence[str],
     dirs: Sequence[str],
     first_include: int,
-    skip_roots: Sequence[str],
     source: bytes,
     pre_include: Sequence[str],
     start_ns: int,
@@ -95,7 +94,7 @@ def build_variant(
     ``index``: the cache's headers.index (the digests read now are remembered there)."""
     texts: dict[str | None, list[tuple[str, str, str]]] = {None: includes.directives(source)}
     texts[None] += [(includes.INCLUDE, "q", name) for name in pre_include]
-    digests, changed = _read_headers(headers, skip_roots, before, texts, index.digest if index else file_digest)
+    digests, changed = _read_headers(headers, before, texts, index.digest if index else file_digest)
     # Probes, resolved now against the files as they are; the race checks below make sure
     # "now" is what NVRTC saw.
     probes = _resolve_probes(includes.probes(texts, option_macros), dirs, first_include)
@@ -119,7 +118,6 @@ def build_variant(
 
 def _read_headers(
     headers: Sequence[str],
-    skip_roots: Sequence[str],
     before: Mapping[str, str],
     texts: dict[str | None, list[tuple[str, str, str]]],
     digest_of: Callable[[str], str | None],
@@ -129,8 +127,6 @@ def _read_headers(
     changed: list[str] = []
     digests: dict[str, str] = {}
     for path in sorted(headers):
-        if any(path == r or path.startswith(r + os.sep) for r in skip_roots):
-            continue
         digest = digest_of(path)
         if digest is None:
             if os.path.basename(path).startswith("__nv"):

@@ -46,9 +46,11 @@ OPTION_POLICY: dict[str, str] = {
     "define_macro": HASH,
     "undefine_macro": HASH,
     "include_path": TRACKED,
-    # The bundled headers are installed by NVRTC from its own copy, so their content is a
-    # function of the NVRTC build that the toolchain component pins; the per-user directory
-    # they land in is deliberately not hashed (keys stay shareable across users/machines).
+    # The flag is hashed; the per-user directory it names is not (keys stay shareable across
+    # users and machines). Its content is NOT pinned by the NVRTC build: NVRTC installs its
+    # copy once into a user-writable directory and reads whatever that holds now, so
+    # compile_program tracks its headers as a search directory's (headers.digests.bundled_roots).
+    # A key made without header tracking and without extra_digest does not see them.
     "use_bundled_headers": HASH,
     "pre_include": TRACKED,
     "no_source_include": HASH,
