@@ -13,6 +13,7 @@ a cache tree, bundles, recorded header paths, the lockfile) is opened here, by o
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 
@@ -63,3 +64,21 @@ def read_regular(path: str, *, follow: bool = True) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def holds_sha256_prefix(path: str, prefix: str) -> bool:
+    """Whether the regular file at ``path`` (not followed if a link, never waited on if a FIFO)
+    holds bytes whose SHA-256 hex digest begins with ``prefix``; False where it cannot be read."""
+    try:
+        fd, _ = open_regular(path)
+    except OSError:
+        return False
+    digest = hashlib.sha256()
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            digest.update(chunk)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return bool(prefix) and digest.hexdigest().startswith(prefix)

@@ -38,6 +38,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from kernelcache import forksafe
+from kernelcache.regular_file import holds_sha256_prefix
 from kernelcache.regular_file import open_regular as open_regular_file
 from kernelcache.stores.file import lru
 from kernelcache.stores.file.marker import COPIES_DIR
@@ -283,19 +284,7 @@ def _is_ours(base: str, path: str) -> bool:
         expected = parts[2]  # the earlier layout: <ns>/<owner>/<digest>/<name>
     else:
         return False
-    try:
-        fd, _ = open_regular(path)
-    except OSError:
-        return False
-    try:
-        digest = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):
-            digest.update(chunk)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return digest.hexdigest()[:32] == expected
+    return holds_sha256_prefix(path, expected)
 
 
 # -- keeping copies bounded without a manual prune ------------------------------------------

@@ -28,7 +28,6 @@ file's bytes count once, with its last link (``freed``).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat as stat_mod
@@ -37,8 +36,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernelcache.regular_file import holds_sha256_prefix
 from kernelcache.stores.file.marker import COPIES_DIR
-from kernelcache.stores.file.ops import StatKey, freed, open_regular, scan_shards, stat_key
+from kernelcache.stores.file.ops import StatKey, freed, scan_shards, stat_key
 from kernelcache.stores.file.sidecar import META_SUFFIX
 
 STAMP_GRANULARITY_NS = 1_000_000_000  # a read stamps an entry at most this often
@@ -105,19 +105,7 @@ def holds_its_digest(path: str) -> bool:
     name = os.path.basename(path)
     if not _COPY_NAME.fullmatch(name) or name.endswith(".tmp"):
         return False
-    try:
-        fd, _ = open_regular(path)
-    except OSError:
-        return False
-    digest = hashlib.sha256()
-    try:
-        while chunk := os.read(fd, 1 << 20):
-            digest.update(chunk)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return digest.hexdigest()[:32] == name[:32]
+    return holds_sha256_prefix(path, name[:32])
 
 
 def scan(entries: str, tmp: str, root: str) -> tuple[deque[Candidate], int]:
