@@ -39,8 +39,24 @@ def compile_item(item: dict, cache: kernelcache.ProgramCacheResource) -> tuple:
     return obj, info
 
 
+def _import_every_module() -> None:
+    # A hit imports only what a hit runs; the miss of a damaged entry imports the rest later,
+    # when this process may no longer read the tree: every module now (optional extras aside).
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.walk_packages(kernelcache.__path__, "kernelcache."):
+        if module.name.endswith("__main__"):
+            continue  # the command line, which runs when imported
+        try:
+            importlib.import_module(module.name)
+        except ImportError:
+            pass  # an integration whose extra (cupy, triton, torch, dask) is not installed
+
+
 def main() -> None:
     bundle, spec = sys.argv[1], json.loads(sys.argv[2])
+    _import_every_module()
     toolchain_for("c++")
     kernelcache.config.check()  # reads the config file (platformdirs finds where) while it can
     # NVRTC and its builtins library are loaded now too, for the miss of a damaged entry.
