@@ -20,7 +20,7 @@ import warnings
 from typing import Any, Protocol
 
 from kernelcache.log import WarnOnce
-from kernelcache.runners import compilers, slots
+from kernelcache.runners import beside, compilers, slots
 
 __all__ = ["IN_PROCESS", "IN_WORKERS", "MIN_MISSES", "MISSES_PER_WORKER", "batch_threads", "batch_uses_processes"]
 __all__ += ["result_of_reply", "runner_for"]
@@ -39,14 +39,25 @@ class Runner(Protocol):
 
 
 class _InProcess:
-    """The compile runs in this process, on the calling thread, holding a slot of the node's."""
+    """The compile runs in this process, on the calling thread, holding a slot of the node's;
+    its header pass, where a second slot is free, in a child forked for it (beside.py)."""
 
     def run_compiler(self, request: Any, trace_path: str | None) -> tuple[Any, str, float]:
         slot = slots.take()
+        pass_beside = None
         try:
+            # Forked outside the gate (it counts this thread's compile too); None: the pass runs
+            # after the compile, here. Waited for inside it: a pass that must then run here is
+            # an NVRTC call no fork of another thread may catch halfway.
+            pass_beside = beside.start(request, trace_path, _COMPILING)
             with _COMPILING:
-                return compilers.run_compiler(request, trace_path)
+                result = compilers.run_compiler(request, None if pass_beside else trace_path)
+                if pass_beside is not None:
+                    pass_beside.finish(result[2])
+            return result
         finally:
+            if pass_beside is not None:
+                pass_beside.cancel()  # the compile failed (or was interrupted): the child goes; else a no-op
             if slot is not None:
                 slot.release()
 
@@ -189,6 +200,17 @@ class _Gate:
             while self._forking or self._running:
                 self._cond.wait()
             self._forking = True
+        return self._fork()
+
+    def try_fork(self) -> int | None:
+        """fork() now, or None where a compile of ours runs (or another fork is made) here."""
+        with self._cond:
+            if self._forking or self._running:
+                return None
+            self._forking = True
+        return self._fork()
+
+    def _fork(self) -> int:
         try:
             with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock": the gate is why not
                 warnings.simplefilter("ignore", DeprecationWarning)
