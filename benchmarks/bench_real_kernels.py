@@ -98,7 +98,7 @@ def child(who: str, phase: str, which: str, work: str) -> None:
 
     from kernelcache import FileStreamProgramCache
 
-    kernels = _select(os.path.join(work, "bundled"), which)
+    kernels = _select(corpus.bundled_headers(os.path.join(work, "bundled")), which)
     imported = time.perf_counter()
     gc.collect()  # the collection the imports left due (see the module's docstring)
     if phase == "fleet":
@@ -210,8 +210,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="kc-bench-real-")
     fleet: dict[str, tuple[float, int]] = {}
     try:
-        corpus.bundled_headers(os.path.join(work, "bundled"))
-        n = len(_select(os.path.join(work, "bundled"), which))
+        n = len(_select(corpus.bundled_headers(os.path.join(work, "bundled")), which))
         print(f"{n} kernels ({which}); cold phase...", file=sys.stderr, flush=True)
         cold = {who: _run(who, "cold", which, work) for who in ("plain", "theirs", "ours")}
         warm: dict[str, dict] = {}

@@ -31,9 +31,20 @@ class Kernel:
     deep: bool  # the CUB kernel (hundreds of headers)
 
 
+# A CUDA toolkit's include directory to use instead of NVRTC's bundled headers (the same layout:
+# the toolkit's headers, CCCL's under cccl/), for an NVRTC without nvrtcInstallBundledHeaders.
+HEADERS_ENV = "CORPUS_TOOLKIT_INCLUDE"
+
+
 def bundled_headers(where: str) -> str:
-    """NVRTC's bundled headers installed under ``where`` (kept there: later calls reuse them);
-    RuntimeError when this NVRTC has no bundled headers (before 13.x's nvrtcInstallBundledHeaders)."""
+    """NVRTC's bundled headers installed under ``where`` (kept there: later calls reuse them), or
+    the toolkit include directory $CORPUS_TOOLKIT_INCLUDE names; RuntimeError when this NVRTC has
+    no bundled headers (before 13.x's nvrtcInstallBundledHeaders) and none is named."""
+    given = os.environ.get(HEADERS_ENV)
+    if given:
+        if not os.path.isdir(os.path.join(given, "cccl")):
+            raise RuntimeError(f"${HEADERS_ENV}={given!r} has no cccl/ (a CUDA 13 toolkit's include directory has)")
+        return given
     from cuda.bindings import nvrtc
 
     marker = os.path.join(where, ".nvrtc_headers_version")
