@@ -38,6 +38,8 @@ def _fsyncs(tmp_path, misses: int) -> int:
         timeout=300,
         env={**os.environ, "KERNELCACHE_DIR": str(tmp_path / "default")},
     )
+    if proc.returncode != 0 and "ptrace" in proc.stderr.lower():
+        pytest.skip(f"strace cannot trace here: {proc.stderr.strip()[:200]}")  # a container without ptrace
     assert proc.returncode == 0, proc.stderr
     return sum(1 for line in out.read_text().splitlines() if "fsync(" in line or "fdatasync(" in line)
 
