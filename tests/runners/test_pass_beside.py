@@ -25,66 +25,78 @@ _CHILD = r"""
 import json, os, signal, sys, threading, time
 from cuda.core import ProgramOptions
 from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
+from kernelcache.runners.pool import pool
 
-root, inc, arch, action = sys.argv[1:5]
+root, inc, arch, plan, action = sys.argv[1:6]
 me = os.getpid()
+with open(f"/proc/{me}/cmdline", "rb") as f:
+    my_cmdline = f.read()
 
-def children():
+def forked_children():  # children with our command line: forks (a worker runs another)
     found = set()
     for tid in os.listdir(f"/proc/{me}/task"):
         try:
             with open(f"/proc/{me}/task/{tid}/children") as f:
-                found.update(int(p) for p in f.read().split())
+                pids = [int(p) for p in f.read().split()]
         except OSError:
-            pass  # a thread that ended
+            continue  # a thread that ended
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read() == my_cmdline:
+                        found.add(pid)
+            except OSError:
+                found.add(pid)  # a zombie has no command line left: one of ours, unreaped
     return found
-
-seen, alive, done = [], [], threading.Event()
 
 def state(pid):
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
 
+seen, alive, signal_now = [], [], threading.Event()
+
 def watch():
-    while not done.is_set():
-        for pid in children() - set(seen):
+    while True:
+        for pid in forked_children() - set(seen):
             seen.append(pid)
-            if action in ("kill", "stop"):
+            if signal_now.is_set():
                 alive.append(state(pid) in "RSD")  # signalled mid-pass, not once it had ended
                 os.kill(pid, signal.SIGKILL if action == "kill" else signal.SIGSTOP)
         time.sleep(0.0002)
 
+threading.Thread(target=watch, daemon=True).start()
 cache = FileStreamProgramCache(root)
 options = lambda: ProgramOptions(arch=arch, include_path=[inc])
-watcher = threading.Thread(target=watch, daemon=True)
-watcher.start()
-out = {}
-if action == "fail":
+body = open(os.path.join(inc, "kernel.cu")).read()
+steps = []
+for n, what in enumerate(plan.split(",")):
+    if n == 0 and action in ("kill", "stop"):
+        signal_now.set()
+    source = ('#include "broken.h"\n' if what == "bad" else '#include "deep.h"\n') + body + f"// {n}\n"
+    if action == "gpu":  # a live context and a launch before the fork: the child must not need the driver
+        import gpu_kernels
+        from cuda.core import Program
+        plain = Program(gpu_kernels.SRC, "c++", options=ProgramOptions(arch=arch)).compile("cubin")
+        before = gpu_kernels._scale_on(0, plain.get_kernel("scale"))[:4].tolist()
+        source = '#include "deep.h"\n' + gpu_kernels.SRC.replace("*= a;", "*= a * SCALE;")
+    forks, in_workers = len(seen), pool().compiles
+    info, step = CompileInfo(), {}
     try:
-        compile_program('#include "broken.h"\n' + open(os.path.join(inc, "kernel.cu")).read(), options=options(), cache=cache)
-        out["failed"] = False
+        obj = compile_program(source, options=options(), cache=cache, info=info)
     except Exception as exc:
-        out["failed"] = type(exc).__name__
-    out["children_after_failure"] = sorted(children())
-source = '#include "deep.h"\n' + open(os.path.join(inc, "kernel.cu")).read()
-if action == "gpu":  # a live context and a launch before the fork: the child must not need the driver
-    import gpu_kernels
-    from cuda.core import Program
-    plain = Program(gpu_kernels.SRC, "c++", options=ProgramOptions(arch=arch)).compile("cubin")
-    out["before"] = gpu_kernels._scale_on(0, plain.get_kernel("scale"))[:4].tolist()
-    source = '#include "deep.h"\n' + gpu_kernels.SRC.replace("*= a;", "*= a * SCALE;")
-first = CompileInfo()
-obj = compile_program(source, options=options(), cache=cache, info=first)
-if action == "gpu":
-    out["after"] = gpu_kernels._scale_on(0, obj.get_kernel("scale"))[:4].tolist()
-done.set()
-watcher.join()
-out["children_after"] = sorted(children())
-second = CompileInfo()
-compile_program(source, options=options(), cache=cache, info=second)
-out.update(seen=len(seen), signalled_alive=alive, first_hit=first.hit, cached=first.cached, not_stored=first.not_stored,
-           headers=sorted(os.path.basename(h) for h in first.headers), second_hit=second.hit)
-print(json.dumps(out))
+        step["error"] = type(exc).__name__
+    signal_now.clear()
+    time.sleep(0.01)  # the watcher's next look
+    step.update(forks=len(seen) - forks, in_workers=pool().compiles - in_workers, left=sorted(forked_children()))
+    if "error" not in step:
+        again = CompileInfo()
+        compile_program(source, options=options(), cache=cache, info=again)
+        step.update(hit=info.hit, cached=info.cached, not_stored=info.not_stored, second_hit=again.hit,
+                    headers=sorted(os.path.basename(h) for h in info.headers))
+        if action == "gpu":
+            step.update(before=before, after=gpu_kernels._scale_on(0, obj.get_kernel("scale"))[:4].tolist())
+    steps.append(step)
+print(json.dumps({"steps": steps, "signalled_alive": alive}))
 """
 
 
@@ -103,13 +115,13 @@ def _project(tmp_path) -> str:
     return str(inc)
 
 
-def _run(tmp_path, action: str, arch: str = ARCH) -> dict:
+def _run(tmp_path, plan: str, action: str = "watch", arch: str = ARCH) -> dict:
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}  # compile slots of this test's own
     env["PYTHONPATH"] = os.pathsep.join([SUPPORT, *(os.path.abspath(p) for p in sys.path if p)])
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "cache"), _project(tmp_path), arch, action],
+        [sys.executable, "-c", _CHILD, str(tmp_path / "cache"), _project(tmp_path), arch, plan, action],
         env=env,
         capture_output=True,
         text=True,
@@ -119,42 +131,46 @@ def _run(tmp_path, action: str, arch: str = ARCH) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def _stored_with_every_header(out: dict) -> None:
-    assert out["seen"] >= 1  # the pass ran in a child of its own
-    assert out["children_after"] == []  # reaped: no child, no zombie
-    assert out["first_hit"] is False and out["cached"] is True, out["not_stored"]
-    assert out["headers"] == ["deep.h", "nested.h"]
-    assert out["second_hit"] is True
+def _stored_with_every_header(step: dict) -> None:
+    assert step["left"] == []  # every forked child reaped: none left, no zombie
+    assert step["hit"] is False and step["cached"] is True, step["not_stored"]
+    assert step["headers"] == ["deep.h", "nested.h"]
+    assert step["second_hit"] is True
 
 
-def test_the_pass_runs_in_a_child_and_the_miss_is_stored_with_its_headers(tmp_path) -> None:
-    _stored_with_every_header(_run(tmp_path, "watch"))
+def test_the_first_pass_runs_in_a_fork_the_next_in_a_spare_worker(tmp_path) -> None:
+    first, second = _run(tmp_path, "good,good")["steps"]
+    assert (first["forks"], first["in_workers"]) == (1, 0)
+    assert (second["forks"], second["in_workers"]) == (0, 1)  # the worker the first miss started
+    _stored_with_every_header(first)
+    _stored_with_every_header(second)
 
 
 def test_a_killed_pass_child_is_replaced_by_the_pass_here(tmp_path) -> None:
     # The child dies mid-pass (a SIGKILL: the OOM killer's way): its half-written trace is removed
     # and the pass runs in this process after the compile, as it would without a child.
-    out = _run(tmp_path, "kill")
+    out = _run(tmp_path, "good", "kill")
     assert out["signalled_alive"] == [True]
-    _stored_with_every_header(out)
+    _stored_with_every_header(out["steps"][0])
 
 
 def test_a_stopped_pass_child_is_killed_at_its_bound_and_replaced(tmp_path) -> None:
     # A child that never ends (stopped here; stuck, in life, on a lock a fork caught held) is
     # killed past its bound, and the pass runs here: the compile returns, stored.
-    out = _run(tmp_path, "stop")
+    out = _run(tmp_path, "good", "stop")
     assert out["signalled_alive"] == [True]
-    _stored_with_every_header(out)
+    _stored_with_every_header(out["steps"][0])
 
 
-def test_a_failed_compile_leaves_no_child_and_the_next_miss_is_stored_whole(tmp_path) -> None:
-    # The failed compile's pass failed too, in the child: NVRTC's state after a failed traced
-    # compile (header events dropped from every later trace) ended with that child, so the next
-    # miss in this process still lists every header and is stored.
-    out = _run(tmp_path, "fail")
-    assert out["failed"] == "NVRTCError"
-    assert out["children_after_failure"] == []
-    _stored_with_every_header(out)
+def test_failed_compiles_leave_no_child_and_later_misses_are_stored_whole(tmp_path) -> None:
+    # A failed compile's pass fails too, in a fork (first) or in the worker (third): NVRTC's state
+    # after a failed traced compile (header events dropped from every later trace) ends with that
+    # process (the worker is dropped), so every later miss here still lists every header.
+    bad, good, bad_in_worker, good_after = _run(tmp_path, "bad,good,bad,good")["steps"]
+    assert bad["error"] == "NVRTCError" and bad["forks"] == 1 and bad["left"] == []
+    _stored_with_every_header(good)
+    assert bad_in_worker["error"] == "NVRTCError" and bad_in_worker["in_workers"] == 1
+    _stored_with_every_header(good_after)
 
 
 @pytest.mark.gpu
@@ -164,7 +180,7 @@ def test_the_pass_forks_from_a_process_with_a_live_context_and_the_kernel_runs(t
     from cuda.core import Device
 
     major, minor = Device(0).compute_capability
-    out = _run(tmp_path, "gpu", arch=f"sm_{major}{minor}")
-    assert out["before"] == [0.0, 3.0, 6.0, 9.0]
-    assert out["after"] == [0.0, 9.0, 18.0, 27.0]
-    _stored_with_every_header(out)
+    for step in _run(tmp_path, "good,good", "gpu", arch=f"sm_{major}{minor}")["steps"]:
+        assert step["before"] == [0.0, 3.0, 6.0, 9.0]
+        assert step["after"] == [0.0, 9.0, 18.0, 27.0]
+        _stored_with_every_header(step)

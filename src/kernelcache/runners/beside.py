@@ -1,23 +1,27 @@
-"""The header pass beside the compile: NVRTC's front end (compilers.header_pass) run in a child
-forked for it while this process's thread runs the plain compile, so a miss costs about a plain
+"""The header pass beside the compile: NVRTC's front end (compilers.header_pass) run in another
+process while this process's thread runs the plain compile, so a miss costs about a plain
 compile's wall time where a core is free (the pass alone is 0.5-0.9x of the compile, run after
 it: the miss was 1.5-2.2x a plain compile, bench_real_kernels.py's cold phase).
 
-Why a child and not a thread: after one traced compile that fails, NVRTC drops header events
-from every later trace in the process (compilers.header_pass); the pass runs before the compile
-is known to succeed, so its failure must end with the process it ran in. The child inherits the
-loaded NVRTC (no load, no driver probe of its own), runs the pass and leaves by ``os._exit``.
+Why another process and not a thread: after one traced compile that fails, NVRTC drops header
+events from every later trace in the process (compilers.header_pass); the pass runs before the
+compile is known to succeed, so a failed pass must end with the process it ran in.
 
-It is only a way of running the same pass: wherever it cannot run (one usable core, no slot free
-or another process waiting for one, another compile of ours running in this process, no fork),
-the pass runs after the compile as before (``start`` returns None), and a child that fails,
-dies or outlives its bound is replaced by that pass too (``finish``).
+Which process: an idle compiler worker of this process's pool (pool.spare), where one is; a
+worker whose pass failed is dropped (pool.run_on). Else a child forked for the one pass, which
+inherits the loaded NVRTC and leaves by ``os._exit`` (on the H200 host a forked child's
+compiles run about 1.4x slower than this process's: so a spare worker is started for the next
+miss, pool.add_spare). Wherever neither can run (one usable core, no slot free or another
+process waiting for one, another compile of ours running in this process), the pass runs
+after the compile as before (``start`` returns None); a pass lost on the way (a worker that
+ended, a child that died or outlived its bound) is replaced by that pass too (``finish``).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -31,7 +35,7 @@ from kernelcache.runners import compilers, slots
 _BOUND_FACTOR, _BOUND_FLOOR_S = 3.0, 2.0
 
 
-class Beside:
+class Forked:
     """A forked child running one header pass; its slot is held until the child is reaped."""
 
     def __init__(self, pid: int, slot: slots.Slot | None, args: tuple[str, bytes, tuple[bytes, ...], str]) -> None:
@@ -43,13 +47,16 @@ class Beside:
         here; where the pass itself failed (a header changed since the compile read it), the
         child removed its trace and the variant refuses to be stored, as after the pass here."""
         outcome = self._outcome(self.started + max(_BOUND_FLOOR_S, _BOUND_FACTOR * compile_seconds))
+        _spare_for_the_next()
         if outcome == "lost":
             compilers.remove_trace(self.args[3])  # a killed child's trace may be half written
             compilers.header_pass(*self.args)
 
     def cancel(self) -> None:
         """The compile failed: its pass is of no use (the flow removes the trace)."""
-        self._kill()
+        if self.pid:
+            self._kill()
+            _spare_for_the_next()
 
     def _outcome(self, deadline: float) -> str:
         """ "ok", "failed" (the pass failed: the child exited 1) or "lost" (it died, or was
@@ -86,11 +93,68 @@ class Beside:
             self.slot = None
 
 
-def start(request: Any, trace_path: str | None, gate: Any) -> Beside | None:
-    """A child running the header pass of ``request`` into ``trace_path``, forked now through
-    ``gate`` (choice._COMPILING), or None where the pass must run after the compile instead."""
+def _spare_for_the_next() -> None:
+    """A worker started for the next miss's pass, on the slot the child just gave back (a forked
+    child's compiles run slower than a fresh process's: see the module's docstring)."""
+    from kernelcache.runners.pool import pool
+
+    pool().add_spare()
+
+
+class InWorker:
+    """One header pass sent to an idle compiler worker, on a thread of its own that waits for the reply."""
+
+    def __init__(self, workers: Any, worker: Any, args: tuple[str, bytes, tuple[bytes, ...], str]) -> None:
+        self.args, self.reply = args, None
+        source, program_name, flags, trace_path = args
+        call = compilers.NvrtcCall(
+            source, program_name, tuple(compilers.header_pass_flags(flags, trace_path)), "none", (), None
+        )
+        job = (call, os.path.dirname(trace_path))  # the worker resets NVRTC's trace state there after a failure
+        self.thread = threading.Thread(target=self._send, args=(workers, worker, job), daemon=True)
+        self.thread.start()
+
+    def _send(self, workers: Any, worker: Any, job: tuple[Any, ...]) -> None:
+        try:
+            self.reply = workers.run_on(worker, "nvrtc", job)
+        except BaseException:  # noqa: BLE001 - a pass lost is run here instead (finish)
+            self.reply = None
+
+    def finish(self, compile_seconds: float) -> None:
+        """Wait for the worker's reply. Where the worker ended first, run the pass here; where
+        the pass failed (a header changed since the compile read it), remove its trace: the
+        variant then refuses to be stored, as after a failed pass here."""
+        self.thread.join()
+        if self.reply is None:
+            compilers.remove_trace(self.args[3])
+            compilers.header_pass(*self.args)
+        elif self.reply[0] != "ok":
+            compilers.remove_trace(self.args[3])
+
+    def cancel(self) -> None:
+        """The compile failed: wait for the pass (a worker is never left owing a reply)."""
+        self.thread.join()
+
+
+def start(request: Any, trace_path: str | None, gate: Any) -> InWorker | Forked | None:
+    """The header pass of ``request`` into ``trace_path``, started now beside the compile: in an
+    idle worker, or in a child forked through ``gate`` (choice._COMPILING); None where the pass
+    must run after the compile instead."""
     if trace_path is None or request.code_type != "c++" or slots.usable_cores() < 2:
         return None
+    source, options, _ = compilers.plan_compile(request, None)
+    args = (str(source), options._name, tuple(options.as_bytes("nvrtc", request.target_type)), trace_path)
+    from kernelcache.runners.pool import pool
+
+    workers = pool()
+    worker = workers.spare()
+    if worker is not None:
+        return InWorker(workers, worker, args)
+    return _fork(args, gate)
+
+
+def _fork(args: tuple[str, bytes, tuple[bytes, ...], str], gate: Any) -> Forked | None:
+    """A child forked now through ``gate``, running the pass; None where none may be."""
     slot = None
     if slots.enabled():
         if slots.others_wait():  # the node's cores are spoken for: one compile, one core
@@ -98,8 +162,6 @@ def start(request: Any, trace_path: str | None, gate: Any) -> Beside | None:
         slot = slots.try_take()
         if slot is None:
             return None
-    source, options, _ = compilers.plan_compile(request, None)
-    args = (str(source), options._name, tuple(options.as_bytes("nvrtc", request.target_type)), trace_path)
     from kernelcache.keys.toolchain import library_file
 
     library_file("nvrtc", load=True)  # loaded before the fork: the child loads nothing
@@ -119,4 +181,4 @@ def start(request: Any, trace_path: str | None, gate: Any) -> Beside | None:
             code = 0 if compilers.header_pass(*args) else 1
         finally:
             os._exit(code)
-    return Beside(pid, slot, args)
+    return Forked(pid, slot, args)

@@ -364,15 +364,20 @@ def header_pass(source: str, program_name: bytes, flags: Sequence[bytes], trace_
     flow then does not store the result (the digests differ), and the trace this pass lost
     is reported by headers.digests.headers_from_trace as unusable.
     """
-    kept = [f for f in flags if f.split(b"=", 1)[0] not in _NOT_IN_HEADER_PASS]
-    kept += [*HEADER_PASS_FLAGS, b"--fdevice-time-trace=" + os.fsencode(trace_path)]
     try:
-        nvrtc_run(source, program_name, kept, "none", (), LogCollector(), RuntimeError)
+        nvrtc_run(source, program_name, header_pass_flags(flags, trace_path), "none", (), LogCollector(), RuntimeError)
         return True
     except Exception:
         reset_nvrtc_trace_state(os.path.dirname(trace_path))  # see reset_nvrtc_trace_state
         remove_trace(trace_path)  # a failed pass's trace is never read
         return False
+
+
+def header_pass_flags(flags: Sequence[bytes], trace_path: str) -> list[bytes]:
+    """The header pass's flags: the compile's, less a trace or PCH of its own, plus front end
+    only and the trace to ``trace_path``."""
+    kept = [f for f in flags if f.split(b"=", 1)[0] not in _NOT_IN_HEADER_PASS]
+    return [*kept, *HEADER_PASS_FLAGS, b"--fdevice-time-trace=" + os.fsencode(trace_path)]
 
 
 def run_compiler(request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]:

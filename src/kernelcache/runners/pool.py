@@ -107,6 +107,55 @@ class WorkerPool:
                 raise PoolUnavailable(f"a worker cannot read its arguments ({reply[1]})", this_call="read")
             return reply
 
+    def spare(self) -> Worker | None:
+        """An idle worker for clean compiles, taken now; None where none is idle (none is started)."""
+        with self._cond:
+            for worker in self._idle:
+                if not worker.restrict:
+                    self._idle.remove(worker)
+                    return worker
+        return None
+
+    def run_on(self, worker: Worker, kind: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """One job on ``worker`` (taken by ``spare``): its reply, or None where the worker ended
+        first (dropped). A job that did not succeed drops the worker too: the header pass is
+        its one user (beside.py), and a failed traced compile changes NVRTC for the rest of a
+        process (compilers.header_pass)."""
+        try:
+            reply = worker.exchange(kind, pickle.dumps(args, pickle.HIGHEST_PROTOCOL))
+        except (Retired, Died):
+            self._drop(worker)
+            return None
+        except BaseException:
+            self._drop(worker)  # interrupted with a reply still owed: never reused
+            raise
+        with self._cond:
+            self.ready = True
+            self.compiles += reply[0] != "unreadable"
+        if reply[0] == "ok":
+            self._checkin(worker)
+        else:
+            self._drop(worker)
+        return reply
+
+    def add_spare(self) -> None:
+        """Start one worker and leave it idle for a compile to come, where none is idle, the pool
+        has room, a slot is free and no other process waits for one; else do nothing. The
+        worker boots on its own (an interpreter, NVRTC's load): this returns at once."""
+        with self._cond:
+            if self.unavailable or len(self._all) + self._starting >= self.limit:
+                return
+            if any(not w.restrict for w in self._idle):
+                return
+            self._starting += 1
+        try:
+            # As if a worker of ours would come back (ours=1): a spare never waits for a slot.
+            worker = self._start(None, 1, time.monotonic(), False)
+        except (NoSlot, PoolUnavailable):
+            return
+        if worker is not None:
+            self._checkin(worker)
+
     def _died(self, worker: Worker, died: Died, deaths: int) -> None:
         """A worker ended during this compile: PoolUnavailable or WorkerCrashed where it is final."""
         self._drop(worker)
