@@ -53,10 +53,21 @@ def state(pid):
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
 
-seen, alive, signal_now = [], [], threading.Event()
+seen, alive, signal_now, edit_now, edited = [], [], threading.Event(), threading.Event(), []
+
+def edit_once_traced():
+    # The pass wrote its trace (its last act); the variant is built from it on the pass's thread
+    # in about 10 ms, and the slow compile runs on for over a second: the edit lands in between.
+    if any(n.endswith(".json") for n in os.listdir(cache.tmp_dir)):
+        time.sleep(0.3)
+        with open(os.path.join(inc, "nested.h"), "w") as f:
+            f.write("#pragma once\n#define SCALE 4\n")
+        edited.append(time.monotonic())
 
 def watch():
     while True:
+        if edit_now.is_set() and not edited:
+            edit_once_traced()
         for pid in forked_children() - set(seen):
             seen.append(pid)
             if signal_now.is_set():
@@ -73,6 +84,10 @@ for n, what in enumerate(plan.split(",")):
     if n == 0 and action in ("kill", "stop"):
         signal_now.set()
     source = ('#include "broken.h"\n' if what == "bad" else '#include "deep.h"\n') + body + f"// {n}\n"
+    if what == "slow":  # a quick front end, a slow codegen (1-2 s): the pass ends long before the compile
+        source = '#include "deep.h"\nextern "C" __global__ void s(float* o) { float x = o[threadIdx.x];\n'
+        source += "".join(f"x = sinf(x) * SCALE + cosf(x * {i}.0f); o[{i % 64}] += x;\n" for i in range(40)) + "}\n"
+        edit_now.set()
     if action == "gpu":  # a live context and a launch before the fork: the child must not need the driver
         import gpu_kernels
         from cuda.core import Program
@@ -86,6 +101,7 @@ for n, what in enumerate(plan.split(",")):
     except Exception as exc:
         step["error"] = type(exc).__name__
     signal_now.clear()
+    edit_now.clear()
     time.sleep(0.01)  # the watcher's next look
     step.update(forks=len(seen) - forks, in_workers=pool().compiles - in_workers, left=sorted(forked_children()))
     if "error" not in step:
@@ -96,7 +112,7 @@ for n, what in enumerate(plan.split(",")):
         if action == "gpu":
             step.update(before=before, after=gpu_kernels._scale_on(0, obj.get_kernel("scale"))[:4].tolist())
     steps.append(step)
-print(json.dumps({"steps": steps, "signalled_alive": alive}))
+print(json.dumps({"steps": steps, "signalled_alive": alive, "edited": len(edited)}))
 """
 
 
@@ -171,6 +187,19 @@ def test_failed_compiles_leave_no_child_and_later_misses_are_stored_whole(tmp_pa
     _stored_with_every_header(good)
     assert bad_in_worker["error"] == "NVRTCError" and bad_in_worker["in_workers"] == 1
     _stored_with_every_header(good_after)
+
+
+def test_a_header_edited_after_the_variant_was_built_beside_the_compile_is_not_stored(tmp_path) -> None:
+    # Race: the second miss's pass runs in the worker the first left, and its variant is built
+    # from the trace while the compile still runs; a header edited after that (here 0.3 s after
+    # the trace appeared, the compile more than a second from its end) may be what NVRTC read.
+    # The check after the compile sees it stamped after the start: nothing is stored.
+    out = _run(tmp_path, "good,slow", "edit")
+    first, slow = out["steps"]
+    _stored_with_every_header(first)
+    assert out["edited"] == 1 and slow["in_workers"] == 1
+    assert slow["cached"] is False and "nested.h" in slow["not_stored"], slow
+    assert slow["second_hit"] is False  # nothing was stored under the old digest
 
 
 @pytest.mark.gpu

@@ -323,7 +323,9 @@ def _compile(request: CompileRequest, trace: HeaderTrace | None, call: Call) -> 
     from kernelcache.runners.choice import runner_for
 
     runner = runner_for(request, call.processes, call.remote)
-    return runner.run_compiler(request, trace.path if trace is not None else None)
+    if trace is None:
+        return runner.run_compiler(request, None)
+    return runner.run_compiler(request, trace.path, trace.prepare)
 
 
 def _store(

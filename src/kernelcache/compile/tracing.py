@@ -83,6 +83,16 @@ class HeaderTrace:
         install_bundled_headers(request.options)
         self.before = manifests.digests_before(manifest_key, self.dirs)
         self.started_ns = hdr.now_ns()  # the clock files are stamped with
+        self._built: tuple[dict[str, Any] | None, list[str], Any] | None = None  # by prepare
+
+    def prepare(self) -> None:
+        """Build the variant from the trace now, on the header pass's thread while the compile
+        may still run (runners.beside); ``variant`` then checks again only what may have
+        changed since. Any failure here leaves the whole build to ``variant``."""
+        try:
+            self._built = self._build()
+        except Exception:  # noqa: BLE001 - built again, on the caller's thread, where it raises
+            self._built = None
 
     def variant(self) -> dict[str, Any] | None:
         """The header variant this compile read; None (and ``not_stored`` set) when unknown."""
@@ -94,12 +104,32 @@ class HeaderTrace:
             # (or during either): the two may have resolved quoted includes in different places.
             self.not_stored = "the working directory changed during the compile"
             return None
+        built, self._built = self._built, None
+        if built is None:
+            built = self._build()
+        else:
+            # Race: built while the compile ran; a header it read may have changed after, before
+            # NVRTC read it. Such a header is stamped after the start: checked again, now.
+            built = (built[0], sorted({*built[1], *built[2]()}), built[2]) if built[0] is not None else built
+        variant, changed, _ = built
+        if variant is None:
+            self.not_stored = changed[0]
+            return None
+        self.index.save()
+        if changed:
+            self.not_stored = hdr.why_not_stored(changed)
+            return None
+        return variant
+
+    def _build(self) -> tuple[dict[str, Any] | None, list[str], Any]:
+        """(variant, changed paths, the check again) from the trace; (None, [why], None) when
+        the trace is not usable."""
+        assert self.path is not None
         found, why = hdr.headers_from_trace(self.path, self.cwd)
         if found is None:
-            self.not_stored = why
-            return None
+            return None, [why], None
         options = self.request.options
-        variant, changed = variants.build_variant(
+        return variants.build_variant(
             found,
             self.dirs,
             hdr.first_include(options),
@@ -110,11 +140,6 @@ class HeaderTrace:
             includes.option_macros(options),
             self.index,
         )
-        self.index.save()
-        if changed:
-            self.not_stored = hdr.why_not_stored(changed)
-            return None
-        return variant
 
     def remove(self) -> None:
         if self.path is not None:

@@ -104,8 +104,10 @@ def _spare_for_the_next() -> None:
 class InWorker:
     """One header pass sent to an idle compiler worker, on a thread of its own that waits for the reply."""
 
-    def __init__(self, workers: Any, worker: Any, args: tuple[str, bytes, tuple[bytes, ...], str]) -> None:
-        self.args, self.reply = args, None
+    def __init__(
+        self, workers: Any, worker: Any, args: tuple[str, bytes, tuple[bytes, ...], str], traced: Any = None
+    ) -> None:
+        self.args, self.reply, self.traced = args, None, traced
         source, program_name, flags, trace_path = args
         call = compilers.NvrtcCall(
             source, program_name, tuple(compilers.header_pass_flags(flags, trace_path)), "none", (), None
@@ -119,6 +121,8 @@ class InWorker:
             self.reply = workers.run_on(worker, "nvrtc", job)
         except BaseException:  # noqa: BLE001 - a pass lost is run here instead (finish)
             self.reply = None
+        if self.reply is not None and self.reply[0] == "ok" and self.traced is not None:
+            self.traced()  # never raises (tracing.HeaderTrace.prepare)
 
     def finish(self, compile_seconds: float) -> None:
         """Wait for the worker's reply. Where the worker ended first, run the pass here; where
@@ -136,10 +140,11 @@ class InWorker:
         self.thread.join()
 
 
-def start(request: Any, trace_path: str | None, gate: Any) -> InWorker | Forked | None:
+def start(request: Any, trace_path: str | None, gate: Any, traced: Any = None) -> InWorker | Forked | None:
     """The header pass of ``request`` into ``trace_path``, started now beside the compile: in an
-    idle worker, or in a child forked through ``gate`` (choice._COMPILING); None where the pass
-    must run after the compile instead."""
+    idle worker (``traced`` is then called on its thread once the trace is written), or in a
+    child forked through ``gate`` (choice._COMPILING); None where the pass must run after the
+    compile instead."""
     if trace_path is None or request.code_type != "c++" or slots.usable_cores() < 2:
         return None
     source, options, _ = compilers.plan_compile(request, None)
@@ -149,7 +154,7 @@ def start(request: Any, trace_path: str | None, gate: Any) -> InWorker | Forked 
     workers = pool()
     worker = workers.spare()
     if worker is not None:
-        return InWorker(workers, worker, args)
+        return InWorker(workers, worker, args, traced)
     return _fork(args, gate)
 
 

@@ -17,6 +17,7 @@ import pickle
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from kernelcache.log import WarnOnce
@@ -35,21 +36,28 @@ MISSES_PER_WORKER = 8
 
 
 class Runner(Protocol):
-    def run_compiler(self, request: Any, trace_path: str | None) -> tuple[Any, str, float]: ...
+    """``traced``: called on another thread once the trace is written while the compile still
+    runs (a header pass beside it: beside.py), for work on the trace to overlap the compile."""
+
+    def run_compiler(
+        self, request: Any, trace_path: str | None, traced: Callable[[], None] | None = None
+    ) -> tuple[Any, str, float]: ...
 
 
 class _InProcess:
     """The compile runs in this process, on the calling thread, holding a slot of the node's;
-    its header pass, where a second slot is free, in a child forked for it (beside.py)."""
+    its header pass, where a second slot is free, beside it in another process (beside.py)."""
 
-    def run_compiler(self, request: Any, trace_path: str | None) -> tuple[Any, str, float]:
+    def run_compiler(
+        self, request: Any, trace_path: str | None, traced: Callable[[], None] | None = None
+    ) -> tuple[Any, str, float]:
         slot = slots.take()
         pass_beside = None
         try:
             # Forked outside the gate (it counts this thread's compile too); None: the pass runs
             # after the compile, here. Waited for inside it: a pass that must then run here is
             # an NVRTC call no fork of another thread may catch halfway.
-            pass_beside = beside.start(request, trace_path, _COMPILING)
+            pass_beside = beside.start(request, trace_path, _COMPILING, traced)
             with _COMPILING:
                 result = compilers.run_compiler(request, None if pass_beside else trace_path)
                 if pass_beside is not None:
@@ -68,7 +76,9 @@ class _InWorkers:
     A traced compile that fails leaves NVRTC's trace state set in the thread that ran it
     (compilers.reset_nvrtc_trace_state): the worker resets itself before it answers."""
 
-    def run_compiler(self, request: Any, trace_path: str | None) -> tuple[Any, str, float]:
+    def run_compiler(
+        self, request: Any, trace_path: str | None, traced: Callable[[], None] | None = None
+    ) -> tuple[Any, str, float]:
         ptx = request.code_type == "c++" and request.target_type == "ptx"
         _, _, call = compilers.plan_compile(request, trace_path, direct_ptx=ptx)
         if call is not None:

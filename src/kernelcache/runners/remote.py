@@ -152,7 +152,7 @@ class OnExecutor:
         """Whether this compile goes to the executor (C++, never ``restrict=True``)."""
         return request.code_type == "c++" and not getattr(request.options, "restrict", False)
 
-    def run_compiler(self, request: Any, trace_path: str | None) -> tuple[Any, str, float]:
+    def run_compiler(self, request: Any, trace_path: str | None, traced: Any = None) -> tuple[Any, str, float]:
         from kernelcache.keys.toolchain import toolchain_for
         from kernelcache.runners.choice import result_of_reply
 
