@@ -22,8 +22,9 @@ def write_same_key(root: str, writer: int, rounds: int, size: int) -> None:
     cache.close()
 
 
-def read_until(root: str, deadline: float, writers: int, size: int) -> tuple[int, int, int]:
-    """(reads that returned bytes, misses, torn reads)."""
+def read_until(root: str, deadline: float, writers: int, size: int, started: str, done: str) -> tuple[int, int, int]:
+    """(reads that returned bytes, misses, torn reads): reading until the file ``done`` exists
+    (or the deadline passes), creating the file ``started`` after the first read."""
     warnings.simplefilter("ignore")
     cache = FileStreamProgramCache(root)
     valid = {payload_for(w, size) for w in range(writers)}
@@ -36,6 +37,10 @@ def read_until(root: str, deadline: float, writers: int, size: int) -> tuple[int
             hits += 1
         else:
             torn += 1
+        if not os.path.exists(started):
+            open(started, "w").close()
+        elif os.path.exists(done):
+            break
     cache.close()
     return hits, misses, torn
 

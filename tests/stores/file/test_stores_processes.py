@@ -21,12 +21,19 @@ def test_concurrent_writers_of_one_key_and_readers_see_no_torn_reads(tmp_path) -
     root = str(tmp_path)
     writers, size = 4, 256 * 1024
     FileStreamProgramCache(root)["shared"] = w.payload_for(0, size)
+    started = [str(tmp_path / f"reader-{n}-started") for n in range(2)]
+    done = str(tmp_path / "writers-done")
     with CTX.Pool(writers + 2) as pool:
-        deadline = time.time() + 4
-        readers = [pool.apply_async(w.read_until, (root, deadline, writers, size)) for _ in range(2)]
+        deadline = time.time() + 120
+        readers = [pool.apply_async(w.read_until, (root, deadline, writers, size, s, done)) for s in started]
+        # The writers start once both readers read: every write overlaps their reads.
+        while not all(os.path.exists(s) for s in started):
+            assert time.time() < deadline and not any(r.ready() for r in readers), "the readers never read"
+            time.sleep(0.001)
         jobs = [pool.apply_async(w.write_same_key, (root, n, 60, size)) for n in range(writers)]
         for job in jobs:
             job.get(timeout=120)
+        open(done, "w").close()  # the readers stop at their next read
         results = [r.get(timeout=120) for r in readers]
     assert sum(r[2] for r in results) == 0, "a reader saw bytes from two writers"
     assert sum(r[0] for r in results) > 0
