@@ -6,6 +6,8 @@ import os
 import time
 import warnings
 
+from startline import arrive
+
 from kernelcache import FileStreamProgramCache
 
 
@@ -103,7 +105,7 @@ def compile_heavy(root: str, code: str, arch: str, store: str = "kernelcache") -
     return info.hit, bytes(obj.code)
 
 
-def host_compiles(root: str, url: str, namespace: str, kernels: int, start_at: float, arch: str) -> int:
+def host_compiles(root: str, url: str, namespace: str, kernels: int, gate: str, parties: int, arch: str) -> int:
     """One "host": its own memory and disk tiers, a shared Redis; returns its compile count."""
     from cuda.core import ProgramOptions
 
@@ -112,8 +114,7 @@ def host_compiles(root: str, url: str, namespace: str, kernels: int, start_at: f
     cache = TieredProgramCache(
         [InMemoryProgramCache(), FileStreamProgramCache(root), RedisProgramCache(url, namespace=namespace)]
     )
-    while time.time() < start_at:
-        time.sleep(0.001)
+    arrive(gate, parties)
     for k in range(kernels):
         src = f'extern "C" __global__ void k{k}(float* a) {{ a[threadIdx.x] = {k}.0f * a[threadIdx.x]; }}\n'
         compile_program(src, options=ProgramOptions(arch=arch), cache=cache)
