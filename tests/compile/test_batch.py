@@ -170,11 +170,10 @@ def test_headers_are_tracked_per_request_when_compiled_on_threads(tmp_path) -> N
 )
 def test_processes_sharing_a_dir_compile_each_key_exactly_once(tmp_path, processes, kernels) -> None:
     procs = 4
-    root = str(tmp_path)
+    root, gate = str(tmp_path / "cache"), str(tmp_path / "gate")  # each waits at the gate until all imported cuda.core
     ctx = mp.get_context("spawn")
-    start_at = time.time() + 4.0  # after every interpreter has imported cuda.core
-    with ctx.Pool(procs) as pool:
-        results = pool.starmap(bw.compile_variants, [(root, ARCH, kernels, start_at, processes)] * procs)
+    with ctx.Pool(procs) as pool:  # one task per pool process: each blocks at the gate until all arrive
+        results = pool.starmap(bw.compile_variants, [(root, ARCH, kernels, gate, procs, processes)] * procs, chunksize=1)
     assert all(r == results[0] for r in results)  # everyone got the same bytes, in order
     s = FileStreamProgramCache(root).stats()
     assert (s["compiles"], s["misses"], s["hits"]) == (kernels, kernels, procs * kernels - kernels)
@@ -190,11 +189,12 @@ def test_hosts_sharing_redis_compile_each_key_exactly_once(tmp_path) -> None:
     server = RedisServer(str(tmp_path / "redis"))
     try:
         kernels, ns = 6, f"many{time.time_ns()}"
-        start_at = time.time() + 4.0
+        gate = str(tmp_path / "gate")
         with mp.get_context("spawn").Pool(2) as pool:
             compiles = pool.starmap(
                 bw.host_compile_many,
-                [(str(tmp_path / host), server.url, ns, kernels, start_at, ARCH) for host in ("host1", "host2")],
+                [(str(tmp_path / host), server.url, ns, kernels, gate, 2, ARCH) for host in ("host1", "host2")],
+                chunksize=1,
             )
     finally:
         server.stop()

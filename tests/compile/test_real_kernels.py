@@ -3,7 +3,8 @@ CCCL's CUB NVRTC test kernel), through compile_program: every miss and every hit
 a plain cuda.core Program.compile of the same request; a fresh process hits every kernel another
 compiled (not one compile, twice over in that process); and a real edit of one header misses, in
 a fresh process, exactly the kernels that read it. Samples here (every 9th CuPy kernel and one
-deep one; fewer for the processes); benchmarks/bench_real_kernels.py runs all 183."""
+deep one, compiled once per module; every 24th CuPy kernel for the edit); benchmarks/
+bench_real_kernels.py runs all 183."""
 
 from __future__ import annotations
 
@@ -43,12 +44,26 @@ def bundled(tmp_path_factory) -> str:
         pytest.skip(str(exc))
 
 
-def test_misses_and_hits_are_plain_compiles_bytes(tmp_path, bundled) -> None:
-    sample = corpus.kernels(bundled, deep=False)[::9] + corpus.kernels(bundled, deep=True)[4:5]
-    assert len(sample) >= 20 and sum(k.deep for k in sample) == 1
-    cache = FileStreamProgramCache(tmp_path / "cache")
-    wrong = []
-    for kernel in sample:
+def _sample(bundled: str) -> list[int]:
+    """Indices into corpus.kernels: every 9th CuPy kernel and one deep (CUB) kernel."""
+    every = corpus.kernels(bundled)
+    cupy = [i for i, k in enumerate(every) if not k.deep]
+    deep = [i for i, k in enumerate(every) if k.deep]
+    return cupy[::9] + deep[4:5]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory, bundled) -> dict:
+    """The sample through compile_program twice in this process, into one cache, beside a plain
+    compile of each: (cache root, picks, per kernel (name, deep, infos, codes, plain code)).
+    Shared by the tests that read it (none changes the cache or a header): the CUB kernel, the
+    slowest of the sample (a plain compile and a miss of ~700 headers), is compiled once here."""
+    root = str(tmp_path_factory.mktemp("compiled") / "cache")
+    picks = _sample(bundled)
+    every = corpus.kernels(bundled)
+    cache = FileStreamProgramCache(root)
+    out = []
+    for kernel in (every[i] for i in picks):
         plain = corpus.plain_compile(kernel)
         infos = [CompileInfo(), CompileInfo()]
         got = [
@@ -63,9 +78,19 @@ def test_misses_and_hits_are_plain_compiles_bytes(tmp_path, bundled) -> None:
             )
             for info in infos
         ]
+        out.append((kernel.name, kernel.deep, infos, got, plain))
+    cache.close()
+    return {"root": root, "picks": picks, "kernels": out}
+
+
+def test_misses_and_hits_are_plain_compiles_bytes(compiled) -> None:
+    kernels = compiled["kernels"]
+    assert len(kernels) >= 20 and sum(deep for _, deep, *_ in kernels) == 1
+    wrong = []
+    for name, deep, infos, got, plain in kernels:
         if [i.hit for i in infos] != [False, True] or not all(corpus.same_code(g, plain) for g in got):
-            wrong.append((kernel.name, [i.hit for i in infos], [len(g) for g in got], len(plain)))
-        assert not kernel.deep or len(infos[0].headers) > 300, kernel.name
+            wrong.append((name, [i.hit for i in infos], [len(g) for g in got], len(plain)))
+        assert not deep or len(infos[0].headers) > 300, name
     assert wrong == []
 
 
@@ -102,32 +127,34 @@ def _process(tmp_path, bundled: str, picks: list[int], passes: int = 1) -> dict:
     if not os.path.isdir(include):
         shutil.copytree(os.path.join(corpus.KERNELS, "cupy", "include"), include)
         settle_timestamps()
-    args = [corpus.KERNELS, str(tmp_path / "cache"), bundled, include, json.dumps(picks), str(passes)]
+    return _child(str(tmp_path / "cache"), bundled, include, picks, passes)
+
+
+def _child(root: str, bundled: str, include: str, picks: list[int], passes: int) -> dict:
+    args = [corpus.KERNELS, root, bundled, include, json.dumps(picks), str(passes)]
     return json.loads(run_python(CHILD, *args, timeout=600).strip().splitlines()[-1])
 
 
-def _picks(bundled: str) -> list[int]:
-    every = corpus.kernels(bundled)
-    cupy = [i for i, k in enumerate(every) if not k.deep]
-    return cupy[::24] + [next(i for i, k in enumerate(every) if k.deep)]
-
-
-def test_a_fresh_process_hits_every_kernel_another_compiled(tmp_path, bundled) -> None:
-    """Cold in one process, then a fresh one twice over the same kernels: not one compile, every
-    call a hit (the first pass proves the headers by stat, the second trusts what it watched)."""
-    picks = _picks(bundled)
-    cold = _process(tmp_path, bundled, picks)
-    assert cold["compiles"] == len(picks) and not any(c["hit"] for c in cold["calls"])
-    warm = _process(tmp_path, bundled, picks, passes=2)
+def test_a_fresh_process_hits_every_kernel_another_compiled(compiled, bundled) -> None:
+    """Compiled in this process (the CUB kernel among them), then a fresh process twice over the
+    same kernels: not one compile, every call a hit (the first pass proves the headers by stat,
+    the second trusts what it watched)."""
+    picks = compiled["picks"]
+    assert all(not infos[0].hit for _, _, infos, _, _ in compiled["kernels"])  # each compiled here, cold
+    cupy_include = os.path.join(corpus.KERNELS, "cupy", "include")  # the very paths compiled above
+    warm = _child(compiled["root"], bundled, cupy_include, picks, passes=2)
     assert warm["compiles"] == 0
     assert [c["hit"] for c in warm["calls"]] == [True] * (2 * len(picks))
 
 
 def test_an_edit_of_one_header_misses_exactly_the_kernels_that_read_it(tmp_path, bundled) -> None:
     """One of CuPy's headers, read by some of the sample and not by others, gets a real edit (its
-    text changes): a fresh process compiles again exactly those that read it, the others hit."""
-    picks = _picks(bundled)
+    text changes): a fresh process compiles again exactly those that read it, the others hit.
+    CuPy kernels only (every 24th): the CUB kernel reads no header of the copy."""
+    every = corpus.kernels(bundled)
+    picks = [i for i, k in enumerate(every) if not k.deep][::24]
     cold = _process(tmp_path, bundled, picks)
+    assert cold["compiles"] == len(picks) and not any(c["hit"] for c in cold["calls"])
     include = str(tmp_path / "include") + os.sep
     read = [{h for h in c["headers"] if h.startswith(include)} for c in cold["calls"]]
     shared = sorted(set().union(*read) - set.intersection(*read))

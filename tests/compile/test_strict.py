@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 from cuda.core import ProgramOptions
-from helpers import ARCH, run_python, settle_timestamps, support_script
+from helpers import ARCH, SUPPORT, run_python, settle_timestamps, support_script
 
 import kernelcache
 from kernelcache import (
@@ -273,12 +273,12 @@ def test_the_source_index_travels_through_redis(server, monkeypatch) -> None:
 
 INDEX_CHILD = textwrap.dedent(
     """
-    import sys, time
+    import sys
     from cuda.core import ProgramOptions
     from kernelcache import FileStreamProgramCache, compile_program
-    start_at = float(sys.argv[3])
-    while time.time() < start_at:
-        time.sleep(0.001)
+    sys.path.insert(0, sys.argv[5])
+    from startline import arrive
+    arrive(sys.argv[3], 4)
     src = 'extern "C" __global__ void fill(float* a) { a[threadIdx.x] = N; }\\n'
     compile_program(src, options=ProgramOptions(arch=sys.argv[2], define_macro="N=" + sys.argv[4]),
                     cache=FileStreamProgramCache(sys.argv[1]))
@@ -288,17 +288,15 @@ INDEX_CHILD = textwrap.dedent(
 
 def test_processes_storing_one_source_under_different_options_all_reach_its_index(tmp_path) -> None:
     # The race: each process reads the index, adds its key, writes it back. Started together
-    # (one wall-clock instant), their read-merge-writes overlap unless the index lock orders them.
-    import time
-
+    # (startline: all go once all have imported), their read-merge-writes overlap unless the index
+    # lock orders them.
     from kernelcache.compile.lookup import Lookup
     from kernelcache.compile.request import CompileRequest
     from kernelcache.compile.sourceindex import index_key
 
-    root = str(tmp_path)
-    start_at = f"{time.time() + 3.0:.3f}"
+    root, gate = str(tmp_path / "cache"), str(tmp_path / "gate")
     procs = [
-        subprocess.Popen([sys.executable, "-c", INDEX_CHILD, root, ARCH, start_at, str(n)], stderr=subprocess.PIPE)
+        subprocess.Popen([sys.executable, "-c", INDEX_CHILD, root, ARCH, gate, str(n), SUPPORT], stderr=subprocess.PIPE)
         for n in range(4)
     ]
     for p in procs:

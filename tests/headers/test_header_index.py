@@ -10,6 +10,7 @@ NVRTC, real files, real processes, a real other uid.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import textwrap
 
 from helpers import ARCH, settle_timestamps
 
+KERNEL = '#include "top.h"\nextern "C" __global__ void k(int* o) { o[0] = TOTAL + PRE; }\n'
 CHILD = textwrap.dedent(
     """
     import hashlib, json, os, sys, warnings
@@ -25,8 +27,7 @@ CHILD = textwrap.dedent(
     from cuda.core import ProgramOptions
     from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
     root, arch, tree = os.path.realpath(sys.argv[1]), sys.argv[2], os.path.realpath(sys.argv[3])
-    disable = len(sys.argv) > 4
-    code = '#include "top.h"\\nextern "C" __global__ void k(int* o) { o[0] = TOTAL + PRE; }\\n'
+    code = sys.argv[4]
     options = ProgramOptions(arch=arch, include_path=[tree + "/inc1", tree + "/inc2"], pre_include=[tree + "/pre.h"])
     cache = FileStreamProgramCache(root)
     events = {"header_opens": 0, "index_opens": 0, "scandirs": 0}
@@ -39,8 +40,6 @@ CHILD = textwrap.dedent(
         elif event == "os.scandir" and str(args[0]).startswith(tree):
             events["scandirs"] += 1
     info = CompileInfo()
-    if disable:
-        os.environ["KERNELCACHE_DISABLE"] = "1"
     sys.addaudithook(hook)
     obj = compile_program(code, cache=cache, options=options, info=info)
     print(json.dumps({"hit": info.hit, "sha": hashlib.sha256(bytes(obj.code)).hexdigest(),
@@ -66,11 +65,25 @@ def _tree(root) -> None:
     (root / "pre.h").write_text("#define PRE 1\n")
 
 
-def _child(root: str, tree: str, disable: bool = False) -> dict:
-    args = [sys.executable, "-c", CHILD, root, ARCH, tree] + (["truth"] if disable else [])
+def _child(root: str, tree: str) -> dict:
+    args = [sys.executable, "-c", CHILD, root, ARCH, tree, KERNEL]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _truth(tree: str) -> str:
+    """The sha256 of CHILD's kernel compiled now without kernelcache (a plain cuda.core compile,
+    here: it needs no fresh process, only the same request)."""
+    from cuda.core import Program, ProgramOptions
+
+    tree = os.path.realpath(tree)
+    options = ProgramOptions(arch=ARCH, include_path=[tree + "/inc1", tree + "/inc2"], pre_include=[tree + "/pre.h"])
+    program = Program(KERNEL, "c++", options=options)
+    try:
+        return hashlib.sha256(bytes(program.compile("cubin").code)).hexdigest()
+    finally:
+        program.close()
 
 
 def test_a_fresh_process_hit_reads_no_header_and_lists_no_directory(tmp_path) -> None:
@@ -106,8 +119,8 @@ def test_every_real_edit_still_misses_in_a_fresh_process(tmp_path) -> None:
     for what, edit in edits:
         edit()
         settle_timestamps()
-        got, truth = _child(root, str(tree)), _child(root, str(tree), disable=True)
-        assert not got["hit"] and got["sha"] == truth["sha"], what
+        got = _child(root, str(tree))
+        assert not got["hit"] and got["sha"] == _truth(str(tree)), what
         assert _child(root, str(tree))["hit"], what  # stored again, then a hit
 
 
@@ -122,8 +135,8 @@ def test_a_same_size_rewrite_with_its_mtime_put_back_misses(tmp_path) -> None:
     os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))  # as before: only the ctime moved
     assert os.stat(header).st_size == st.st_size and os.stat(header).st_mtime_ns == st.st_mtime_ns
     settle_timestamps()
-    got, truth = _child(root, str(tree)), _child(root, str(tree), disable=True)
-    assert not got["hit"] and got["sha"] == truth["sha"]
+    got = _child(root, str(tree))
+    assert not got["hit"] and got["sha"] == _truth(str(tree))
 
 
 def test_another_users_index_is_never_read(tmp_path) -> None:

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import pytest
@@ -72,10 +71,10 @@ def test_a_module_triton_builds_is_loaded_from_one_path_in_every_process(tmp_pat
 def test_one_kernel_asked_by_three_processes_at_once_is_compiled_once(tmp_path: Path) -> None:
     """Three processes compile the same Triton kernel at the same moment: one compiles, the
     others wait for it and load its group (before: each compiled its own)."""
-    env, go = _env(tmp_path), tmp_path / "go"
+    env, gate = _env(tmp_path), tmp_path / "gate"  # they compile together once all three imported Triton
     procs = [
         subprocess.Popen(
-            [sys.executable, support_script("_triton_flight_child.py"), str(go), "128"],
+            [sys.executable, support_script("_triton_flight_child.py"), str(gate), "128", "3"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -83,8 +82,6 @@ def test_one_kernel_asked_by_three_processes_at_once_is_compiled_once(tmp_path: 
         )
         for _ in range(3)
     ]
-    time.sleep(3)  # each has started and imported Triton by then (they wait for go either way)
-    go.touch()
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)

@@ -51,12 +51,10 @@ def _cores() -> int:
 
 def test_processes_started_together_run_at_most_one_compiler_per_core_and_compile_each_miss_once(tmp_path) -> None:
     root = str(tmp_path / "c")
-    start_at = time.time() + 4.0  # after every interpreter imported cuda.core and kernelcache
+    gate = str(tmp_path / "gate")  # they start together once every one imported cuda.core and kernelcache
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    procs = [
-        subprocess.Popen([sys.executable, CHILD, "fleet", root, repr(start_at), str(KERNELS)], stdout=subprocess.PIPE, env=env)
-        for _ in range(PROCS)
-    ]
+    args = [sys.executable, CHILD, "fleet", root, gate, str(PROCS), str(KERNELS)]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, env=env) for _ in range(PROCS)]
     most = 0
     while any(p.poll() is None for p in procs):
         most = max(most, len(_workers_of([p.pid for p in procs])))

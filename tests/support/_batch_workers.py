@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import time
 import warnings
+
+from startline import arrive
 
 
 def variant(i: int) -> str:
@@ -11,9 +12,12 @@ def variant(i: int) -> str:
     return f'extern "C" __global__ void scale{i}(float* a) {{ a[threadIdx.x] *= {i + 1}.0f; }}\n'
 
 
-def compile_variants(root: str, arch: str, count: int, start_at: float, processes: bool | None = None) -> list[bytes]:
-    """compile_many of ``count`` variants on a shared cache dir, started at ``start_at``
-    (``processes``: compile_many's, compiles in worker processes or on threads)."""
+def compile_variants(
+    root: str, arch: str, count: int, gate: str, parties: int, processes: bool | None = None
+) -> list[bytes]:
+    """compile_many of ``count`` variants on a shared cache dir, started together with the other
+    ``parties`` (startline.arrive at ``gate``; ``processes``: compile_many's, compiles in worker
+    processes or on threads)."""
     from cuda.core import ProgramOptions
 
     from kernelcache import FileStreamProgramCache, compile_many
@@ -21,8 +25,7 @@ def compile_variants(root: str, arch: str, count: int, start_at: float, processe
     warnings.simplefilter("ignore")
     cache = FileStreamProgramCache(root)
     requests = [{"code": variant(i), "options": ProgramOptions(arch=arch)} for i in range(count)]
-    while time.time() < start_at:  # every process starts at once: the worst case for sharing
-        time.sleep(0.001)
+    arrive(gate, parties)  # every process starts at once: the worst case for sharing
     return [bytes(obj.code) for obj in compile_many(requests, cache=cache, max_workers=2, processes=processes)]
 
 
@@ -41,7 +44,7 @@ def compile_one_held(root: str, code: str, arch: str, started: object) -> None:
     )
 
 
-def host_compile_many(root: str, url: str, namespace: str, count: int, start_at: float, arch: str) -> int:
+def host_compile_many(root: str, url: str, namespace: str, count: int, gate: str, parties: int, arch: str) -> int:
     """One "host": its own memory and disk tiers, a shared Redis; compile_many; its compiles."""
     from cuda.core import ProgramOptions
 
@@ -58,7 +61,6 @@ def host_compile_many(root: str, url: str, namespace: str, count: int, start_at:
         [InMemoryProgramCache(), FileStreamProgramCache(root), RedisProgramCache(url, namespace=namespace)]
     )
     requests = [{"code": variant(i), "options": ProgramOptions(arch=arch)} for i in range(count)]
-    while time.time() < start_at:
-        time.sleep(0.001)
+    arrive(gate, parties)
     compile_many(requests, cache=cache, max_workers=2)
     return int(cache.stats()["compiles"])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import warnings
 
 ARCH = "sm_90"
@@ -45,17 +44,18 @@ def in_workers(root: str) -> dict[str, object]:
     return {"compiled": len(objs), "warnings": [str(w.message) for w in caught]}
 
 
-def fleet(root: str, start_at: str, count: str) -> dict[str, object]:
-    """compile_many (its default choice) of ``count`` kernels on a shared store, started at ``start_at``."""
+def fleet(root: str, gate: str, parties: str, count: str) -> dict[str, object]:
+    """compile_many (its default choice) of ``count`` kernels on a shared store, started together
+    with the other ``parties`` (startline.arrive at ``gate``)."""
     import hashlib
 
     warnings.simplefilter("ignore")
     from cuda.core import ProgramOptions  # noqa: F401 - imported before the start, as _many needs it
+    from startline import arrive
 
     from kernelcache import FileStreamProgramCache, compile_many  # noqa: F401
 
-    while time.time() < float(start_at):
-        time.sleep(0.0005)
+    arrive(gate, int(parties))
     objs = _many(root, range(int(count)), processes=None)
     return {"digests": [hashlib.sha256(bytes(o.code)).hexdigest() for o in objs]}  # type: ignore[attr-defined]
 

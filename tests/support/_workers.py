@@ -6,6 +6,8 @@ import os
 import time
 import warnings
 
+from startline import arrive
+
 from kernelcache import FileStreamProgramCache
 
 
@@ -22,8 +24,9 @@ def write_same_key(root: str, writer: int, rounds: int, size: int) -> None:
     cache.close()
 
 
-def read_until(root: str, deadline: float, writers: int, size: int) -> tuple[int, int, int]:
-    """(reads that returned bytes, misses, torn reads)."""
+def read_until(root: str, deadline: float, writers: int, size: int, started: str, done: str) -> tuple[int, int, int]:
+    """(reads that returned bytes, misses, torn reads): reading until the file ``done`` exists
+    (or the deadline passes), creating the file ``started`` after the first read."""
     warnings.simplefilter("ignore")
     cache = FileStreamProgramCache(root)
     valid = {payload_for(w, size) for w in range(writers)}
@@ -36,6 +39,10 @@ def read_until(root: str, deadline: float, writers: int, size: int) -> tuple[int
             hits += 1
         else:
             torn += 1
+        if not os.path.exists(started):
+            open(started, "w").close()
+        elif os.path.exists(done):
+            break
     cache.close()
     return hits, misses, torn
 
@@ -98,7 +105,7 @@ def compile_heavy(root: str, code: str, arch: str, store: str = "kernelcache") -
     return info.hit, bytes(obj.code)
 
 
-def host_compiles(root: str, url: str, namespace: str, kernels: int, start_at: float, arch: str) -> int:
+def host_compiles(root: str, url: str, namespace: str, kernels: int, gate: str, parties: int, arch: str) -> int:
     """One "host": its own memory and disk tiers, a shared Redis; returns its compile count."""
     from cuda.core import ProgramOptions
 
@@ -107,8 +114,7 @@ def host_compiles(root: str, url: str, namespace: str, kernels: int, start_at: f
     cache = TieredProgramCache(
         [InMemoryProgramCache(), FileStreamProgramCache(root), RedisProgramCache(url, namespace=namespace)]
     )
-    while time.time() < start_at:
-        time.sleep(0.001)
+    arrive(gate, parties)
     for k in range(kernels):
         src = f'extern "C" __global__ void k{k}(float* a) {{ a[threadIdx.x] = {k}.0f * a[threadIdx.x]; }}\n'
         compile_program(src, options=ProgramOptions(arch=arch), cache=cache)

@@ -9,15 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from _fswatch import Watch
 
 from kernelcache.stores.file.marker import MARKER_NAME, has_marker, require_cache_root, write_marker
 from kernelcache.stores.file.store import FORMAT_DIR, FileStreamProgramCache
-
-IN_DELETE = 0x200
 
 
 def kc(*args: str, cache: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -213,61 +209,71 @@ def test_demo_clear_cache_refuses_a_tree_that_is_not_a_cache(tmp_path) -> None:
 # -- clear racing a writer ---------------------------------------------------------------------
 
 _CLEARER = """
-import sys
+import fcntl, os, signal, sys
 from kernelcache.stores.file.store import FileStreamProgramCache
+
+shard = sys.argv[2]
+seen = {"removed": 0, "opened": None, "stopped": False}
+
+
+def stop_between_files(event, args):
+    # Observes, changes nothing: the clearer stops itself (a real SIGSTOP) when it is about to
+    # lock the shard for its second file. Then it has listed the shard, unlinked one file and
+    # let go of the shard's pair lock: a writer can publish onto every path it has not reached.
+    if seen["stopped"]:
+        return
+    if event == "os.remove" and os.path.dirname(os.fsdecode(args[0])) == shard:
+        seen["removed"] += 1
+    elif event == "open" and isinstance(args[0], (str, bytes)):
+        seen["opened"] = os.fsdecode(args[0])
+    elif event == "fcntl.flock" and args[1] & fcntl.LOCK_EX and seen["removed"] and seen["opened"] == shard:
+        seen["stopped"] = True
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+sys.addaudithook(stop_between_files)
 FileStreamProgramCache(sys.argv[1]).clear()
+assert seen["stopped"], "the clearer never locked the shard after its first unlink"
 """
 
 
 def test_clear_removes_only_the_files_it_listed(tmp_path) -> None:
     # Race: clear lists a shard, then unlinks what it listed; a writer os.replace's a fresh
-    # entry onto one of those paths in between. The clearer is stopped at its first unlink
-    # (a real SIGSTOP), every entry it has not reached yet is replaced, and it goes on: the
-    # replaced files must survive (clear removes the file it listed, not whatever is there).
+    # entry onto one of those paths in between. The clearer stops itself after its first
+    # unlink, outside the shard's lock (an audit hook in the child: a real SIGSTOP at the
+    # exact point, whatever the machine's load), every entry it has not reached yet is
+    # replaced, and it goes on: the replaced files must survive (clear removes the file it
+    # listed, not whatever is at its path).
     root = str(tmp_path / "c")
     FileStreamProgramCache(root).close()
     shard = os.path.join(root, FORMAT_DIR, "entries", "ab")
     os.makedirs(shard, mode=0o700)
-    names = [f"ab{i:062x}" for i in range(3000)]
-    for _ in range(10):
-        for n in names:
-            _write(os.path.join(shard, n), b"old")
-        watch = Watch()
-        watch.add(shard, IN_DELETE)
-        # The clearer runs at the lowest priority: woken by its first unlink, this process is
-        # scheduled before it can unlink the rest, even on a machine busy with other work (at
-        # normal priority a second test run on 2 cores let it finish first, 5 tries of 5).
-        proc = subprocess.Popen([sys.executable, "-c", _CLEARER, root], preexec_fn=lambda: os.nice(19))
-        try:
-            deadline = time.monotonic() + 60
-            while not watch.events(0.5):
-                assert time.monotonic() < deadline and proc.poll() is None, "clear never unlinked"
-            proc.send_signal(signal.SIGSTOP)
-        finally:
-            watch.close()
-        # A writer publishes under the shard's pair lock, as the store's writers do. Stopped
-        # inside it (between its check of a file and the unlink), the clearer holds it: then
-        # no writer could publish there either; let it finish and try again.
+    names = [f"ab{i:062x}" for i in range(20)]
+    for n in names:
+        _write(os.path.join(shard, n), b"old")
+    proc = subprocess.Popen([sys.executable, "-c", _CLEARER, root, shard])
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+        if not os.WIFSTOPPED(status):
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+            raise AssertionError(f"the clearer ended without stopping (exit {proc.returncode})")
+        left = sorted(os.listdir(shard))
+        assert len(left) == len(names) - 1 and set(left) < set(names)  # one unlinked, the rest not reached
+        # A writer publishes under the shard's pair lock, as the store's writers do; the
+        # clearer stopped outside it, so the lock is free.
         lock = os.open(shard, os.O_RDONLY)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            for n in left:
+                tmp = os.path.join(root, FORMAT_DIR, "tmp", n + ".new")
+                _write(tmp, b"fresh")
+                os.replace(tmp, os.path.join(shard, n))  # a writer's publish: a new inode
+        finally:
             os.close(lock)
-            proc.send_signal(signal.SIGCONT)
-            assert proc.wait(timeout=120) == 0
-            left = []
-            continue
-        left = sorted(os.listdir(shard))
-        for n in left:
-            tmp = os.path.join(root, FORMAT_DIR, "tmp", n + ".new")
-            _write(tmp, b"fresh")
-            os.replace(tmp, os.path.join(shard, n))  # a writer's publish: a new inode
-        os.close(lock)
-        proc.send_signal(signal.SIGCONT)
-        assert proc.wait(timeout=120) == 0
-        if left:
-            break
-    assert left, "the clearer was never stopped before it finished (retried 10 times)"
+    finally:
+        proc.send_signal(signal.SIGCONT)  # nothing to send where it was reaped above
+        proc.wait(timeout=120)
+    assert proc.returncode == 0
     survived = sorted(os.listdir(shard))
     assert survived == left
     for n in survived:

@@ -403,14 +403,16 @@ def test_an_expired_lock_is_taken_over_by_exactly_one_waiter(s3: S3Server, bucke
     s3.client().put_object(Bucket=bucket, Key="team/kernelcache/locks/k", Body=body)
     outcomes: list[str] = []
     gate = threading.Barrier(6)
+    told = threading.Condition()
 
     def waiter() -> None:
         store = _store(bucket, lock_ttl_s=30)
         gate.wait()
-        with store.remote_lock("k", time.monotonic() + 2, lambda: False) as outcome:
+        with store.remote_lock("k", time.monotonic() + 2, lambda: False) as outcome, told:
             outcomes.append(outcome)
-            if outcome == "acquired":
-                time.sleep(4)  # held past every other waiter's deadline
+            told.notify_all()
+            if outcome == "acquired":  # held until every other waiter's deadline has passed
+                told.wait_for(lambda: len(outcomes) == 6, timeout=60)
 
     threads = [threading.Thread(target=waiter) for _ in range(6)]
     for t in threads:

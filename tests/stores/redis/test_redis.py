@@ -321,11 +321,12 @@ def test_two_hosts_single_flight_through_redis(tmp_path, server) -> None:
     ns = f"sf{time.time_ns()}"
     kernels = 4
     ctx = mp.get_context("spawn")
-    start_at = time.time() + 2.5
+    gate = str(tmp_path / "gate")  # both start at once, once both have imported
     with ctx.Pool(2) as pool:
         results = pool.starmap(
             w.host_compiles,
-            [(str(tmp_path / host), server.url, ns, kernels, start_at, ARCH) for host in ("host1", "host2")],
+            [(str(tmp_path / host), server.url, ns, kernels, gate, 2, ARCH) for host in ("host1", "host2")],
+            chunksize=1,
         )
     assert sum(results) == kernels, f"compiles per host: {results}"
 
