@@ -278,6 +278,18 @@ def env_get(name: str) -> str | None:
 
 _POSIX = os.name == "posix"
 _ENCODED = {name: os.fsencode(name) for name in KNOWN}
+_CALL_FLAGS = tuple(_ENCODED[name] for name in ("KERNELCACHE_DISABLE", "KERNELCACHE_RECORD", "KERNELCACHE_RECACHE"))
+
+
+def call_flags_unset() -> bool:
+    """True when none of ``KERNELCACHE_DISABLE``, ``KERNELCACHE_RECORD``, ``KERNELCACHE_RECACHE``
+    is set (the config file loaded first: its values are in the environment then), read now: a
+    compile_program call then need not ask each (three look-ups in os.environ's own dict)."""
+    configfile.ensure_loaded(KNOWN, ConfigError)
+    data = getattr(os.environ, "_data", None)
+    if not _POSIX or type(data) is not dict:
+        return False  # not CPython's POSIX environ: each flag is asked on its own
+    return not any(map(data.__contains__, _CALL_FLAGS))
 
 
 def bundles() -> tuple[str, ...]:
