@@ -241,3 +241,32 @@ def test_init_refuses_an_unknown_group_and_a_foreign_directory(tmp_path) -> None
     proc = _kc("init", "--team", group, str(tmp_path / "busy"), env=env)
     assert proc.returncode == 2 and "not empty" in proc.stderr
     assert os.listdir(tmp_path / "busy") == ["notes.txt"]
+
+
+
+def test_recache_and_disable_from_the_config_file_reach_compile_program(env, tmp_path) -> None:
+    """compile_program asks DISABLE, RECORD and RECACHE only when one of them is set: a value only
+    the config file sets counts as set. A fresh process per setting, on one stored kernel: recache
+    compiles it again, disable compiles without the cache, record appends the request, none: a hit."""
+    code = f"""
+        import json
+        from cuda.core import ProgramOptions
+        from kernelcache import CompileInfo, compile_program
+        info = CompileInfo()
+        src = 'extern "C" __global__ void k(float* a) {{ a[threadIdx.x] = 5.0f; }}'
+        compile_program(src, options=ProgramOptions(arch={ARCH!r}), info=info)
+        print(json.dumps([info.hit, info.cached]))
+        """
+    config_file, lock = tmp_path / "config.toml", tmp_path / "kernels.lock.json"
+
+    def run(text: str) -> list[bool]:
+        config_file.write_text(text)
+        proc = _py(code, env)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert run("") == [False, True]  # the miss that stores it
+    assert run("") == [True, True]
+    assert run("recache = true\n") == [False, True]
+    assert run("disable = true\n") == [False, False]
+    assert run(f"record = {json.dumps(str(lock))}\n") == [True, True] and lock.read_text().strip()

@@ -17,7 +17,8 @@ from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
 cache = FileStreamProgramCache(sys.argv[2]) if sys.argv[2] else None
 info = CompileInfo()
 compile_program(sys.argv[1], options=ProgramOptions(arch={ARCH!r}), cache=cache, info=info)
-heavy = ("redis", "obstore", "triton", "torch", "cupy", "rich", "click", "platformdirs", "logging", "decimal")
+heavy = ("redis", "obstore", "triton", "torch", "cupy", "rich", "click", "platformdirs", "logging", "decimal",
+         "kernelcache.config.urls", "kernelcache.config.oci")
 print(json.dumps({{"hit": info.hit, "loaded": sorted(m for m in heavy if m in sys.modules)}}))
 """
 SRC = 'extern "C" __global__ void k(float* a) {{ a[threadIdx.x] = {}.0f; }}'
@@ -30,7 +31,8 @@ def child(source: str, store: str = "", **env: str) -> dict:
 
 
 def test_a_hit_from_disk_loads_no_remote_client_nor_anything_a_miss_needs(tmp_path) -> None:
-    """Proven on the process's own sys.modules: the first call (a miss) and a fresh process's hit."""
+    """Proven on the process's own sys.modules: the first call (a miss) and a fresh process's hit,
+    which loads no URL or OCI-reference parsing either (a store given names no URL)."""
     store = str(tmp_path / "c")
     assert child(SRC.format(1), store)["hit"] is False
     got = child(SRC.format(1), store)

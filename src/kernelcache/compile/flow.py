@@ -154,14 +154,16 @@ def compile_program(
     call = Call(info if info is not None else CompileInfo(), logs, want_headers=info is not None)
     budget = None if wait_timeout is None else _checked_wait(wait_timeout)
     request = CompileRequest.of(code, code_type, target_type, options, name_expressions, extra_digest)
-    store = None if config.disabled() else resolve_cache(cache)
+    plain = config.call_flags_unset()  # none of DISABLE, RECORD, RECACHE set (read per call): none asked
+    store = None if not plain and config.disabled() else resolve_cache(cache)
     if store is None:
         return compile_uncached(request, call)
     look = Lookup(store, request)
-    _record(request)  # KERNELCACHE_RECORD: hits and misses
+    if not plain:
+        _record(request)  # KERNELCACHE_RECORD: hits and misses
     found = look.find()
     call.info.lookup_seconds = time.perf_counter() - call.start
-    recache = found[1] is not None and config.recache()  # compile, store, replace what is there
+    recache = not plain and found[1] is not None and config.recache()  # compile, store, replace what is there
     if found[1] is not None and not recache:
         return replay_hit(look, found, call)
     from kernelcache.compile.flight import SingleFlight

@@ -70,7 +70,8 @@ def object_from_record(data: bytes, target_type: str, name: str, meta: Meta) -> 
     return _factories()[target_type](data, name=name, symbol_mapping=decode_symbols(symbols) if symbols else None)
 
 
-_GLOBAL_FN = re.compile(rb"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+# Compiled on first use (re caches it), not at import: a miss stores the kernels' names, a hit needs none.
+_GLOBAL_FN = rb"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)"
 
 
 def kernel_names(code: str | bytes, mapping: dict[Any, Any] | None) -> list[str]:
@@ -78,7 +79,7 @@ def kernel_names(code: str | bytes, mapping: dict[Any, Any] | None) -> list[str]
     if mapping:
         return [k.decode("latin-1") if isinstance(k, bytes) else str(k) for k in mapping]
     raw = code_bytes(code)
-    found = [m.decode("latin-1") for m in _GLOBAL_FN.findall(raw)]
+    found = [m.decode("latin-1") for m in re.findall(_GLOBAL_FN, raw)]
     if not found:  # PTX: .entry names
         found = [m.decode("latin-1") for m in re.findall(rb"\.entry\s+(\w+)", raw)]
     return list(dict.fromkeys(found))[:32]

@@ -27,12 +27,12 @@ value, and what it accepts; :func:`check` names every bad variable in one error.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+from typing import Any
 
 from kernelcache.config import file as configfile
-from kernelcache.config import oci, urls
-from kernelcache.config.oci import oci_password, oci_token, oci_username  # noqa: F401 - config.oci_token
 from kernelcache.config.sizes import format_size as format_size  # re-exported: config.format_size
 from kernelcache.config.sizes import parse_size, shown
 from kernelcache.config.variables import KNOWN, VARIABLES, warn_removed  # noqa: F401 - VARIABLES: config.VARIABLES
@@ -157,6 +157,8 @@ def redis_url() -> str | None:
     raw = _env("KERNELCACHE_REDIS_URL", "").strip()
     if not raw:
         return None
+    from kernelcache.config import urls
+
     if not raw.startswith(urls.REDIS_SCHEMES):
         raise ConfigError(
             f"KERNELCACHE_REDIS_URL={shown(raw)} is not a Redis URL: use redis://host:port/db, "
@@ -186,6 +188,8 @@ def object_store_url() -> str | None:
     raw = _env("KERNELCACHE_OBJECT_STORE_URL", "").strip()
     if not raw:
         return None
+    from kernelcache.config import urls
+
     try:
         return urls.check_object_store_url(raw)
     except ValueError as exc:
@@ -274,6 +278,18 @@ def env_get(name: str) -> str | None:
 
 _POSIX = os.name == "posix"
 _ENCODED = {name: os.fsencode(name) for name in KNOWN}
+_CALL_FLAGS = tuple(_ENCODED[name] for name in ("KERNELCACHE_DISABLE", "KERNELCACHE_RECORD", "KERNELCACHE_RECACHE"))
+
+
+def call_flags_unset() -> bool:
+    """True when none of ``KERNELCACHE_DISABLE``, ``KERNELCACHE_RECORD``, ``KERNELCACHE_RECACHE``
+    is set (the config file loaded first: its values are in the environment then), read now: a
+    compile_program call then need not ask each (three look-ups in os.environ's own dict)."""
+    configfile.ensure_loaded(KNOWN, ConfigError)
+    data = getattr(os.environ, "_data", None)
+    if not _POSIX or type(data) is not dict:
+        return False  # not CPython's POSIX environ: each flag is asked on its own
+    return not any(map(data.__contains__, _CALL_FLAGS))
 
 
 def bundles() -> tuple[str, ...]:
@@ -282,6 +298,8 @@ def bundles() -> tuple[str, ...]:
     raw = _env("KERNELCACHE_BUNDLES")
     if not raw.strip():
         return ()
+    from kernelcache.config import oci, urls
+
     paths = urls.split_bundle_list(raw, os.pathsep)
     for path in paths:
         if path.startswith(urls.OCI_SCHEME):  # pulled when the default cache is made (stores/bundle/pulled.py)
@@ -300,6 +318,19 @@ def bundles() -> tuple[str, ...]:
         # A path that holds no bundle (not built yet, a volume not mounted) is no bad value: the
         # default cache leaves that tier out with one warning (stores/default.py), as the README says.
     return tuple(p if p.startswith(urls.OCI_SCHEME) else os.path.expanduser(p) for p in paths)
+
+
+# What only a URL, a bundle list or an OCI registry needs, imported on first use (PEP 562):
+# config.urls, config.oci and its credential readers (config.oci_token...). A process whose
+# configuration names no URL (a hit from a store it was given) never loads them.
+_LAZY = {"urls": None, "oci": None, "oci_password": "oci", "oci_token": "oci", "oci_username": "oci"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"{__name__}.{_LAZY[name] or name}")
+    return module if _LAZY[name] is None else getattr(module, name)
 
 
 def bundle_secret() -> str | None:

@@ -65,14 +65,14 @@ _SPLICE = re.compile(rb"\\[ \t\f\v]*\r?\n")
 
 # Comments and string/character literals in one pass: a comment becomes one space (phase
 # 3), a literal stays whole (a "/*" inside a string starts no comment).
-_LEXEMES = re.compile(rb'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
-_HAS_INCLUDE_WORD = re.compile(rb"__has_include(?:_next)?\b")
-_INCLUDE_LINE = re.compile(rb"^[ \t]*(?:#|%:)[ \t]*include(?:_next)?\b", re.M)
+# These four only directives() uses (a miss's header pass): compiled on first use (re caches
+# them, flags inline), not at import, which a hit would pay for.
+_LEXEMES = rb'(?s)"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*'
+_HAS_INCLUDE_WORD = rb"__has_include(?:_next)?\b"
+_INCLUDE_LINE = rb"(?m)^[ \t]*(?:#|%:)[ \t]*include(?:_next)?\b"
 # What a macro can hand to __has_include or #include: a literal name right after "(" (a
 # macro's argument) or as a #define's value.
-_MACRO_NAME = re.compile(
-    rb'(?:\(|^[ \t]*(?:#|%:)[ \t]*define[ \t]+\w+(?:\([^)\n]*\))?)[ \t]*(?:"([^"\r\n]+)"|<([^>\r\n]+)>)', re.M
-)
+_MACRO_NAME = rb'(?m)(?:\(|^[ \t]*(?:#|%:)[ \t]*define[ \t]+\w+(?:\([^)\n]*\))?)[ \t]*(?:"([^"\r\n]+)"|<([^>\r\n]+)>)'
 
 INCLUDE, HAS_INCLUDE = "i", "h"
 _MACRO_USE, _MACRO_NAME_SEEN = "u", "m"  # directives() markers that probes() resolves
@@ -80,7 +80,7 @@ _MACRO_USE, _MACRO_NAME_SEEN = "u", "m"  # directives() markers that probes() re
 
 def _blanked(text: bytes) -> bytes:
     text = _SPLICE.sub(b"", text)
-    return _LEXEMES.sub(lambda m: b" " if m.group(0)[:1] == b"/" else m.group(0), text)
+    return re.sub(_LEXEMES, lambda m: b" " if m.group(0)[:1] == b"/" else m.group(0), text)
 
 
 def directives(text: bytes) -> list[tuple[str, str, str]]:
@@ -100,11 +100,11 @@ def directives(text: bytes) -> list[tuple[str, str, str]]:
             kind = "q" if m.group(2) == b'"' else "a"
             found[(how, kind, m.group(3).decode("utf-8", "surrogateescape").strip())] = None
         if (
-            len(_HAS_INCLUDE_WORD.findall(variant)) > literal[HAS_INCLUDE]
-            or len(_INCLUDE_LINE.findall(variant)) > literal[INCLUDE]
+            len(re.findall(_HAS_INCLUDE_WORD, variant)) > literal[HAS_INCLUDE]
+            or len(re.findall(_INCLUDE_LINE, variant)) > literal[INCLUDE]
         ):
             found[(_MACRO_USE, "", "")] = None
-        for m in _MACRO_NAME.finditer(variant):
+        for m in re.finditer(_MACRO_NAME, variant):
             name = (m.group(1) if m.group(1) is not None else m.group(2)).decode("utf-8", "surrogateescape").strip()
             if name:
                 found[(_MACRO_NAME_SEEN, "q" if m.group(1) is not None else "a", name)] = None

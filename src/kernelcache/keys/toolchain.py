@@ -22,13 +22,16 @@ and never equal a working one's).
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import functools
 import hashlib
 import os
 import struct
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
+
+from kernelcache.regular_file import open_regular
 
 __all__ = ["LIBRARIES", "Toolchain", "confirm", "file_identity", "library_file", "library_identity"]
 
@@ -52,33 +55,36 @@ class _LinkMap(ctypes.Structure):
 
 def loaded_file(lib: str) -> str | None:
     """The file of ``lib`` loaded in this process now (by anyone), or None: as cuda.pathfinder
-    asks, dlopen(soname, RTLD_NOLOAD) of each soname in turn (~40 us each where none is loaded:
-    the loader searches its path; cheaper than a walk of all loaded objects in a large process)."""
-    dl = _dl()
+    asks, dlopen(soname, RTLD_NOLOAD) of each soname in turn. Where none is loaded that is the
+    loader's whole search for each (about 25 failed opens of its hwcaps folders: ~75 us each
+    here, the first call of a process more; cheaper than a walk of all loaded objects in a
+    large process, and the loader's own answer, sonames included)."""
     for soname in LIBRARIES[lib][0]:
-        handle = dl.dlopen(soname.encode(), os.RTLD_NOLOAD | os.RTLD_LAZY)
-        if not handle:
+        try:
+            # _ctypes.dlopen is ctypes' own dlopen (what CDLL calls): OSError where it returns
+            # NULL, so the usual answer (not loaded) builds no function objects at all.
+            handle = _ctypes.dlopen(soname, os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
             continue
+        dl = _dl()
         try:
             node = ctypes.POINTER(_LinkMap)()
             if dl.dlinfo(handle, _RTLD_DI_LINKMAP, ctypes.byref(node)) == 0 and node.contents.l_name:
                 return os.fsdecode(node.contents.l_name)
         finally:
-            dl.dlclose(handle)  # the reference this dlopen took; the library stays loaded by its loader
+            _ctypes.dlclose(handle)  # the reference this dlopen took; the library stays loaded by its loader
     return None
 
 
 @functools.cache
 def _dl() -> ctypes.CDLL:
-    """dlopen, dlinfo and dlclose with their C signatures (glibc 2.34+: in libc; before, in libdl)."""
+    """dlinfo with its C signature (glibc 2.34+: in libc; before, in libdl)."""
     try:
         dl = ctypes.CDLL(None)
         dl.dlinfo  # noqa: B018 - is it there
     except AttributeError:
         dl = ctypes.CDLL("libdl.so.2")
-    dl.dlopen.restype, dl.dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
     dl.dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-    dl.dlclose.argtypes = [ctypes.c_void_p]
     return dl
 
 
@@ -149,34 +155,35 @@ def library_file(lib: str, load: bool = False) -> tuple[str, str] | None:
 
 def file_identity(path: str) -> str:
     """"<file name>;<size>;<build id>" of a library file (its SHA-256 where it has no build id)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        build = _build_id(f)
+    fd, st = open_regular(path, follow=True)  # os.pread: no buffered file object for a few small reads
+    try:
+        build = _build_id(fd)
         if build is None:
-            f.seek(0)
             digest = hashlib.sha256()
-            for block in iter(lambda: f.read(1 << 20), b""):
+            offset = 0
+            while block := os.pread(fd, 1 << 20, offset):
                 digest.update(block)
+                offset += len(block)
             build = "sha256:" + digest.hexdigest()
+    finally:
+        os.close(fd)
     name = os.path.basename(os.path.realpath(path) if os.path.islink(path) else path)
-    return f"{name};{size};{build}"
+    return f"{name};{st.st_size};{build}"
 
 
-def _build_id(f) -> str | None:  # noqa: ANN001 - a binary file
+def _build_id(fd: int) -> str | None:
     """The NT_GNU_BUILD_ID of a 64-bit little-endian ELF file, read from its PT_NOTE segments."""
-    head = f.read(64)
+    head = os.pread(fd, 64, 0)
     if len(head) < 64 or head[:6] != b"\x7fELF\x02\x01":
         return None
     phoff, = struct.unpack_from("<Q", head, 32)
     phentsize, phnum = struct.unpack_from("<HH", head, 54)
-    f.seek(phoff)
-    table = f.read(phentsize * phnum)
+    table = os.pread(fd, phentsize * phnum, phoff)
     for at in range(0, len(table) - 55, phentsize):
         p_type, _, offset, _, _, filesz = struct.unpack_from("<IIQQQQ", table, at)
         if p_type != 4:  # PT_NOTE
             continue
-        f.seek(offset)
-        notes, pos = f.read(min(filesz, 1 << 16)), 0
+        notes, pos = os.pread(fd, min(filesz, 1 << 16), offset), 0
         while pos + 12 <= len(notes):
             namesz, descsz, kind = struct.unpack_from("<III", notes, pos)
             desc = pos + 12 + (namesz + 3) // 4 * 4
@@ -288,9 +295,9 @@ def ptx_linker_identity() -> str:
         return f"driver:probe-failed:{type(exc).__name__}"
 
 
-@dataclass(frozen=True)
-class Toolchain:
-    """The probe results one key derivation uses: computed once, passed down."""
+class Toolchain(NamedTuple):
+    """The probe results one key derivation uses: computed once, passed down. (A NamedTuple: a
+    frozen dataclass costs every import half a millisecond to make.)"""
 
     cuda_core: str
     compiler: str  # nvrtc for c++, the PTX linker for ptx, nvvm for nvvm

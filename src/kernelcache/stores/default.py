@@ -13,6 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from kernelcache import config, forksafe
+from kernelcache.config import urls  # the settings may name URLs: checked when the default cache is made
 from kernelcache.log import WarnOnce
 from kernelcache.stores.base import CountingStore, ProgramCacheResource
 from kernelcache.stores.file import dircap
@@ -212,7 +213,7 @@ def _bundle_tiers(paths: tuple[str, ...], secret: str | None, settings: Settings
     tiers: list[ProgramCacheResource] = []
     for path in paths:
         try:
-            if path.startswith(config.urls.OCI_SCHEME):  # pulled once into the cache dir, checked
+            if path.startswith(urls.OCI_SCHEME):  # pulled once into the cache dir, checked
                 from kernelcache.stores.bundle.pulled import pulled_bundle
 
                 local = pulled_bundle(path, settings.root, secret=as_secret(secret), team=settings.allow_shared)

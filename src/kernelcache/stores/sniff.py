@@ -14,7 +14,7 @@ from typing import Any
 
 _ELF = b"\x7fELF"
 _FATBIN = b"\x50\xed\x55\xba"
-_PTX_TARGET = re.compile(rb"^\s*\.target\s+(sm_\w+|compute_\w+)", re.M)
+_PTX_TARGET = rb"^\s*\.target\s+(sm_\w+|compute_\w+)"  # compiled on first use (re caches it), not at import
 # EI_OSABI of a CUDA ELF: 0x41 keeps the SM number in bits 8-15 of e_flags, the older 0x33 in bits 0-7.
 _CUDA_ABIS = {0x41: 8, 0x33: 0}
 
@@ -45,6 +45,6 @@ def _kind_and_arch(data: bytes) -> tuple[str, str]:
         return "fatbin", ""
     head = data[:4096]
     if b".version" in head:
-        m = _PTX_TARGET.search(head)
+        m = re.search(_PTX_TARGET, head, re.M)
         return "ptx", m.group(1).decode() if m else ""
     return "", ""

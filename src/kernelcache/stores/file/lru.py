@@ -34,7 +34,7 @@ import stat as stat_mod
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from kernelcache.regular_file import holds_sha256_prefix
 from kernelcache.stores.file.marker import COPIES_DIR
@@ -43,7 +43,8 @@ from kernelcache.stores.file.sidecar import META_SUFFIX
 
 STAMP_GRANULARITY_NS = 1_000_000_000  # a read stamps an entry at most this often
 COPY_MIN_AGE_S = 5.0  # a copy younger than this is never taken for room: Triton is about to open it
-_COPY_NAME = re.compile(r"[0-9a-f]{32}(-.+|\.tmp)")
+# Compiled on first use (re caches it), not at import: only copies and eviction need it.
+_COPY_NAME = r"[0-9a-f]{32}(-.+|\.tmp)"
 
 
 def last_used_ns(entry: os.stat_result, sidecar: os.stat_result | None) -> int:
@@ -67,9 +68,9 @@ def stamp(sidecar: str) -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One file removal for room may take: an entry (with its sidecar) or a copy."""
+class Candidate(NamedTuple):
+    """One file removal for room may take: an entry (with its sidecar) or a copy. (A NamedTuple:
+    a frozen dataclass costs every import of the store half a millisecond to make.)"""
 
     last_used_ns: int
     path: str
@@ -103,7 +104,7 @@ def holds_its_digest(path: str) -> bool:
     """Whether the regular file at ``path`` (``<32 hex>-<name>``) holds bytes whose SHA-256 begins
     with those 32 hex digits (read without following a link, never waiting on a FIFO)."""
     name = os.path.basename(path)
-    if not _COPY_NAME.fullmatch(name) or name.endswith(".tmp"):
+    if not re.fullmatch(_COPY_NAME, name) or name.endswith(".tmp"):
         return False
     return holds_sha256_prefix(path, name[:32])
 
@@ -146,7 +147,7 @@ def scan_copies(root: str) -> tuple[list[Candidate], int]:
             except OSError:
                 continue
             total += freed(st)
-            if stat_mod.S_ISREG(st.st_mode) and _COPY_NAME.fullmatch(name) and not name.endswith(".tmp"):
+            if stat_mod.S_ISREG(st.st_mode) and re.fullmatch(_COPY_NAME, name) and not name.endswith(".tmp"):
                 out.append(Candidate(st.st_mtime_ns, path, stat_key(st), freed(st), copy=True))
     return out, total
 

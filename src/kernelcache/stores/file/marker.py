@@ -68,8 +68,9 @@ ROOT_CONFIG = "config.toml"
 COPIES_DIR = "materialized"  # copies of entries handed out as files (integrations/materialized.py)
 # oci/: the bundles KERNELCACHE_BUNDLES=oci://... pulled (stores/bundle/pulled.py); no tool removes them.
 _ROOT_CHILDREN = frozenset({FORMAT_DIR, "v1", COPIES_DIR, "oci", ROOT_CONFIG, MARKER_NAME})
-_SHARD = re.compile(r"[0-9a-f]{2}")
-_ENTRY = re.compile(r"[0-9a-f]{64}(\.meta)?")
+# Compiled on first use (re caches them), not at import: only a fresh root and destructive commands ask.
+_SHARD = r"[0-9a-f]{2}"
+_ENTRY = r"[0-9a-f]{64}(\.meta)?"
 _STATS_MAGIC = b"KCSTATS1"
 _SIDECAR_MAGIC = b"kernelcache-sidecar "
 
@@ -221,14 +222,14 @@ def _entries_problem(entries: str) -> str | None:
     except OSError as exc:
         return f"{entries} cannot be read ({exc.strerror})"
     for shard in shards:
-        if not shard.is_dir(follow_symlinks=False) or not _SHARD.fullmatch(shard.name):
+        if not shard.is_dir(follow_symlinks=False) or not re.fullmatch(_SHARD, shard.name):
             return f"{shard.path} is no shard of kernelcache's"
         try:
             files = list(os.scandir(shard.path))
         except OSError as exc:
             return f"{shard.path} cannot be read ({exc.strerror})"
         for f in files:
-            if not f.is_file(follow_symlinks=False) or not _ENTRY.fullmatch(f.name):
+            if not f.is_file(follow_symlinks=False) or not re.fullmatch(_ENTRY, f.name):
                 return f"{f.path} is no entry of kernelcache's"
             if f.name.endswith(".meta") and not starts_with(f.path, _SIDECAR_MAGIC):
                 return f"{f.path} is no sidecar of kernelcache's"

@@ -14,11 +14,11 @@ import stat as stat_mod
 import time
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from kernelcache.log import WarnOnce, logger
 from kernelcache.memo import remember
+from kernelcache.regular_file import open_regular as open_regular_file
 from kernelcache.stats import ErrorCause
 from kernelcache.stores.base import Meta
 from kernelcache.stores.file import lru
@@ -27,6 +27,7 @@ from kernelcache.stores.file.ops import (
     NotRegularFileError,
     StatKey,
     pair_lock,
+    read_fd,
     read_regular,
     stat_key,
     unlink_if_same,
@@ -34,15 +35,15 @@ from kernelcache.stores.file.ops import (
 from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, parse_sidecar, sidecar_info
 from kernelcache.stores.file.sizecap import SizeCap
 
-# Verified (entry, sidecar) pairs remembered per process (see _read); bounded.
+# Verified (entry, sidecar) pairs remembered per process (see _read_at); bounded.
 _VERIFIED_MEMO_SIZE = 4096
 # entry identity, sidecar identity, payload CRC-32, parsed metadata
 Verified = tuple[StatKey, StatKey, int, Meta]
 
 
-@dataclass(frozen=True)
-class EntryInfo:
-    """One entry as found on disk (for listing tools; no payload read)."""
+class EntryInfo(NamedTuple):
+    """One entry as found on disk (for listing tools; no payload read). A NamedTuple, not a
+    frozen dataclass: making that class costs every import of the store half a millisecond."""
 
     name: str  # the file name: hex digest of the key
     path: str
@@ -72,25 +73,41 @@ class EntryReading:
         return self._read_at(self._entry_path(key))
 
     def _read_at(self, path: str) -> tuple[bytes, Meta] | None:
+        got = self._read_entry(path)
+        if got is None:
+            return None
+        payload, st = got
+        # Fast path: this process already verified this exact pair of files (same inode,
+        # size and mtime for both: any os.replace makes a new inode). A stat of the
+        # sidecar replaces its read and parse; the payload's CRC is still checked on
+        # every read, so damage to the entry itself is always caught.
+        known = self._verified.get(path)
+        if (
+            known is not None
+            and known[0] == (st.st_ino, st.st_size, st.st_mtime_ns)
+            and known[2] == zlib.crc32(payload)
+        ):
+            try:
+                side = os.lstat(path + META_SUFFIX)
+            except OSError:
+                side = None
+            if side is not None and (side.st_ino, side.st_size, side.st_mtime_ns) == known[1]:
+                if self._touch and lru.due(side.st_mtime_ns, time.time_ns()):
+                    self._stamp(path, side, known)
+                return payload, known[3]
+        return self._read_pair(path, payload, stat_key(st))
+
+    def _read_pair(self, path: str, payload: bytes, st_key: StatKey) -> tuple[bytes, Meta] | None:
+        """The entry's bytes (just read) checked against its sidecar, read and parsed (retried
+        while a writer is between its two renames; a pair damaged twice alike is removed)."""
         previous = None
         for attempt in range(3):
-            got = self._read_entry(path)
-            if got is None:
-                return None
-            payload, st_key = got
-            # Fast path: this process already verified this exact pair of files (same inode,
-            # size and mtime for both: any os.replace makes a new inode). A stat of the
-            # sidecar replaces its read and parse; the payload's CRC is still checked on
-            # every read, so damage to the entry itself is always caught.
-            known = self._verified.get(path)
-            if known is not None and known[0] == st_key and known[2] == zlib.crc32(payload):
-                try:
-                    side = os.lstat(path + META_SUFFIX)
-                except OSError:
-                    side = None
-                if side is not None and stat_key(side) == known[1]:
-                    self._stamp(path, side, known)
-                    return payload, known[3]
+            if attempt:
+                got = self._read_entry(path)
+                if got is None:
+                    return None
+                payload, st = got
+                st_key = stat_key(st)
             got_sidecar = self._read_sidecar(path)
             if got_sidecar is False:
                 return None
@@ -100,6 +117,7 @@ class EntryReading:
             # symbol mapping or a cut-off log is as much a mismatch as a damaged artifact.
             header, meta = parse_sidecar(sidecar)
             if meta is not None and header == (len(payload), zlib.crc32(payload)):
+                assert sidecar_st is not None
                 verified = (st_key, stat_key(sidecar_st), header[1], meta)
                 self._remember_verified(path, verified)
                 self._stamp(path, sidecar_st, verified)
@@ -171,18 +189,24 @@ class EntryReading:
         if after.st_ino == sidecar.st_ino and after.st_size == sidecar.st_size:
             self._remember_verified(path, (verified[0], stat_key(after), verified[2], verified[3]))
 
-    def _read_entry(self, path: str) -> tuple[bytes, StatKey] | None:
-        """(payload, file identity) of the entry at path; None if absent. Its use is stamped on
-        its sidecar once the pair checks out (_stamp); with touch_on_read=False its atime is
-        kept too where the kernel allows (O_NOATIME: the owner)."""
+    def _read_entry(self, path: str) -> tuple[bytes, os.stat_result] | None:
+        """(payload, fstat) of the entry at path; None if absent. Its use is stamped on its
+        sidecar once the pair checks out (_stamp); with touch_on_read=False its atime is kept
+        too where the kernel allows (O_NOATIME: the owner)."""
         try:
-            payload, st = read_regular(path, chunk=self.read_chunk_bytes, keep_atime=not self._touch)
+            if not self._touch:
+                return read_regular(path, chunk=self.read_chunk_bytes, keep_atime=True)
+            # ops.read_regular inlined (every hit): the same open_regular, one read, a close.
+            fd, st = open_regular_file(path)
+            try:
+                return read_fd(fd, st.st_size, self.read_chunk_bytes), st
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
             self._unreadable(path, exc)
             return None
-        return payload, stat_key(st)
 
     def _read_sidecar(self, path: str) -> tuple[bytes | None, os.stat_result | None] | Literal[False]:
         """(raw sidecar, its fstat); (None, None) if missing (the entry is then
