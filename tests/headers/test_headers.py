@@ -128,7 +128,11 @@ def test_header_edited_during_the_compile_is_not_stored(tmp_path, monkeypatch) -
         editor.join(150)
         watch.close()
     assert edited.is_set() and not info.hit
-    assert old == truth(SLOW.replace('#include "val.h"', "#define VAL 1.0f"), monkeypatch)
+    # The first close of val.h may be the header pass's, beside the compile in another process
+    # (runners/beside.py): the compile then read one text or the other. Either way it is returned,
+    # and the check below says it was not stored.
+    before = truth(SLOW.replace('#include "val.h"', "#define VAL 1.0f"), monkeypatch)
+    assert old in (before, truth(SLOW, monkeypatch))
     # A fresh process (no memo) must compile the new header, not load the old artifact.
     hit, digest = fresh_process_compile(str(tmp_path / "cache"), SLOW, str(proj))
     assert (hit, digest) == (False, sha(truth(SLOW, monkeypatch)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def records(cache: FileStreamProgramCache) -> dict[str, tuple[bytes, dict[str, o
 def _unordered_index(payload: bytes) -> bytes:
     """A source index with its entries sorted: the index lists them newest first, and which of
     one source's compiles stores first depends on the threads, in one process or across workers."""
-    if not payload.startswith(b'{"format":1,"entries":'):
+    if not re.match(rb'\{"format":\d+,"entries":', payload):  # any format of the index (it was 1, is 2)
         return payload
     doc = json.loads(payload)
     doc["entries"].sort(key=lambda e: e["key"])
