@@ -105,13 +105,11 @@ class HeaderTrace:
             self.not_stored = "the working directory changed during the compile"
             return None
         built, self._built = self._built, None
-        if built is None:
-            built = self._build()
-        else:
+        variant, changed, again = built if built is not None else self._build()
+        if built is not None and variant is not None:
             # Race: built while the compile ran; a header it read may have changed after, before
             # NVRTC read it. Such a header is stamped after the start: checked again, now.
-            built = (built[0], sorted({*built[1], *built[2]()}), built[2]) if built[0] is not None else built
-        variant, changed, _ = built
+            changed = sorted({*changed, *again()})
         if variant is None:
             self.not_stored = changed[0]
             return None

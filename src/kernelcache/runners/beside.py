@@ -3,9 +3,13 @@ process while this process's thread runs the plain compile, so a miss costs abou
 compile's wall time where a core is free (the pass alone is 0.5-0.9x of the compile, run after
 it: the miss was 1.5-2.2x a plain compile, bench_real_kernels.py's cold phase).
 
-Why another process and not a thread: after one traced compile that fails, NVRTC drops header
-events from every later trace in the process (compilers.header_pass); the pass runs before the
-compile is known to succeed, so a failed pass must end with the process it ran in.
+Why another process and not a thread: NVRTC serialises part of every compile inside one process
+(pool.py), so a pass on a thread slows the compile beside it (two CUB compiles on two threads:
+5.3 s against 3.5 s one after the other). And the rule kept since NVRTC 13.5 was measured making
+it: after a traced compile that fails, NVRTC may drop header events from every later trace in the
+process (compilers.header_pass); the pass runs before the compile is known to succeed, so a
+failed pass ends with the process it ran in. (A failed front-end-only pass, a syntax error or a
+missing header, was not seen to do that with 13.5 here; the rule stays until no NVRTC does.)
 
 Which process: an idle compiler worker of this process's pool (pool.spare), where one is; a
 worker whose pass failed is dropped (pool.run_on). Else a child forked for the one pass, which
@@ -148,7 +152,7 @@ def start(request: Any, trace_path: str | None, gate: Any, traced: Any = None) -
     if trace_path is None or request.code_type != "c++" or slots.usable_cores() < 2:
         return None
     source, options, _ = compilers.plan_compile(request, None)
-    args = (str(source), options._name, tuple(options.as_bytes("nvrtc", request.target_type)), trace_path)
+    args = compilers.header_pass_args(source, options, request.target_type, trace_path)
     from kernelcache.runners.pool import pool
 
     workers = pool()

@@ -373,6 +373,15 @@ def header_pass(source: str, program_name: bytes, flags: Sequence[bytes], trace_
         return False
 
 
+def header_pass_args(
+    source: str | bytes, options: ProgramOptions, target_type: str, trace_path: str
+) -> tuple[str, bytes, tuple[bytes, ...], str]:
+    """header_pass's arguments for the compile of ``source`` with ``options`` (plan_compile's):
+    the same text, program name and flags as that compile."""
+    flags = tuple(options.as_bytes("nvrtc", target_type))
+    return str(source), options._name, flags, trace_path  # type: ignore[attr-defined]
+
+
 def header_pass_flags(flags: Sequence[bytes], trace_path: str) -> list[bytes]:
     """The header pass's flags: the compile's, less a trace or PCH of its own, plus front end
     only and the trace to ``trace_path``."""
@@ -400,6 +409,5 @@ def run_compiler(request: CompileRequest, trace_path: str | None) -> tuple[Objec
         finally:
             program.close()
         if trace_path is not None and request.code_type == "c++":
-            flags = options.as_bytes("nvrtc", request.target_type)
-            header_pass(str(source), options._name, flags, trace_path)  # type: ignore[attr-defined]
+            header_pass(*header_pass_args(source, options, request.target_type, trace_path))
     return obj, log.text(), time.perf_counter() - start

@@ -119,7 +119,7 @@ class WorkerPool:
     def run_on(self, worker: Worker, kind: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """One job on ``worker`` (taken by ``spare``): its reply, or None where the worker ended
         first (dropped). A job that did not succeed drops the worker too: the header pass is
-        its one user (beside.py), and a failed traced compile changes NVRTC for the rest of a
+        its one user (beside.py), and a failed traced compile may change NVRTC for the rest of a
         process (compilers.header_pass)."""
         try:
             reply = worker.exchange(kind, pickle.dumps(args, pickle.HIGHEST_PROTOCOL))

@@ -24,7 +24,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -152,7 +152,10 @@ class OnExecutor:
         """Whether this compile goes to the executor (C++, never ``restrict=True``)."""
         return request.code_type == "c++" and not getattr(request.options, "restrict", False)
 
-    def run_compiler(self, request: Any, trace_path: str | None, traced: Any = None) -> tuple[Any, str, float]:
+    def run_compiler(
+        self, request: Any, trace_path: str | None, traced: Callable[[], None] | None = None
+    ) -> tuple[Any, str, float]:
+        """``traced`` is never called: the trace comes back with the compile's result."""
         from kernelcache.keys.toolchain import toolchain_for
         from kernelcache.runners.choice import result_of_reply
 
