@@ -217,3 +217,61 @@ def test_the_pass_forks_from_a_process_with_a_live_context_and_the_kernel_runs(t
         assert step["before"] == [0.0, 3.0, 6.0, 9.0]
         assert step["after"] == [0.0, 9.0, 18.0, 27.0]
         _stored_with_every_header(step)
+
+
+_LONG_FRONT_END = r"""
+import sys
+from cuda.core import ProgramOptions
+from kernelcache import FileStreamProgramCache, compile_program
+n = 1500  # templates instantiated 150 deep: a front end of seconds (7 s here), a pass as long
+src = '#include "nested.h"\n' + "".join(
+    f"template <int N> struct C{i} {{ static constexpr long v = C{i}<N - 1>::v + N % {i + 2}; }};\n"
+    f"template <> struct C{i}<0> {{ static constexpr long v = 0; }};\n" for i in range(n))
+src += 'extern "C" __global__ void k(long* o) { o[0] = ' + " + ".join(f"C{i}<150>::v" for i in range(n)) + "; }\n"
+compile_program(src, options=ProgramOptions(arch=sys.argv[3], include_path=[sys.argv[2]]), cache=FileStreamProgramCache(sys.argv[1]))
+"""
+
+
+def _forks(pid: int) -> list[int]:
+    """The children of ``pid`` running its own command line (its forks; not a helper it spawned)."""
+    found = []
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            own = f.read()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                for child in f.read().split():
+                    with open(f"/proc/{child}/cmdline", "rb") as g:
+                        if g.read() == own:
+                            found.append(int(child))
+    except OSError:
+        pass  # a thread or child that ended meanwhile: looked at again next time
+    return found
+
+
+def test_the_pass_child_ends_with_its_parent(tmp_path) -> None:
+    # Nothing kernelcache starts outlives the caller: the caller is SIGKILLed while its fork runs
+    # a pass of seconds; the child must end then (it is told by the kernel: PR_SET_PDEATHSIG),
+    # not when its pass would have.
+    import time
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LONG_FRONT_END, str(tmp_path / "cache"), _project(tmp_path), ARCH], env=env
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (children := _forks(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, "no pass was forked"
+            time.sleep(0.005)
+    finally:
+        proc.kill()
+        proc.wait()
+    (child,) = children
+    end = time.monotonic() + 3  # the pass alone runs for seconds longer than this
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < end:
+        time.sleep(0.01)
+    assert not os.path.exists(f"/proc/{child}"), "the pass's child outlived its parent"

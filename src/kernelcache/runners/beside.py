@@ -23,6 +23,7 @@ ended, a child that died or outlived its bound) is replaced by that pass too (``
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -176,6 +177,7 @@ def _fork(args: tuple[str, bytes, tuple[bytes, ...], str], gate: Any) -> Forked 
     library_file("nvrtc", load=True)  # loaded before the fork: the child loads nothing
     from cuda.bindings import nvrtc  # noqa: F401 - imported before the fork, for the same reason
 
+    prctl, parent = _prctl(), os.getpid()
     try:
         pid = gate.try_fork()
     except OSError:
@@ -187,7 +189,27 @@ def _fork(args: tuple[str, bytes, tuple[bytes, ...], str], gate: Any) -> Forked 
     if pid == 0:  # the child: the pass, and out (no atexit, no finalizers, no flush of the parent's buffers)
         code = 1
         try:
-            code = 0 if compilers.header_pass(*args) else 1
+            # Never outlives the caller: killed by the kernel when the forking thread ends (it
+            # waits for this child while it lives, so only with the process). Race: the parent
+            # died before the prctl: then it is gone already, seen by the parent pid.
+            if prctl is not None:
+                prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() == parent:
+                code = 0 if compilers.header_pass(*args) else 1
         finally:
             os._exit(code)
     return Forked(pid, slot, args)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@functools.cache
+def _prctl() -> Any:
+    """libc's prctl (found before a fork: the child only calls it), or None off Linux."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
