@@ -49,6 +49,8 @@ __all__ = ["CompileManyError", "compile_many"]
 
 REQUEST_FIELDS = frozenset({"code", "code_type", "target_type", "options", "name_expressions", "extra_digest"})
 _RETRY_S = 0.005  # how often a key that a peer holds is tried again (a try costs ~20 us)
+SETTLE_S = 0.02  # a helper's first look at the node: processes started together have all joined by then
+FLEET_WAIT_S = 1.0  # with other batches on the node, a helper starts a worker only for a batch this long
 
 
 class CompileManyError(Exception):
@@ -137,8 +139,11 @@ class _Batch:
         # caller's thread needs no worker to start, and one thread of NVRTC runs unserialised).
         self.here: threading.Thread | None = None
         self.stop = False
+        self.running = 0  # jobs taken by a thread and not yet finished or put aside
+        self.done = threading.Event()  # the caller's thread found nothing left: helpers end
+        self.began = time.monotonic()
         self._on_done = on_done
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
     def finish(
         self, index: int, result: Any = None, info: CompileInfo | None = None, error: BaseException | None = None
@@ -157,10 +162,50 @@ class _Batch:
             if self.stop:
                 return None
             if self.fresh:
+                self.running += 1
                 return self.fresh.popleft(), False
             if self.put_aside:
+                self.running += 1
                 return self.put_aside.popleft(), True
             return None
+
+    def _ran(self) -> None:
+        with self._lock:
+            self.running -= 1
+            self._lock.notify_all()
+
+    def drain(self) -> None:
+        """The caller's thread: work until every job is finished, the helpers' included (a helper
+        whose worker is still starting is not waited for: it finds nothing left and ends)."""
+        try:
+            while True:
+                self.work()
+                with self._lock:
+                    while self.running and not (self.fresh or self.put_aside):
+                        self._lock.wait()
+                    if self.stop or not (self.running or self.fresh or self.put_aside):
+                        return
+        finally:
+            self.done.set()
+
+    def help(self) -> None:
+        """A helper thread of the default choice. It takes jobs only once a worker of its own is
+        ready (pool.start_ready): a worker's start (0.1-0.4 s on a GPU host: an interpreter,
+        NVRTC's load, the driver's initialisation in NVRTC's first compile) never holds up a job
+        taken meanwhile. Where other processes run batches on this node too, it waits first:
+        their callers compile already, and starts of workers there only slow the
+        initialisations that every compiling process pays (FLEET_WAIT_S)."""
+        if self.done.wait(SETTLE_S):
+            return
+        # Race: processes started together join the node's batches within a few milliseconds of
+        # each other; SETTLE_S later every one of them sees the others (a later one sees the
+        # earlier ones anyway). A process that starts a moment later than the settle still sees
+        # this batch and starts no worker of its own in its first FLEET_WAIT_S.
+        fleet = slots.batches_now() > 1
+        if fleet and self.done.wait(max(0.0, self.began + FLEET_WAIT_S - time.monotonic())):
+            return
+        if workers_pool().start_ready():
+            self.work()
 
     def work(self) -> None:
         """Run jobs until none is left (every worker thread, and the caller's, runs this)."""
@@ -177,7 +222,11 @@ class _Batch:
                 obj = self._try(job)
             except Exception as exc:  # this request's failure: the others go on
                 self.finish(job.index, error=exc)
+                self._ran()
                 continue
+            except BaseException:
+                self._ran()
+                raise
             if obj is None:  # a peer holds the key: put it aside, try again later
                 # Race: the peer may publish and release right after this try. The next try
                 # then takes the lock and re-reads the store under it (fly), so it finds
@@ -187,8 +236,10 @@ class _Batch:
                 job.give_up_at = job.give_up_at or now + self.budget
                 with self._lock:
                     self.put_aside.append(job)
+                self._ran()
                 continue
             self.finish(job.index, obj, job.info)
+            self._ran()
 
     def _try(self, job: _Job) -> ObjectCode | None:
         here = threading.current_thread() is self.here
@@ -242,16 +293,25 @@ def run_batch(
         workers = max(1, min(workers, slots.free_now()))
     if batch.processes:  # every thread may hold a worker at once
         workers_pool().limit = max(workers_pool().limit, workers - (batch.here is not None))
-    threads = [threading.Thread(target=batch.work, name=f"kernelcache-compile-{n}") for n in range(1, workers)]
+    helper = batch.help if batch.here is not None else batch.work
+    threads = [
+        threading.Thread(target=helper, name=f"kernelcache-compile-{n}", daemon=batch.here is not None)
+        for n in range(1, workers)
+    ]
+    presence = slots.join_batches() if batch.here is not None and threads else None
     for thread in threads:
         thread.start()
     try:
-        batch.work()
+        batch.drain()
     except BaseException:
         batch.stop = True  # Ctrl-C: the threads finish their current compile and take no more
         raise
-    for thread in threads:
-        thread.join()
+    finally:
+        if presence is not None:
+            presence.release()
+    if batch.here is None:
+        for thread in threads:
+            thread.join()
     return batch
 
 

@@ -156,6 +156,41 @@ class WorkerPool:
         if worker is not None:
             self._checkin(worker)
 
+    def start_ready(self) -> bool:
+        """Start one worker, wait until it is ready (worker.wait_ready), and leave it idle for the
+        next compile. False where none may start now (the pool is full, or no slot is free):
+        the thread asking has no worker of its own. True otherwise, also where the start
+        failed: the next compile meets that and reports it, as without this call."""
+        with self._cond:
+            if self.unavailable:
+                return True
+            if len(self._all) + self._starting >= self.limit:
+                return False
+            self._starting += 1
+        try:
+            # As if a worker of ours would come back (ours=1): no wait for a slot, None where none is free.
+            worker = self._start(None, 1, time.monotonic(), False)
+        except (NoSlot, PoolUnavailable):
+            return True
+        if worker is None:
+            return False
+        try:
+            worker.wait_ready()
+        except Died as died:
+            self._drop(worker)
+            with self._cond:
+                self.crashes += 1
+            if died.foreign:
+                self._give_up(str(died))
+            return True
+        except BaseException:
+            self._drop(worker)
+            raise
+        with self._cond:
+            self.ready = True
+        self._checkin(worker)
+        return True
+
     def _died(self, worker: Worker, died: Died, deaths: int) -> None:
         """A worker ended during this compile: PoolUnavailable or WorkerCrashed where it is final."""
         self._drop(worker)

@@ -33,7 +33,7 @@ from kernelcache import forksafe
 from kernelcache.log import WarnOnce
 
 __all__ = ["WAIT_S", "Slot", "enabled", "free_now", "held_elsewhere", "others_wait", "take", "try_take"]
-__all__ += ["usable_cores"]
+__all__ += ["batches_now", "join_batches", "usable_cores"]
 
 WAIT_S = 10.0  # the longest a compile waits for a slot; then it runs without one (one warning)
 _POLL_S = (0.001, 0.005)  # a waiter tries every slot again after this long, doubling up to the second
@@ -166,6 +166,42 @@ def free_now() -> int:
     for slot in held:
         slot.release()
     return len(held)
+
+
+def join_batches() -> Slot | None:
+    """Say that a batch runs in this process (compile_many's default choice): a lock on one of
+    ``<slots>/batch-<n>``, held until released (with the process at the latest); None where all
+    are held or the node's budget is not kept."""
+    for n in range(usable_cores()):
+        fd = _open(f"batch-{n}")
+        if fd < 0:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return Slot(fd)
+        except OSError:
+            os.close(fd)
+    return None
+
+
+def batches_now() -> int:
+    """How many batches run on the node now, this process's included (join_batches; each free
+    file is locked and let go at once: a moment's view). 1 where the budget is not kept."""
+    if not enabled():
+        return 1
+    count = 0
+    for n in range(usable_cores()):
+        fd = _open(f"batch-{n}")
+        if fd < 0:
+            return 1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            count += 1
+        finally:
+            os.close(fd)
+    return max(1, count)
 
 
 def take(bound: float = WAIT_S) -> Slot | None:

@@ -167,6 +167,17 @@ class Worker:
             raise Died(self.started, f"compiler worker {self.pid} answered #{reply[0]} for #{self._seq}")
         return reply[1:]  # type: ignore[no-any-return]
 
+    def wait_ready(self) -> None:
+        """Wait for its hello: booted, our kernelcache and NVRTC loaded, NVRTC's first compile
+        done (worker_main._warm_up). Died where it ended first, or is not ours."""
+        if self.started:
+            return
+        try:
+            said = pickle.loads(self._from.recv_bytes())
+        except (EOFError, OSError) as exc:
+            raise Died(False, self._why_ended(exc)) from None
+        self._check_hello(said)
+
     def _said_bye(self) -> bool:
         try:
             while self._from.poll(0):

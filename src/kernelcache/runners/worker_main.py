@@ -79,6 +79,7 @@ def _load_nvrtc(path: str) -> list[tuple[str, str]]:
     from cuda.bindings import nvrtc
 
     nvrtc.nvrtcVersion()  # loaded now, while the caller is still looking up
+    _warm_up(nvrtc)
     mapped = []
     with open("/proc/self/maps") as maps:
         for line in maps:
@@ -91,6 +92,23 @@ def _load_nvrtc(path: str) -> list[tuple[str, str]]:
                 except OSError as exc:  # a file deleted since: " (deleted)"
                     mapped.append((name, f"unreadable: {exc}"))
     return mapped
+
+
+def _warm_up(nvrtc: object) -> None:
+    """NVRTC's first compile in a process initialises the CUDA driver where there is one (0.1-0.4 s
+    of mostly system time on the H200 host, benchmarks/bench_nvrtc_first.py): paid here, before
+    the hello, so that a worker is ready when it says so and its first compile costs what the
+    others do. A compile of nothing, to the oldest SASS this NVRTC knows, that nothing reads;
+    one that fails changes nothing (the first real compile then pays it)."""
+    try:
+        _, archs = nvrtc.nvrtcGetSupportedArchs()  # type: ignore[attr-defined]
+        _, prog = nvrtc.nvrtcCreateProgram(b'extern "C" __global__ void k() {}', b"warm-up.cu", 0, [], [])  # type: ignore[attr-defined]
+        try:
+            nvrtc.nvrtcCompileProgram(prog, 1, [f"-arch=sm_{min(archs)}".encode()])  # type: ignore[attr-defined]
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)  # type: ignore[attr-defined]
+    except Exception:
+        pass
 
 
 def _end_with_the_parent(inbox: int) -> None:
