@@ -142,6 +142,7 @@ class _Batch:
         self.running = 0  # jobs taken by a thread and not yet finished or put aside
         self.done = threading.Event()  # the caller's thread found nothing left: helpers end
         self.began = time.monotonic()
+        self.fleet: bool | None = None  # other batches ran on the node SETTLE_S in (help)
         self._on_done = on_done
         self._lock = threading.Condition()
 
@@ -201,8 +202,9 @@ class _Batch:
         # each other; SETTLE_S later every one of them sees the others (a later one sees the
         # earlier ones anyway). A process that starts a moment later than the settle still sees
         # this batch and starts no worker of its own in its first FLEET_WAIT_S.
-        fleet = slots.batches_now() > 1
-        if fleet and self.done.wait(max(0.0, self.began + FLEET_WAIT_S - time.monotonic())):
+        if self.fleet is None:  # one look per batch: helpers looking at once would not see more
+            self.fleet = slots.batches_now() > 1
+        if self.fleet and self.done.wait(max(0.0, self.began + FLEET_WAIT_S - time.monotonic())):
             return
         if workers_pool().start_ready():
             self.work()

@@ -171,34 +171,41 @@ def free_now() -> int:
 def join_batches() -> Slot | None:
     """Say that a batch runs in this process (compile_many's default choice): a lock on one of
     ``<slots>/batch-<n>``, held until released (with the process at the latest); None where all
-    are held or the node's budget is not kept."""
+    are held or the node's budget is not kept. Open-file-description locks, as for ``waiting``:
+    batches_now tests them without taking one (a test that took one, even for a moment, would
+    look like a batch to a process counting at that moment)."""
     for n in range(usable_cores()):
         fd = _open(f"batch-{n}")
         if fd < 0:
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return Slot(fd)
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+            return _Presence(fd)
         except OSError:
             os.close(fd)
     return None
 
 
+class _Presence(Slot):
+    def release(self) -> None:
+        if self.fd >= 0:
+            try:  # unlocked first: a child forked meanwhile holds the same open file (see Slot)
+                fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0))
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+
+
 def batches_now() -> int:
-    """How many batches run on the node now, this process's included (join_batches; each free
-    file is locked and let go at once: a moment's view). 1 where the budget is not kept."""
-    if not enabled():
-        return 1
+    """How many batches run on the node now, this process's included (join_batches; a moment's
+    view). 1 where the node's budget is not kept."""
     count = 0
     for n in range(usable_cores()):
         fd = _open(f"batch-{n}")
         if fd < 0:
             return 1
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except OSError:
-            count += 1
+            count += held_elsewhere(fd)
         finally:
             os.close(fd)
     return max(1, count)
