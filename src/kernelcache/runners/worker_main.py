@@ -99,7 +99,13 @@ def _warm_up(nvrtc: object) -> None:
     of mostly system time on the H200 host, benchmarks/bench_nvrtc_first.py): paid here, before
     the hello, so that a worker is ready when it says so and its first compile costs what the
     others do. A compile of nothing, to the oldest SASS this NVRTC knows, that nothing reads;
-    one that fails changes nothing (the first real compile then pays it)."""
+    one that fails changes nothing (the first real compile then pays it). Where no driver can
+    be loaded it is skipped: there it would initialise nothing and cost a compile (~30 ms on
+    this project's 2-core machine, every time)."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
     try:
         _, archs = nvrtc.nvrtcGetSupportedArchs()  # type: ignore[attr-defined]
         _, prog = nvrtc.nvrtcCreateProgram(b'extern "C" __global__ void k() {}', b"warm-up.cu", 0, [], [])  # type: ignore[attr-defined]
