@@ -98,3 +98,29 @@ def test_idle_workers_of_one_process_give_their_slots_to_a_process_that_waits(tm
         holder.kill()
     alive = json.loads(out.strip().splitlines()[-1])["alive"]
     assert len(alive) < len(held)  # at least one ended for us (idle for a minute otherwise)
+
+
+def test_the_node_counts_its_batches_without_the_counters_counting_each_other(tmp_path, monkeypatch) -> None:
+    # Counters in four processes count at once, as the helpers of batches do: a count that locked
+    # each file for a moment saw the other counters' locks as batches (helpers of a lone batch on
+    # the H200 host then waited: 2-3 workers of 8 started).
+    from kernelcache.runners import slots
+
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    ours = slots.join_batches()
+    assert ours is not None
+    counter = (
+        "import json, time; from kernelcache.runners import slots; t = time.time() + 1.0\n"
+        "while time.time() < t: pass\n"  # all four start counting together
+        "print(json.dumps(sorted({slots.batches_now() for _ in range(3000)})))"
+    )
+    kids = [subprocess.Popen([sys.executable, "-c", counter], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    seen = set()
+    for kid in kids:
+        out, _ = kid.communicate(timeout=120)
+        seen.update(json.loads(out))
+    assert seen == {1}  # ours alone, never a counter
+    ours.release()
+    assert slots.batches_now() == 1 and slots.join_batches() is not None  # a released place is free again
