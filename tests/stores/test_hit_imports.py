@@ -70,3 +70,34 @@ def test_with_a_redis_url_a_hit_from_disk_neither_imports_redis_nor_connects(tmp
         assert int(server.cli("dbsize")) >= 1
     finally:
         server.stop()
+
+
+def test_with_a_redis_url_a_hit_from_disk_loads_none_of_the_redis_tier_code(tmp_path) -> None:
+    """Beyond the same hit without the URL, a hit from disk with KERNELCACHE_REDIS_URL set loads the
+    tiered store and its memory tier only: no module of kernelcache.stores.redis (the tier's code,
+    its connection helpers) until a call reaches Redis. Compared on two fresh processes' sys.modules."""
+    pytest.importorskip("redis", reason="the redis client is the 'redis' extra")
+    from redis_servers import RedisServer, need_redis
+
+    need_redis()
+    server = RedisServer(str(tmp_path))
+    try:
+        kc_dir = str(tmp_path / "kc")
+        listing = CHILD.replace('print(json.dumps({"hit"', 'print(json.dumps({"modules": sorted(sys.modules), "hit"')
+        assert listing != CHILD
+
+        def modules(**env: str) -> tuple[bool, set[str]]:
+            clean = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+            out = json.loads(run_python(listing, SRC.format(4), "", env={**clean, **env}).strip().splitlines()[-1])
+            return out["hit"], set(out["modules"])
+
+        assert modules(KERNELCACHE_DIR=kc_dir)[0] is False  # the miss that puts the entry on disk
+        hit, plain = modules(KERNELCACHE_DIR=kc_dir)
+        assert hit is True
+        hit, with_url = modules(KERNELCACHE_DIR=kc_dir, KERNELCACHE_REDIS_URL=server.url)
+        assert hit is True
+        assert sorted(m for m in with_url if m.startswith("kernelcache.stores.redis")) == []
+        assert sorted(with_url - plain) == ["kernelcache.stores.memory", "kernelcache.stores.tiered"]
+        assert server.cli("dbsize") == "0"  # served from disk: nothing was written to Redis either
+    finally:
+        server.stop()
