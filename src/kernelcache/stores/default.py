@@ -7,6 +7,7 @@ microseconds), parsed and checked once per distinct configuration, when its stor
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -235,16 +236,16 @@ def _bundle_tiers(paths: tuple[str, ...], secret: str | None, settings: Settings
 def _shared_tiers(settings: Settings) -> list[ProgramCacheResource | Deferred]:
     shared: list[ProgramCacheResource | Deferred] = []
     if settings.redis_url is not None:
-        from kernelcache.stores.redis.conn import require_client
         from kernelcache.stores.tiered import Deferred
 
-        try:
-            require_client()  # now: a missing client is the user's to fix, not a first miss's surprise
-        except ImportError as exc:
+        # Now: a missing client is the user's to fix, not a first miss's surprise. Asked here
+        # (the import system's look-up, as stores.redis.conn.require_client asks it) rather than
+        # by importing that module: a hit from memory or disk loads none of the Redis tier's code.
+        if importlib.util.find_spec("redis") is None:
             raise config.ConfigError(
-                f"KERNELCACHE_REDIS_URL is set but the redis client is missing ({exc}): "
+                "KERNELCACHE_REDIS_URL is set but the redis client (redis-py) is missing: "
                 "pip install 'kernelcache[redis]'"
-            ) from None
+            )
         # The URL and the secret are checked (config); the store is made when a look-up first
         # reaches it: a hit from memory or disk imports none of Redis's modules, redis-py's either.
         shared.append(Deferred(partial(_redis_tier, settings), read_only=settings.redis_read_only, name="Redis"))
