@@ -68,7 +68,11 @@ def options(cub: bool = False):  # noqa: ANN201 - cuda.core.ProgramOptions, impo
 
 
 def child(mode: str, root: str, sources_file: str, start_at: float) -> None:
-    """Run one measurement in this (fresh) process; print a JSON line."""
+    """Run one measurement in this (fresh) process; print a JSON line. ``mode@SRC``: with the
+    kernelcache found in SRC (an older tree, bench_fleet.py --against)."""
+    mode, _, src = mode.partition("@")
+    if src:
+        sys.path.insert(0, src)
     t0 = time.perf_counter()
     from cuda.core import Program, ProgramOptions
 
@@ -101,6 +105,7 @@ def child(mode: str, root: str, sources_file: str, start_at: float) -> None:
     done = time.perf_counter()
     cpu = sum(os.times()[:2]) - cpu_began + workers_cpu(mode)
     out = {"imports": imported - t0, "work": done - began, "end": time.time(), "compiles": compiles, "cpu": cpu}
+    out["workers"] = workers_started(mode)
     print(json.dumps(out))
 
 
@@ -116,6 +121,15 @@ def workers_cpu(mode: str) -> float:
             fields = f.read().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def workers_started(mode: str) -> int:
+    """The compiler workers this process started (0 for cuda.core's modes)."""
+    if mode.endswith("theirs"):
+        return 0
+    from kernelcache.runners.pool import pool
+
+    return pool().started
 
 
 def spawn(mode: str, root: str, sources_file: str, start_at: float = 0.0) -> subprocess.Popen[str]:
@@ -171,15 +185,15 @@ def fresh_processes(work: str, modes: list[str], sources_file: str, reps: int) -
     }
 
 
-def fleet(work: str, mode: str, sources_file: str, procs: int) -> tuple[float, int, int]:
-    """(wall seconds, compiles, kernelcache processes left 5 s after they exited) for ``procs``
-    processes started together on one empty dir."""
+def fleet(work: str, mode: str, sources_file: str, procs: int) -> tuple[float, int, int, int]:
+    """(wall seconds, compiles, kernelcache processes left 5 s after they exited, workers the
+    processes started) for ``procs`` processes started together on one empty dir."""
     root = tempfile.mkdtemp(dir=work)
     start_at = time.time() + 3.0 + 0.3 * procs  # after every interpreter imported cuda.core
     children = [spawn(mode, root, sources_file, start_at) for _ in range(procs)]
     results = [collect(c) for c in children]
     wall = max(r["end"] for r in results) - start_at
-    if mode.endswith("ours"):
+    if mode.partition("@")[0].endswith("ours"):
         from kernelcache import FileStreamProgramCache
 
         compiles = int(FileStreamProgramCache(root).stats()["compiles"])
@@ -187,7 +201,8 @@ def fleet(work: str, mode: str, sources_file: str, procs: int) -> tuple[float, i
         compiles = int(sum(r["compiles"] for r in results))
     shutil.rmtree(root, ignore_errors=True)
     time.sleep(5)  # a worker ends with its process: at once, or when it sees its pipe hang up
-    return wall, compiles, len(_left_running(os.environ["XDG_RUNTIME_DIR"]))
+    workers = sum(int(r["workers"]) for r in results)
+    return wall, compiles, len(_left_running(os.environ["XDG_RUNTIME_DIR"])), workers
 
 
 def _left_running(marker: str) -> list[int]:
@@ -281,9 +296,9 @@ def main() -> None:
             for m, label in labels.items():  # what the wall time is made of on a loaded machine
                 row(f"(b) CPU seconds, K={K}: {label}", got[m][1], theirs_cpu, unit="s")
         if "c" in args.only:
-            w_many, c_many, left_many = fleet(work, "many-ours", variants, P)
-            w_loop, c_loop, left_loop = fleet(work, "loop-ours", variants, P)
-            w_theirs, c_theirs, _ = fleet(work, "loop-theirs", variants, P)
+            w_many, c_many, left_many, _ = fleet(work, "many-ours", variants, P)
+            w_loop, c_loop, left_loop, _ = fleet(work, "loop-ours", variants, P)
+            w_theirs, c_theirs, _, _ = fleet(work, "loop-theirs", variants, P)
             row(f"(c) P={P} x K={K}, one dir, first burst: wall, compile_many (default)", w_many, w_theirs, unit="s")
             row(f"(c) P={P} x K={K}, one dir, first burst: wall, our loop", w_loop, w_theirs, unit="s")
             row(f"(c) P={P} x K={K}, one dir: compiles, compile_many (default)", c_many, c_theirs, unit="")
