@@ -142,52 +142,48 @@ class WorkerPool:
         """Start one worker and leave it idle for a compile to come, where none is idle, the pool
         has room, a slot is free and no other process waits for one; else do nothing. The
         worker boots on its own (an interpreter, NVRTC's load): this returns at once."""
-        with self._cond:
-            if self.unavailable or len(self._all) + self._starting >= self.limit:
-                return
-            if any(not w.restrict for w in self._idle):
-                return
-            self._starting += 1
-        try:
-            # As if a worker of ours would come back (ours=1): a spare never waits for a slot.
-            worker = self._start(None, 1, time.monotonic(), False)
-        except (NoSlot, PoolUnavailable):
-            return
-        if worker is not None:
-            self._checkin(worker)
+        self._start_idle(wait=False, unless_idle=True)
 
     def start_ready(self) -> bool:
         """Start one worker, wait until it is ready (worker.wait_ready), and leave it idle for the
         next compile. False where none may start now (the pool is full, or no slot is free):
         the thread asking has no worker of its own. True otherwise, also where the start
         failed: the next compile meets that and reports it, as without this call."""
+        return self._start_idle(wait=True, unless_idle=False)
+
+    def _start_idle(self, wait: bool, unless_idle: bool) -> bool:
+        """One worker started and checked in idle (add_spare, start_ready): False where none may
+        start (no room, no slot free, or ``unless_idle`` and a clean one is idle already)."""
         with self._cond:
             if self.unavailable:
                 return True
             if len(self._all) + self._starting >= self.limit:
                 return False
+            if unless_idle and any(not w.restrict for w in self._idle):
+                return False
             self._starting += 1
         try:
-            # As if a worker of ours would come back (ours=1): no wait for a slot, None where none is free.
+            # As if a worker of ours would come back (ours=1): never a wait for a slot, None where none is free.
             worker = self._start(None, 1, time.monotonic(), False)
         except (NoSlot, PoolUnavailable):
             return True
         if worker is None:
             return False
-        try:
-            worker.wait_ready()
-        except Died as died:
-            self._drop(worker)
+        if wait:
+            try:
+                worker.wait_ready()
+            except Died as died:
+                self._drop(worker)
+                with self._cond:
+                    self.crashes += 1
+                if died.foreign:
+                    self._give_up(str(died))
+                return True
+            except BaseException:
+                self._drop(worker)
+                raise
             with self._cond:
-                self.crashes += 1
-            if died.foreign:
-                self._give_up(str(died))
-            return True
-        except BaseException:
-            self._drop(worker)
-            raise
-        with self._cond:
-            self.ready = True
+                self.ready = True
         self._checkin(worker)
         return True
 

@@ -146,8 +146,7 @@ class Worker:
         message = (self._seq, kind, cwd, environ_copy(), list(sys.path), args)
         try:
             self._to.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
-            if not self.started:
-                self._check_hello(pickle.loads(self._from.recv_bytes()))
+            self.wait_ready()
             self.compiling = True
             # A whole message or EOFError: a worker killed while writing its reply leaves
             # nothing that could be taken for a result.

@@ -102,9 +102,9 @@ def _warm_up(nvrtc: object) -> None:
     one that fails changes nothing (the first real compile then pays it). Where no driver can
     be loaded it is skipped: there it would initialise nothing and cost a compile (~30 ms on
     this project's 2-core machine, every time)."""
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
+    from kernelcache.runners.compilers import driver_available
+
+    if not driver_available():
         return
     try:
         _, archs = nvrtc.nvrtcGetSupportedArchs()  # type: ignore[attr-defined]
