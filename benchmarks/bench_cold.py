@@ -155,20 +155,27 @@ def one_miss(work: str, code: str, cub: bool, reps: int) -> tuple[float, float, 
 
     from kernelcache import FileStreamProgramCache, compile_program
 
-    ours, theirs, plain = [], [], []
-    for _ in range(reps + 1):  # the first run warms the libraries up and is not counted
+    runs: dict[str, list[float]] = {"ours": [], "theirs": [], "plain": []}
+    contenders = {
+        "ours": lambda root: compile_program(
+            code, options=options(cub), cache=FileStreamProgramCache(os.path.join(root, "ours"))
+        ),
+        "theirs": lambda root: Program(code, "c++", options=options(cub)).compile(
+            "cubin", cache=TheirFile(os.path.join(root, "theirs"))
+        ),
+        "plain": lambda root: Program(code, "c++", options=options(cub)).compile("cubin"),
+    }
+    names = list(contenders)
+    for rep in range(reps + 1):  # the first run warms the libraries up and is not counted
         root = tempfile.mkdtemp(dir=work)
-        t = time.perf_counter()
-        compile_program(code, options=options(cub), cache=FileStreamProgramCache(os.path.join(root, "ours")))
-        ours.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        Program(code, "c++", options=options(cub)).compile("cubin", cache=TheirFile(os.path.join(root, "theirs")))
-        theirs.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        Program(code, "c++", options=options(cub)).compile("cubin")
-        plain.append(time.perf_counter() - t)
+        # The order turns each rep: a compile right after another one (or after the rmtree) is
+        # not always the same contender's.
+        for name in names[rep % 3 :] + names[: rep % 3]:
+            t = time.perf_counter()
+            contenders[name](root)
+            runs[name].append(time.perf_counter() - t)
         shutil.rmtree(root, ignore_errors=True)
-    return statistics.median(ours[1:]), statistics.median(theirs[1:]), statistics.median(plain[1:])
+    return tuple(statistics.median(runs[name][1:]) for name in names)  # type: ignore[return-value]
 
 
 def fresh_processes(work: str, modes: list[str], sources_file: str, reps: int) -> dict[str, tuple[float, float]]:
