@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import pytest
@@ -380,3 +382,30 @@ def test_require_hit_from_the_config_file_applies_to_a_call_with_its_own_cache(t
     )
     out = run_python(code, env={"KERNELCACHE_CONFIG": str(config)})  # nothing reads the default cache
     assert out.strip() == "raised: no entry for this source", out
+
+
+def test_nothing_of_a_miss_outlives_the_call_so_its_directory_can_go_at_once(tmp_path) -> None:
+    # The source index is written on another thread beside the entry (strict.indexing): that
+    # thread must have finished when compile_program returns, or removing the directory right
+    # then would race with it (an rmtree failing "Directory not empty", or files written again
+    # into a directory the caller removed).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(12):
+            root = tmp_path / f"c{n}"
+            info = CompileInfo()
+            compile_program(
+                SRC + f"// {n}\n", options=_opts(define_macro="N=1"), cache=FileStreamProgramCache(root), info=info
+            )
+            assert info.cached
+            shutil.rmtree(root)  # no ignore_errors: a file appearing meanwhile fails it
+        time.sleep(0.1)
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+    # A write still running would have failed into the removed directory: one warning saying so.
+    assert [str(w.message) for w in caught if issubclass(w.category, KernelCacheWarning)] == []
+    # And the index did reach the store: a second arch of one source is explained against the first.
+    cache = FileStreamProgramCache(tmp_path / "kept")
+    compile_program(SRC, options=_opts(define_macro="N=1"), cache=cache)
+    info = CompileInfo()
+    compile_program(SRC, options=ProgramOptions(arch="sm_80", define_macro="N=1"), cache=cache, info=info)
+    assert info.miss_reason is not None and "differs in options.arch" in info.miss_reason, info.miss_reason
