@@ -385,10 +385,10 @@ def test_require_hit_from_the_config_file_applies_to_a_call_with_its_own_cache(t
 
 
 def test_nothing_of_a_miss_outlives_the_call_so_its_directory_can_go_at_once(tmp_path) -> None:
-    # The source index is written on another thread beside the entry (strict.indexing): that
-    # thread must have finished when compile_program returns, or removing the directory right
-    # then would race with it (an rmtree failing "Directory not empty", or files written again
-    # into a directory the caller removed).
+    # A miss writes the entry, its sidecar and the source's index: all of it must be done when
+    # compile_program returns (a write left running, say on another thread to take it off the
+    # miss's cost, would race with removing the directory right then: an rmtree failing
+    # "Directory not empty", or files written again into a directory the caller removed).
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for n in range(12):

@@ -354,11 +354,11 @@ def _store(
     info.key = key
     meta = artifact_meta(request, obj, log_text, seconds, look.toolchain, info.headers)
     stored_at = time.perf_counter()
-    with strict.indexing(look, key):  # the source index (it explains later misses), written meanwhile
-        if not write_record(look.cache, key, as_value_bytes(obj), meta):  # it warned (or the store is read-only)
-            info.cached, info.not_stored = False, "the cache did not take the write (see the warning above)"
-        if variant is not None:
-            manifests.store_manifest(look.cache, look.manifest_key, variant)
+    if not write_record(look.cache, key, as_value_bytes(obj), meta):  # it warned (or the store is read-only)
+        info.cached, info.not_stored = False, "the cache did not take the write (see the warning above)"
+    if variant is not None:
+        manifests.store_manifest(look.cache, look.manifest_key, variant)
+    strict.stored(look, key)  # the source index explains later misses
     info.store_seconds = time.perf_counter() - stored_at
     call.done()
     if logger.isEnabledFor(INFO):

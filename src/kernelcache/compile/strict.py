@@ -8,12 +8,9 @@ is explained (sourceindex.py): the text goes to ``CompileInfo.miss_reason``, to 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import threading
 import warnings
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
@@ -26,7 +23,7 @@ from kernelcache.stores.base import KernelCacheWarning
 if TYPE_CHECKING:
     from kernelcache.compile.lookup import Lookup
 
-__all__ = ["CacheMissError", "indexing", "on_miss", "on_triton_miss", "on_uncached", "stored"]
+__all__ = ["CacheMissError", "on_miss", "on_triton_miss", "on_uncached", "stored"]
 
 _INDEX_LOCK_S = 5.0  # the index's read-merge-write takes milliseconds; past this, write without the lock
 
@@ -110,45 +107,11 @@ def on_triton_miss(triton_key: str, filename: str) -> None:
 
 
 def stored(look: Lookup, key: bytes) -> None:
-    """Add the entry stored under ``key`` to its source's index, under the index's own flight.
+    """Add the entry just stored under ``key`` to its source's index, under the index's own flight.
 
-    That flight (another key than the entry's) is held for milliseconds and waited for
-    _INDEX_LOCK_S at most: whatever its outcome, the index is then written.
+    That flight is held inside the entry's own (a different key), for milliseconds, and
+    waits _INDEX_LOCK_S at most: whatever its outcome, the index is then written.
     """
     flight = SingleFlight.for_store(look.cache, sourceindex.index_key(look), _INDEX_LOCK_S)
     with flight.hold():
         sourceindex.add(look, key)
-
-
-@contextlib.contextmanager
-def indexing(look: Lookup, key: bytes) -> Iterator[None]:
-    """``stored(look, key)`` on another thread while the block writes the entry, joined before the
-    block ends (its error, if any, raised then): nothing of it outlives the call, so a caller may
-    remove the cache directory the moment compile_program returns.
-
-    Why beside: the entry's write waits on its fsync and file calls, which release the GIL, and
-    the index's read-merge-write (its flight's lock file, a read, two staged files: ~0.4-0.6 ms
-    on a local disk) runs in those waits instead of after them (a miss of the demo kernel, 11 ms
-    on the H200 host, cost ~1 ms more than cuda.core's; bench_cold.py --only a).
-    Race: the index may name the entry a moment before the entry is on disk (or, where its write
-    fails, not at all). A miss explained in that moment names an entry it cannot read and says
-    so ("no longer in the store"); that is an explanation, never a hit (the index is never read
-    on a hit). A miss right after this one, in this process or another, finds both written
-    (tests/compile/test_strict.py: back to back, and processes storing one source at once).
-    """
-    failed: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            stored(look, key)
-        except BaseException as exc:  # raised in the caller's thread, as when it ran there
-            failed.append(exc)
-
-    thread = threading.Thread(target=write, name="kernelcache-source-index", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
-    if failed:
-        raise failed[0]
