@@ -4,7 +4,9 @@ A reader takes no lock. It reads the artifact, then its sidecar, and serves the 
 the sidecar's check (header and metadata) matches the bytes read. A mismatch is either a
 writer caught between its two renames (retried) or damage (removed under the pair lock, and
 only if both files are still the ones judged). Pairs already verified by this process are
-remembered by file identity, so a hit re-reads the artifact's bytes but not the sidecar.
+remembered by file identity, so a hit re-reads the artifact's bytes but not the sidecar, and
+their payloads are kept (payloads.py): while the entry file is still that very file, a hit is
+one lstat and no read at all.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kernelcache.stores.file.ops import (
     stat_key,
     unlink_if_same,
 )
+from kernelcache.stores.file.payloads import Payloads
 from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, parse_sidecar, sidecar_info
 from kernelcache.stores.file.sizecap import SizeCap
 
@@ -57,6 +60,7 @@ class EntryReading:
 
     read_chunk_bytes: int
     _verified: dict[str, Verified]
+    _payloads: Payloads
     _touch: bool
     _warned: WarnOnce
     _sizecap: SizeCap
@@ -73,6 +77,9 @@ class EntryReading:
         return self._read_at(self._entry_path(key))
 
     def _read_at(self, path: str) -> tuple[bytes, Meta] | None:
+        kept = self._payloads.get(path, self._touch)  # verified here, and still that very file
+        if kept is not None:
+            return kept
         got = self._read_entry(path)
         if got is None:
             return None
@@ -92,15 +99,16 @@ class EntryReading:
             except OSError:
                 side = None
             if side is not None and (side.st_ino, side.st_size, side.st_mtime_ns) == known[1]:
-                if self._touch and lru.due(side.st_mtime_ns, time.time_ns()):
-                    self._stamp(path, side, known)
+                self._payloads.put(path, st, payload, known[3], self._stamp(path, side, known))
                 return payload, known[3]
-        return self._read_pair(path, payload, stat_key(st))
+        return self._read_pair(path, payload, st)
 
-    def _read_pair(self, path: str, payload: bytes, st_key: StatKey) -> tuple[bytes, Meta] | None:
-        """The entry's bytes (just read) checked against its sidecar, read and parsed (retried
-        while a writer is between its two renames; a pair damaged twice alike is removed)."""
+    def _read_pair(self, path: str, payload: bytes, st: os.stat_result) -> tuple[bytes, Meta] | None:
+        """The entry's bytes (just read, ``st`` its fstat) checked against its sidecar, read and
+        parsed (retried while a writer is between its two renames; a pair damaged twice alike
+        is removed)."""
         previous = None
+        st_key = stat_key(st)
         for attempt in range(3):
             if attempt:
                 got = self._read_entry(path)
@@ -120,7 +128,7 @@ class EntryReading:
                 assert sidecar_st is not None
                 verified = (st_key, stat_key(sidecar_st), header[1], meta)
                 self._remember_verified(path, verified)
-                self._stamp(path, sidecar_st, verified)
+                self._payloads.put(path, st, payload, meta, self._stamp(path, sidecar_st, verified))
                 return payload, meta
             if header is not None and header[0] < 0:
                 return None  # a sidecar format this version does not know: skip, do not judge
@@ -164,12 +172,14 @@ class EntryReading:
     def _remember_verified(self, path: str, item: Verified) -> None:
         remember(self._verified, path, item, _VERIFIED_MEMO_SIZE)  # a miss costs one sidecar read
 
-    def _stamp(self, path: str, sidecar: os.stat_result, verified: Verified) -> None:
+    def _stamp(self, path: str, sidecar: os.stat_result, verified: Verified) -> int:
         """Record this hit as the entry's last use (lru.py: the sidecar's mtime, at most once a
         second), and remember the stamped sidecar as the one verified (same inode: only its
-        times changed) so that the next hit needs no sidecar read either."""
-        if not self._touch or not lru.due(sidecar.st_mtime_ns, time.time_ns()):
-            return
+        times changed) so that the next hit needs no sidecar read either. The time of the
+        entry's last stamp: now, or the sidecar's mtime where none was due (or none is made)."""
+        now = time.time_ns()
+        if not self._touch or not lru.due(sidecar.st_mtime_ns, now):
+            return sidecar.st_mtime_ns
         side_path = path + META_SUFFIX
         if not lru.stamp(side_path):
             if self._warned.first("stamp"):  # a note, not a failure: the hit is served
@@ -179,15 +189,16 @@ class EntryReading:
                     "time moves only when its owner reads it",
                     side_path,
                 )
-            return
+            return now  # tried: not again before the next one is due
         try:
             after = os.lstat(side_path)
         except OSError:
-            return
+            return now
         # Race: a writer may have replaced the pair since we verified it: another inode, then,
         # which the next hit reads and checks in full.
         if after.st_ino == sidecar.st_ino and after.st_size == sidecar.st_size:
             self._remember_verified(path, (verified[0], stat_key(after), verified[2], verified[3]))
+        return now
 
     def _read_entry(self, path: str) -> tuple[bytes, os.stat_result] | None:
         """(payload, fstat) of the entry at path; None if absent. Its use is stamped on its

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kernelcache import config
+from kernelcache import config, forksafe
 from kernelcache.memo import remember
 from kernelcache.stores.base import Meta, RecordStore, check_max_size
 from kernelcache.stores.file import dircap, lru
@@ -46,6 +46,7 @@ from kernelcache.stores.file.ops import (
     sweep_dead_temps,
     unlink_if_same,
 )
+from kernelcache.stores.file.payloads import Payloads
 from kernelcache.stores.file.read import EntryInfo, EntryReading, Verified
 from kernelcache.stores.file.sidecar import META_SUFFIX, is_entry_file_name, make_sidecar
 from kernelcache.stores.file.sizecap import SizeCap
@@ -139,6 +140,8 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         self._create = create
         self._stats = FileStats(os.path.join(base, "stats"), shared=self._allow_shared, create=create)
         self._verified: dict[str, Verified] = {}
+        self._payloads = Payloads()
+        forksafe.reset_in_child(self._payloads)
         self._paths: dict[bytes, str] = {}
         self._sizecap = SizeCap(self._max_size, self._stats, self._entries, self._locks, self._tmp, self._tmp_max_age_s)
         self._sweep_stale_tmp()
@@ -189,6 +192,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         """
         path = self.entry_path(name)
         self._verified.pop(path, None)
+        self._payloads.forget(path)
         freed = 0
         try:
             with pair_lock(os.path.dirname(path)):
@@ -356,6 +360,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
             except OSError:
                 pass
         self._verified.clear()
+        self._payloads.clear()
         self._sizecap.emptied(freed)
         self._sweep_stale_tmp()
         self.remove_idle_locks()
