@@ -54,6 +54,7 @@ CHILD = textwrap.dedent(
     ten_ago = time.time_ns() - 10_000_000_000
     for p in (path, side):
         os.utime(p, ns=(ten_ago, ten_ago))  # as if written 10 s ago, never read since
+    time.sleep(0.1)  # its ctime (now: utime sets it) past the racy window (stores/file/payloads.py)
     out = {"first": hit()}
     # A hit right after one that stamped: no utime, no sidecar read. (A guard, not a timing
     # check: a try stalled for half a second on a loaded machine is made again.)

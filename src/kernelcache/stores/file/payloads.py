@@ -7,18 +7,30 @@ file, the bytes verified then are the bytes on disk now, and they are served fro
 
 What "that very file" means, and why it is enough:
 - its device, inode, size, mtime and ctime. A writer never changes an entry in place: it
-  os.replace()s a new file (another inode). Any write to the file in place changes its mtime
-  and ctime, and putting the mtime back (os.utime) changes the ctime again: a file damaged or
-  rewritten in place never matches, and is read and checked in full (and removed if damaged).
+  os.replace()s a new file. Any write to the file in place changes its mtime and ctime, and
+  putting the mtime back (os.utime) changes the ctime again.
+- but a new file may get the inode of one just freed, and timestamps are only as fine as the
+  file system keeps them (whole seconds on ext3, ext4 with 128-byte inodes, HFS+ or some NFS
+  servers; one kernel tick, 1-10 ms, on kernels with coarse timestamps): two rewrites of one key
+  within that tick can leave a file that matches the first one's identity with other bytes
+  (an adversarial pass found it: the first value served 1992 times in 2000). Hence the racy
+  rule, as git's index and ccache's inode cache have it: a pair is kept only once its entry's
+  timestamps are safely past (SETTLE_S; COARSE_SETTLE_S where they are whole seconds), so that
+  any later file at that inode, written after this process read it, has a later ctime.
+- a pair is trusted for TRUST_S after it was read in full, then read in full again: where the
+  file system's attributes lag (an NFS client's attribute cache; a server whose clock is behind
+  this host's, which the racy rule cannot see), a replaced entry is seen within TRUST_S.
 - a file removed (eviction, ``kernelcache clear`` or ``rm`` in another process) fails the lstat:
-  a miss, as a read would be. A symlink or FIFO planted there has another inode.
+  a miss, as a read would be. A symlink or FIFO planted there has another inode. This store's
+  own writes forget the pair they replace.
 - the bytes served are the ones this process verified, never re-read: damage to the file after
-  that reaches no caller of this process (the next process's read checks the file itself).
+  that reaches no caller of this process (the next read in full checks the file itself).
 Uses are still stamped (lru.py) as often as the full read does: once the remembered stamp is due,
 ``get`` returns None and the read path stamps it and remembers the pair again.
 
-Bounded by bytes (MAX_BYTES; an entry larger than MAX_ENTRY_BYTES is not kept): emptied whole
-when full, like every memo of kernelcache (memo.py): forgetting costs reads, never a wrong answer.
+Bounded by bytes, the metadata counted too (MAX_BYTES; an entry larger than MAX_ENTRY_BYTES is not
+kept) and by entries (MAX_ENTRIES): emptied whole when full, like every memo of kernelcache
+(memo.py): forgetting costs reads, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -31,8 +43,13 @@ from typing import NamedTuple
 from kernelcache.stores.base import Meta
 from kernelcache.stores.file import lru
 
-MAX_BYTES = 32 * 2**20  # what one store keeps in memory at most
+MAX_BYTES = 32 * 2**20  # what one store keeps in memory at most (payloads, sidecars' size, overhead)
 MAX_ENTRY_BYTES = 4 * 2**20  # larger entries are read each time (their read is not what costs)
+MAX_ENTRIES = 4096
+_OVERHEAD_BYTES = 512  # what one kept pair costs beyond its payload and sidecar (objects, dict slot)
+TRUST_S = 1.0  # a kept pair is read in full again this long after its last read in full
+SETTLE_S = 0.05  # timestamps this far in the past cannot be a file's written after they were read
+COARSE_SETTLE_S = 3.0  # the same for timestamps in whole seconds (a file system keeping no finer)
 
 Identity = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
@@ -41,11 +58,21 @@ def identity(st: os.stat_result) -> Identity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _settled(st: os.stat_result) -> bool:
+    """Whether the file's timestamps are far enough in the past that no file written from now on
+    can carry them (the racy rule); a clock set back by more than that defeats it, as it does git's."""
+    newest = max(st.st_mtime_ns, st.st_ctime_ns)
+    coarse = st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0
+    return time.time_ns() - newest > (COARSE_SETTLE_S if coarse else SETTLE_S) * 1e9
+
+
 class _Kept(NamedTuple):
     identity: Identity
     payload: bytes
     meta: Meta
     stamped_ns: int  # when this entry's use was last stamped (its sidecar's mtime then)
+    read_at: float  # time.monotonic() of the read in full that verified it
+    cost: int  # what it counts against MAX_BYTES
 
 
 class Payloads:
@@ -78,28 +105,32 @@ class Payloads:
         # the version this lstat saw, as a read that opened the file a moment earlier would
         # serve it: a compile of this very key (a key's entry is only ever replaced by another
         # compile of that key). The next get sees the new inode and reads it.
-        if stamping and lru.due(kept.stamped_ns, time.time_ns()):
-            return None  # read in full once: stamped there, and kept again
+        if time.monotonic() - kept.read_at > TRUST_S or (stamping and lru.due(kept.stamped_ns, time.time_ns())):
+            return None  # read in full once (stamped there), and kept again
         return kept.payload, kept.meta
 
-    def put(self, path: str, st: os.stat_result, payload: bytes, meta: Meta, stamped_ns: int) -> None:
-        """Keep the pair just verified at ``path`` (``st``: its entry file's fstat)."""
-        if len(payload) > MAX_ENTRY_BYTES:
+    def put(
+        self, path: str, st: os.stat_result, payload: bytes, meta: Meta, stamped_ns: int, sidecar_size: int
+    ) -> None:
+        """Keep the pair just verified at ``path`` (``st``: its entry file's fstat), where its
+        timestamps are safely past (the racy rule, in the module docstring)."""
+        if len(payload) > MAX_ENTRY_BYTES or not _settled(st):
             return
+        cost = len(payload) + sidecar_size + _OVERHEAD_BYTES
         with self._lock:
             old = self._kept.pop(path, None)
-            self._bytes -= len(old.payload) if old is not None else 0
-            if self._bytes + len(payload) > MAX_BYTES:
+            self._bytes -= old.cost if old is not None else 0
+            if self._bytes + cost > MAX_BYTES or len(self._kept) >= MAX_ENTRIES:
                 self._kept.clear()
                 self._bytes = 0
-            self._kept[path] = _Kept(identity(st), payload, meta, stamped_ns)
-            self._bytes += len(payload)
+            self._kept[path] = _Kept(identity(st), payload, meta, stamped_ns, time.monotonic(), cost)
+            self._bytes += cost
 
     def forget(self, path: str) -> None:
         with self._lock:
             old = self._kept.pop(path, None)
             if old is not None:
-                self._bytes -= len(old.payload)
+                self._bytes -= old.cost
 
     def clear(self) -> None:
         with self._lock:

@@ -99,7 +99,7 @@ class EntryReading:
             except OSError:
                 side = None
             if side is not None and (side.st_ino, side.st_size, side.st_mtime_ns) == known[1]:
-                self._payloads.put(path, st, payload, known[3], self._stamp(path, side, known))
+                self._payloads.put(path, st, payload, known[3], self._stamp(path, side, known), side.st_size)
                 return payload, known[3]
         return self._read_pair(path, payload, st)
 
@@ -128,7 +128,7 @@ class EntryReading:
                 assert sidecar_st is not None
                 verified = (st_key, stat_key(sidecar_st), header[1], meta)
                 self._remember_verified(path, verified)
-                self._payloads.put(path, st, payload, meta, self._stamp(path, sidecar_st, verified))
+                self._payloads.put(path, st, payload, meta, self._stamp(path, sidecar_st, verified), sidecar_st.st_size)
                 return payload, meta
             if header is not None and header[0] < 0:
                 return None  # a sidecar format this version does not know: skip, do not judge

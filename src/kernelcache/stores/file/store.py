@@ -242,6 +242,7 @@ class FileStreamProgramCache(EntryReading, RecordStore):
         return self._write_at(self.entry_path(name), payload, meta)
 
     def _write_at(self, path: str, payload: bytes, meta: Meta) -> bool:
+        self._payloads.forget(path)  # what this write replaces is not served from memory again
         sidecar = make_sidecar(payload, meta)
         nbytes = len(payload) + len(sidecar)  # what the cap counts: the artifact and its sidecar
         if self._sizecap.too_large(nbytes):
