@@ -14,9 +14,10 @@ What "that very file" means, and why it is enough:
   servers; one kernel tick, 1-10 ms, on kernels with coarse timestamps): two rewrites of one key
   within that tick can leave a file that matches the first one's identity with other bytes
   (an adversarial pass found it: the first value served 1992 times in 2000). Hence the racy
-  rule, as git's index and ccache's inode cache have it: a pair is kept only once its entry's
-  timestamps are safely past (SETTLE_S; COARSE_SETTLE_S where they are whole seconds), so that
-  any later file at that inode, written after this process read it, has a later ctime.
+  rule, as git's index and ccache's inode cache have it: a pair is kept only where its entry's
+  timestamps were safely past when this process began to read it (SETTLE_S; COARSE_SETTLE_S where
+  they are whole seconds), so that any later file at that inode, written after that read, has a
+  later ctime.
 - a pair is trusted for TRUST_S after it was read in full, then read in full again: where the
   file system's attributes lag (an NFS client's attribute cache; a server whose clock is behind
   this host's, which the racy rule cannot see), a replaced entry is seen within TRUST_S.
@@ -57,12 +58,13 @@ def identity(st: os.stat_result) -> Identity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _settled(st: os.stat_result) -> bool:
-    """Whether the file's timestamps are far enough in the past that no file written from now on
-    can carry them (the racy rule); a clock set back by more than that defeats it, as it does git's."""
+def _settled(st: os.stat_result, read_ns: int) -> bool:
+    """Whether the file's timestamps were far enough in the past when its read began (``read_ns``)
+    that no file written after that can carry them (the racy rule); a clock set back by more than
+    that defeats it, as it does git's."""
     newest = max(st.st_mtime_ns, st.st_ctime_ns)
     coarse = st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0
-    return time.time_ns() - newest > (COARSE_SETTLE_S if coarse else SETTLE_S) * 1e9
+    return read_ns - newest > (COARSE_SETTLE_S if coarse else SETTLE_S) * 1e9
 
 
 class _Kept:
@@ -109,18 +111,26 @@ class Payloads:
             return None
         # Race: a writer may os.replace the entry right after this lstat. What is served is then
         # the version this lstat saw, as a read that opened the file a moment earlier would
-        # serve it: a compile of this very key (a key's entry is only ever replaced by another
-        # compile of that key). The next get sees the new inode and reads it.
+        # serve it (another compile of this key, or through the mapping API the value stored
+        # before). The next get sees the new inode and reads it.
         if time.monotonic() - kept.read_at > TRUST_S or (stamping and lru.due(kept.stamped_ns, time.time_ns())):
             return None  # read in full once (stamped there), and kept again
         return kept.payload, kept.meta
 
     def put(
-        self, path: str, st: os.stat_result, payload: bytes, meta: Meta, stamped_ns: int, sidecar_size: int
+        self,
+        path: str,
+        st: os.stat_result,
+        read_ns: int,
+        payload: bytes,
+        meta: Meta,
+        stamped_ns: int,
+        sidecar_size: int,
     ) -> None:
-        """Keep the pair just verified at ``path`` (``st``: its entry file's fstat), where its
-        timestamps are safely past (the racy rule, in the module docstring)."""
-        if len(payload) > MAX_ENTRY_BYTES or not _settled(st):
+        """Keep the pair just verified at ``path`` (``st``: its entry file's fstat; ``read_ns``: the
+        time.time_ns() before that read), where its timestamps were safely past when the read
+        began (the racy rule, in the module docstring)."""
+        if len(payload) > MAX_ENTRY_BYTES or not _settled(st, read_ns):
             return
         cost = len(payload) + sidecar_size + _OVERHEAD_BYTES
         with self._lock:

@@ -80,6 +80,7 @@ class EntryReading:
         kept = self._payloads.get(path, self._touch)  # verified here, and still that very file
         if kept is not None:
             return kept
+        read_ns = time.time_ns()  # before the read: what the racy rule measures from (payloads.py)
         got = self._read_entry(path)
         if got is None:
             return None
@@ -99,11 +100,12 @@ class EntryReading:
             except OSError:
                 side = None
             if side is not None and (side.st_ino, side.st_size, side.st_mtime_ns) == known[1]:
-                self._payloads.put(path, st, payload, known[3], self._stamp(path, side, known), side.st_size)
+                stamped = self._stamp(path, side, known)
+                self._payloads.put(path, st, read_ns, payload, known[3], stamped, side.st_size)
                 return payload, known[3]
-        return self._read_pair(path, payload, st)
+        return self._read_pair(path, payload, st, read_ns)
 
-    def _read_pair(self, path: str, payload: bytes, st: os.stat_result) -> tuple[bytes, Meta] | None:
+    def _read_pair(self, path: str, payload: bytes, st: os.stat_result, read_ns: int) -> tuple[bytes, Meta] | None:
         """The entry's bytes (just read, ``st`` its fstat) checked against its sidecar, read and
         parsed (retried while a writer is between its two renames; a pair damaged twice alike
         is removed)."""
@@ -111,6 +113,7 @@ class EntryReading:
         st_key = stat_key(st)
         for attempt in range(3):
             if attempt:
+                read_ns = time.time_ns()
                 got = self._read_entry(path)
                 if got is None:
                     return None
@@ -128,7 +131,8 @@ class EntryReading:
                 assert sidecar_st is not None
                 verified = (st_key, stat_key(sidecar_st), header[1], meta)
                 self._remember_verified(path, verified)
-                self._payloads.put(path, st, payload, meta, self._stamp(path, sidecar_st, verified), sidecar_st.st_size)
+                stamped = self._stamp(path, sidecar_st, verified)
+                self._payloads.put(path, st, read_ns, payload, meta, stamped, sidecar_st.st_size)
                 return payload, meta
             if header is not None and header[0] < 0:
                 return None  # a sidecar format this version does not know: skip, do not judge
