@@ -19,7 +19,6 @@ from kernelcache import (
     TieredProgramCache,
     UnsafeCacheDirError,
 )
-from kernelcache.stores.file import payloads
 from kernelcache.stores.file.sidecar import SIDECAR_FORMAT
 from kernelcache.stores.file.store import FORMAT_DIR
 
@@ -237,7 +236,7 @@ def test_default_path_honours_env(tmp_path, monkeypatch) -> None:
 def test_corrupt_entry_is_a_miss_removed_with_one_warning(tmp_path, damage: str) -> None:
     cache = FileStreamProgramCache(tmp_path)
     cache["k"] = b"A" * 1000
-    time.sleep(payloads.SETTLE_S * 2)  # past the racy window: the pair read next is kept in memory
+    time.sleep(0.1)  # past the racy window (kernelcache.timestamps): the pair read next is kept in memory
     cache.get("k")  # remember the verified sidecar (and the pair): damage must still be caught
     (entry,) = _entry_files(tmp_path)
     if damage == "flip":
@@ -471,7 +470,9 @@ def test_capabilities_are_declared_and_a_tiered_store_answers_for_its_tiers(tmp_
     with memory.remote_lock("k", time.monotonic() + 1, lambda: False) as outcome:
         assert outcome == "unavailable"
     tiered = TieredProgramCache([memory, disk])
-    assert tiered.lock_path("k.lock") == disk.lock_path("k.lock") == str(tmp_path / "c" / FORMAT_DIR / "locks" / "k.lock")
+    assert (
+        tiered.lock_path("k.lock") == disk.lock_path("k.lock") == str(tmp_path / "c" / FORMAT_DIR / "locks" / "k.lock")
+    )
     assert tiered.tmp_dir == disk.tmp_dir and os.path.isdir(disk.tmp_dir)
     assert tiered.file_root == disk.file_root == str(tmp_path / "c")
     assert not tiered.read_only and not tiered.has_remote_lock

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ from kernelcache.keys.options import as_list
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.memo import remember
 from kernelcache.regular_file import NotRegularFileError, open_regular
+from kernelcache.timestamps import changed_since, now_ns
 
 _memo_lock = threading.Lock()
 _digest_memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
@@ -46,34 +46,6 @@ def _fresh_lock_in_child() -> None:
 
 forksafe.reset_function_in_child(_fresh_lock_in_child)
 _MEMO_LIMIT = 65536
-
-
-# File timestamps come from the kernel's coarse clock (CLOCK_REALTIME_COARSE, one tick of
-# 1-10 ms behind time.time_ns()), or a finer one on kernels with multigrain timestamps: a
-# change at or after a coarse reading is stamped at or after it. Filesystems of 1 s (ext3
-# with 128-byte inodes, many network filesystems) or 2 s (FAT) granularity stamp a change up
-# to 2 s before the moment it happened. Which granularity a file's filesystem has shows in its
-# ctime, never in its mtime: the kernel sets the ctime from its clock on every change, while an
-# mtime can be any value a copy kept (cp -p, copytree, tar and wheel extraction keep whole
-# seconds). A file whose ctime is a whole second is taken for a coarse filesystem (on a fine
-# one, one ctime in 10^9 lands there: a compile not stored, never a wrong one).
-_CLOCK_REALTIME_COARSE = 5  # Linux; time does not export the name
-_COARSE_FS_MARGIN_NS = 2_000_000_000
-
-
-def now_ns() -> int:
-    """The current time as the filesystem stamps files (the kernel's coarse clock on Linux)."""
-    try:
-        return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
-    except (AttributeError, OSError):
-        return time.time_ns() - 20_000_000  # elsewhere: assume a tick of up to 20 ms
-
-
-def changed_since(st: os.stat_result, since_ns: int) -> bool:
-    """Whether the file (or directory) may have changed at or after ``since_ns`` (a now_ns()):
-    what its timestamps say, at its filesystem's granularity (the ctime's)."""
-    margin = _COARSE_FS_MARGIN_NS if st.st_ctime_ns % 1_000_000_000 == 0 else 0
-    return max(st.st_mtime_ns, st.st_ctime_ns) >= since_ns - margin
 
 
 def file_digest(path: str) -> str | None:

@@ -21,7 +21,7 @@ and absence of a regular file in it; an entry that is a symlink (or anything but
 or a directory) is not proved by its directory, since its target can change: it is stat'ed.
 A look-up then costs a stat per header and one per directory searched, nothing per place.
 
-The racy rule (headers.digests.changed_since) decides what may be remembered: a file or
+The racy rule (kernelcache.timestamps.changed_since) decides what may be remembered: a file or
 directory stamped within its filesystem's granularity of the moment it was read can change
 again in that same tick without changing its identity, so such a fact is used once and not
 kept. A directory whose identity changed while it was listed is not used at all.
@@ -50,9 +50,10 @@ import threading
 from typing import Any
 
 from kernelcache import forksafe
-from kernelcache.headers.digests import changed_since, now_ns, regular_file_sha256
+from kernelcache.headers.digests import regular_file_sha256
 from kernelcache.memo import remember
 from kernelcache.regular_file import NotRegularFileError, open_regular
+from kernelcache.timestamps import changed_since, now_ns
 
 FORMAT = 2  # 2: a file's fact as one string (an index of format 1 is not read: facts are relearned)
 MAX_FILES = 200_000  # facts kept in one index file (the oldest go first)

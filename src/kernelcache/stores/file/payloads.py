@@ -14,10 +14,9 @@ What "that very file" means, and why it is enough:
   servers; one kernel tick, 1-10 ms, on kernels with coarse timestamps): two rewrites of one key
   within that tick can leave a file that matches the first one's identity with other bytes
   (an adversarial pass found it: the first value served 1992 times in 2000). Hence the racy
-  rule, as git's index and ccache's inode cache have it: a pair is kept only where its entry's
-  timestamps were safely past when this process began to read it (SETTLE_S; COARSE_SETTLE_S where
-  they are whole seconds), so that any later file at that inode, written after that read, has a
-  later ctime.
+  rule (kernelcache.timestamps, as the header digests use it): a pair is kept only where its
+  entry had not changed since a moment taken before this process began to read it, so that any
+  later file at that inode, written after that read, has later timestamps.
 - a pair is trusted for TRUST_S after it was read in full, then read in full again: where the
   file system's attributes lag (an NFS client's attribute cache; a server whose clock is behind
   this host's, which the racy rule cannot see), a replaced entry is seen within TRUST_S.
@@ -42,29 +41,19 @@ import time
 
 from kernelcache.stores.base import Meta
 from kernelcache.stores.file import lru
+from kernelcache.timestamps import changed_since
 
 MAX_BYTES = 32 * 2**20  # what one store keeps in memory at most (payloads, sidecars' size, overhead)
 MAX_ENTRY_BYTES = 4 * 2**20  # larger entries are read each time (their read is not what costs)
 MAX_ENTRIES = 4096
 _OVERHEAD_BYTES = 512  # what one kept pair costs beyond its payload and sidecar (objects, dict slot)
 TRUST_S = 1.0  # a kept pair is read in full again this long after its last read in full
-SETTLE_S = 0.05  # timestamps this far in the past cannot be a file's written after they were read
-COARSE_SETTLE_S = 3.0  # the same for timestamps in whole seconds (a file system keeping no finer)
 
 Identity = tuple[int, int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns
 
 
 def identity(st: os.stat_result) -> Identity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _settled(st: os.stat_result, read_ns: int) -> bool:
-    """Whether the file's timestamps were far enough in the past when its read began (``read_ns``)
-    that no file written after that can carry them (the racy rule); a clock set back by more than
-    that defeats it, as it does git's."""
-    newest = max(st.st_mtime_ns, st.st_ctime_ns)
-    coarse = st.st_mtime_ns % 1_000_000_000 == 0 and st.st_ctime_ns % 1_000_000_000 == 0
-    return read_ns - newest > (COARSE_SETTLE_S if coarse else SETTLE_S) * 1e9
 
 
 class _Kept:
@@ -127,10 +116,10 @@ class Payloads:
         stamped_ns: int,
         sidecar_size: int,
     ) -> None:
-        """Keep the pair just verified at ``path`` (``st``: its entry file's fstat; ``read_ns``: the
-        time.time_ns() before that read), where its timestamps were safely past when the read
-        began (the racy rule, in the module docstring)."""
-        if len(payload) > MAX_ENTRY_BYTES or not _settled(st, read_ns):
+        """Keep the pair just verified at ``path`` (``st``: its entry file's fstat; ``read_ns``: a
+        timestamps.now_ns() taken before that read), where the file had not changed since then
+        (the racy rule, in the module docstring)."""
+        if len(payload) > MAX_ENTRY_BYTES or changed_since(st, read_ns):
             return
         cost = len(payload) + sidecar_size + _OVERHEAD_BYTES
         with self._lock:

@@ -37,6 +37,7 @@ from kernelcache.stores.file.ops import (
 from kernelcache.stores.file.payloads import Payloads
 from kernelcache.stores.file.sidecar import MAX_SIZE, META_SUFFIX, parse_sidecar, sidecar_info
 from kernelcache.stores.file.sizecap import SizeCap
+from kernelcache.timestamps import now_ns
 
 # Verified (entry, sidecar) pairs remembered per process (see _read_at); bounded.
 _VERIFIED_MEMO_SIZE = 4096
@@ -80,7 +81,7 @@ class EntryReading:
         kept = self._payloads.get(path, self._touch)  # verified here, and still that very file
         if kept is not None:
             return kept
-        read_ns = time.time_ns()  # before the read: what the racy rule measures from (payloads.py)
+        read_ns = now_ns()  # before the read: what the racy rule measures from (payloads.py)
         got = self._read_entry(path)
         if got is None:
             return None
@@ -113,7 +114,7 @@ class EntryReading:
         st_key = stat_key(st)
         for attempt in range(3):
             if attempt:
-                read_ns = time.time_ns()
+                read_ns = now_ns()
                 got = self._read_entry(path)
                 if got is None:
                     return None
