@@ -259,6 +259,15 @@ def warm_hit_us(work: str) -> tuple[float, float]:
     return min(ours_us), min(theirs_us)
 
 
+def run_dir(prefix: str) -> str:
+    """A fresh work directory for one benchmark run, with this run's own compile slots in it
+    (XDG_RUNTIME_DIR, inherited by every child: also a mark on the processes the run started)."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    os.environ["XDG_RUNTIME_DIR"] = os.path.join(work, "rt")
+    os.mkdir(os.environ["XDG_RUNTIME_DIR"], 0o700)
+    return work
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-P", "--procs", type=int, default=4, help="processes in the fleet (c)")
@@ -269,9 +278,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     P, K, reps = args.procs, args.kernels, args.reps
-    work = tempfile.mkdtemp(prefix="kc-bench-cold-")
-    os.environ["XDG_RUNTIME_DIR"] = os.path.join(work, "rt")  # this run's compile slots, and a mark on its processes
-    os.mkdir(os.environ["XDG_RUNTIME_DIR"], 0o700)
+    work = run_dir("kc-bench-cold-")
     rows: list[tuple[str, float, float, float | None, str]] = []
 
     def row(name: str, ours: float, theirs: float, plain: float | None = None, unit: str = "ms") -> None:

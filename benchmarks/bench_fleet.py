@@ -24,9 +24,8 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 
-from bench_cold import ARCH, fleet, sample_source
+from bench_cold import ARCH, fleet, run_dir, sample_source
 
 _HOLD = "import time; from cuda.core import Device; Device(0).set_current(); print('held', flush=True); time.sleep(9e3)"
 
@@ -39,9 +38,7 @@ def main() -> None:
     parser.add_argument("--against", metavar="SRC", help="also the default of the kernelcache found in SRC")
     parser.add_argument("--hold-gpu", action="store_true", help="a process holds a CUDA context meanwhile")
     args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="kc-bench-fleet-")
-    os.environ["XDG_RUNTIME_DIR"] = os.path.join(work, "rt")  # this run's compile slots, and a mark on its processes
-    os.mkdir(os.environ["XDG_RUNTIME_DIR"], 0o700)
+    work = run_dir("kc-bench-fleet-")
     holder = None
     try:
         if args.hold_gpu:
