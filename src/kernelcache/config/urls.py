@@ -92,6 +92,16 @@ def check_redis_url(url: str) -> None:
     check_binary(options, f"Redis URL {url!r}")
 
 
+def require_redis_client() -> None:
+    """ImportError naming the extra when redis-py is not installed. The import system's look-up
+    only: nothing is imported (redis costs ~120 ms), so every place that must know it asks here,
+    the default cache when KERNELCACHE_REDIS_URL is set as much as RedisProgramCache."""
+    import importlib.util
+
+    if importlib.util.find_spec("redis") is None:
+        raise ImportError("the redis client (redis-py) is missing: pip install 'kernelcache[redis]'")
+
+
 def check_binary(options: dict[str, Any], what: str) -> None:
     """ValueError if a Redis client made with these connection options would decode answers to str."""
     # A client that decodes answers to str cannot return artifacts (bytes): every hit would

@@ -6,7 +6,6 @@ microseconds), parsed and checked once per distinct configuration, when its stor
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -238,14 +237,12 @@ def _shared_tiers(settings: Settings) -> list[ProgramCacheResource | Deferred]:
     if settings.redis_url is not None:
         from kernelcache.stores.tiered import Deferred
 
-        # Now: a missing client is the user's to fix, not a first miss's surprise. Asked here
-        # (the import system's look-up, as stores.redis.conn.require_client asks it) rather than
-        # by importing that module: a hit from memory or disk loads none of the Redis tier's code.
-        if importlib.util.find_spec("redis") is None:
-            raise config.ConfigError(
-                "KERNELCACHE_REDIS_URL is set but the redis client (redis-py) is missing: "
-                "pip install 'kernelcache[redis]'"
-            )
+        # Now: a missing client is the user's to fix, not a first miss's surprise. Asked of
+        # config.urls, not of the Redis tier's modules: a hit from memory or disk loads none of them.
+        try:
+            urls.require_redis_client()
+        except ImportError as exc:
+            raise config.ConfigError(f"KERNELCACHE_REDIS_URL is set but {exc}") from None
         # The URL and the secret are checked (config); the store is made when a look-up first
         # reaches it: a hit from memory or disk imports none of Redis's modules, redis-py's either.
         shared.append(Deferred(partial(_redis_tier, settings), read_only=settings.redis_read_only, name="Redis"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kernelcache.config.urls import check_binary, check_redis_url
+from kernelcache.config.urls import check_binary, check_redis_url, require_redis_client
 
 
 def given_client(url: Any) -> tuple[Any, str]:
@@ -14,7 +14,7 @@ def given_client(url: Any) -> tuple[Any, str]:
     ``url``: a Redis URL str (checked now) or a redis-py client (Redis or RedisCluster)."""
     if isinstance(url, str):
         check_redis_url(url)
-        require_client()  # the client itself is imported and connected on the store's first call
+        require_redis_client()  # the client itself is imported and connected on the store's first call
         return None, url
     if hasattr(url, "get") and hasattr(url, "set"):
         connection_kwargs = getattr(url, "get_connection_kwargs", None)
@@ -44,14 +44,6 @@ def make_client(url: str, socket_timeout: float) -> Any:
         return redis.Redis.from_url(url, **kw)
     except ValueError as exc:
         raise OSError(f"redis-py refuses the URL {url!r}: {exc}") from exc
-
-
-def require_client() -> None:
-    """ImportError naming the extra when redis-py is not installed; imports nothing."""
-    import importlib.util
-
-    if importlib.util.find_spec("redis") is None:
-        raise ImportError("RedisProgramCache needs the redis client (redis-py): pip install 'kernelcache[redis]'")
 
 
 def unreachable_errors() -> tuple[type[BaseException], ...]:
