@@ -96,16 +96,20 @@ def test_results_records_and_headers_equal_an_in_process_compile(tmp_path, monke
             for n in range(MIN_MISSES - len(reqs))
         ]
     here, there = FileStreamProgramCache(tmp_path / "threads"), FileStreamProgramCache(tmp_path / "procs")
-    alone = compile_many(reqs, cache=here, processes=False)
+    # The spread batch first: it is this process's first sight of these sources, so its header
+    # passes run (in workers where one is idle), as a batch's do; the batch after it reuses what
+    # they found (compile.tracing), and its records must still be the same.
     crashes, compiled = pool().crashes, pool().compiles
     spread = compile_many(reqs, cache=there, processes=processes)
     in_workers = pool().compiles - compiled
+    alone = compile_many(reqs, cache=here, processes=False)
     assert pool().crashes == crashes
     # True: every compile in a worker but C++ -> PTX where this process has a driver (cuda.core
     # checks that PTX against it: runners.choice); the default: the caller's thread compiles
-    # here, the rest there.
+    # here, the rest there. (How many reach a worker depends on its start, ~0.2 s against ~0.3 s
+    # of these compiles: none may; tests/compile/test_batch_helpers.py counts the default's workers.)
     here_by_rule = sum(r.get("target_type") == "ptx" for r in reqs) if compilers.driver_available() else 0
-    assert in_workers == len(reqs) - here_by_rule if processes else 0 < in_workers < len(reqs)
+    assert in_workers == len(reqs) - here_by_rule if processes else in_workers < len(reqs)
     # lineinfo goes through cuda.core's Program, which names the source by a temp file: its
     # bytes differ between any two compiles, in one process or not; all else must be equal.
     varying = probe(reqs[2]["code"], options=reqs[2]["options"], cache=there, name_expressions=("axpy<int>",))

@@ -53,6 +53,7 @@ class CompileInfo:
     headers: list[str] = dataclasses.field(default_factory=list)  # headers the key covers
     miss_reason: str | None = None  # on a miss: the nearest entry of this source and what differs
     not_stored: str = ""  # a compile returned but not stored: why (cached is then False)
+    header_pass: bool = False  # on a C++ miss: NVRTC's header pass ran (else an earlier one's headers held)
 
     @property
     def key_hex(self) -> str:
@@ -320,14 +321,26 @@ def _compiled_by_another(look: Lookup) -> str:
 
 
 def _compile(request: CompileRequest, trace: HeaderTrace | None, call: Call) -> tuple[ObjectCode, str, float]:
-    """The plain compile, then its header pass (compilers.header_pass) when headers are tracked.
-    Here, in a worker process (runners.choice; restrict=True: never here) or an executor's."""
-    from kernelcache.runners.choice import runner_for
+    """The plain compile, then its header pass (compilers.header_pass) when headers are tracked,
+    unless an earlier pass of the same preprocessing still holds (compile.tracing). Here, in a
+    worker process (runners.choice; restrict=True: never here) or an executor's."""
+    from kernelcache.runners.choice import IN_PROCESS, IN_WORKERS, run_header_pass, runner_for
 
     runner = runner_for(request, call.processes, call.remote)
     if trace is None:
         return runner.run_compiler(request, None)
-    return runner.run_compiler(request, trace.path, trace.prepare)
+    if runner not in (IN_PROCESS, IN_WORKERS) or not trace.build_known():
+        call.info.header_pass = trace.path is not None
+        return runner.run_compiler(request, trace.path, trace.prepare)
+    try:
+        result = runner.run_compiler(request, None)
+    finally:
+        holds = trace.known_holds()  # joined on a failed compile too: nothing of the call outlives it
+    if not holds:
+        assert trace.path is not None  # build_known starts nothing without a trace path
+        call.info.header_pass = True
+        run_header_pass(runner, request, trace.path)
+    return result
 
 
 def _store(

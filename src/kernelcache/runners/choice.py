@@ -24,7 +24,7 @@ from kernelcache.log import WarnOnce
 from kernelcache.runners import beside, compilers, slots
 
 __all__ = ["IN_PROCESS", "IN_WORKERS", "MIN_MISSES", "MISSES_PER_WORKER", "batch_threads", "batch_uses_processes"]
-__all__ += ["result_of_reply", "runner_for"]
+__all__ += ["result_of_reply", "run_header_pass", "runner_for"]
 
 # compile_many(processes=None) compiles in workers from MIN_MISSES misses on, on a host with more
 # than one usable core, with one worker per MISSES_PER_WORKER misses at most: a worker's start (an
@@ -104,6 +104,38 @@ class _InWorkers:
                 return IN_PROCESS.run_compiler(request, trace_path)
             outcome, value, shown = _in_a_fork(kind, args)
         return result_of_reply(call, outcome, value, shown)
+
+
+def run_header_pass(runner: Runner, request: Any, trace_path: str) -> None:
+    """The header pass of ``request`` alone, after its compile ran without one (compile.tracing:
+    the headers an earlier pass of the same preprocessing listed no longer hold), where
+    ``runner`` (IN_PROCESS or IN_WORKERS) ran the compile. A pass that fails or is lost leaves
+    no trace: the variant then refuses to be stored."""
+    source, options, _ = compilers.plan_compile(request, None)
+    args = compilers.header_pass_args(source, options, request.target_type, trace_path)
+    if runner is IN_WORKERS:
+        flags = tuple(compilers.header_pass_flags(args[2], trace_path))
+        job = (compilers.NvrtcCall(args[0], args[1], flags, "none", (), None), os.path.dirname(trace_path))
+        restrict = bool(getattr(request.options, "restrict", False))
+        from kernelcache.runners import pool as pool_mod
+
+        try:
+            outcome = pool_mod.pool().run("nvrtc", job, restrict, trace_path)[0]
+        except (pool_mod.NoSlot, pool_mod.PoolUnavailable):
+            outcome = _in_a_fork("nvrtc", job)[0] if restrict else None
+        except Exception:  # noqa: BLE001 - a worker that died twice: the result is not stored
+            outcome = "lost"
+        if outcome is not None:
+            if outcome != "ok":
+                compilers.remove_trace(trace_path)
+            return
+    slot = slots.take()
+    try:
+        with _COMPILING:
+            compilers.header_pass(*args)
+    finally:
+        if slot is not None:
+            slot.release()
 
 
 def result_of_reply(call: Any, outcome: str, value: Any, shown: list[tuple[str, str, str]]) -> tuple[Any, str, float]:

@@ -1,0 +1,171 @@
+"""A miss whose preprocessing this process traced before skips the header pass only while the
+headers that pass listed still hold (compile.tracing): real headers, real edits, real NVRTC.
+
+Each test compiles one templated source for several name expressions (what CuPy and jitify do:
+one instantiation per compile). The first compile's pass lists the headers; the later ones are
+built from that list, and must notice every change that makes it wrong: a header that now
+includes another, a new header shadowing the one found, an edit during the compile.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import _fswatch
+import pytest
+from cuda.core import ProgramOptions
+from helpers import ARCH, run_python, settle_timestamps
+
+from kernelcache import CompileInfo, FileStreamProgramCache, KernelCacheWarning, compile_program
+
+SOURCE = r"""#include "val.h"
+template <int N> __global__ void k(float* o) { o[threadIdx.x] = VAL * N + o[threadIdx.x + N]; }
+"""
+
+# SOURCE with a second or so of NVVM and ptxas after its one header is read (test_headers.SLOW's
+# loop), for an edit that lands in the middle of the compile.
+SLOW = r"""#include "val.h"
+template <int N> __global__ void k(float* o) {
+    float x = o[threadIdx.x];
+#pragma unroll
+    for (int i = 0; i < 40; ++i) x = sinf(x * 1.0001f + i) * cosf(x - i);
+    o[threadIdx.x] = x + VAL * N;
+}
+"""
+
+
+def compiled(cache, n: int, source: str = SOURCE, **options: object) -> tuple[bytes, CompileInfo]:
+    settle_timestamps()  # headers the test wrote just now are older than the compile's start
+    info = CompileInfo()
+    obj = compile_program(
+        source,
+        cache=cache,
+        info=info,
+        options=ProgramOptions(arch=ARCH, **options),
+        name_expressions=[f"k<{n}>"],
+    )
+    return bytes(obj.code), info
+
+
+def truth(monkeypatch: pytest.MonkeyPatch, n: int, source: str = SOURCE, **options: object) -> bytes:
+    """What a compile with no cache at all gives now."""
+    with monkeypatch.context() as m:
+        m.setenv("KERNELCACHE_DISABLE", "1")
+        return compiled(None, n, source, **options)[0]
+
+
+def hits_in_a_fresh_process(root: str, cwd: str, ns: list[int], **options: object) -> list[bool]:
+    """Whether each name expression of SOURCE hits in a new interpreter (nothing of this one's memos)."""
+    script = (
+        "import os, sys, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        f"os.chdir({cwd!r})\n"
+        "from cuda.core import ProgramOptions\n"
+        "from kernelcache import CompileInfo, FileStreamProgramCache, compile_program\n"
+        f"cache = FileStreamProgramCache({root!r})\n"
+        f"for n in {ns!r}:\n"
+        "    i = CompileInfo()\n"
+        f"    compile_program(sys.argv[1], cache=cache, info=i, name_expressions=[f'k<{{n}}>'],"
+        f" options=ProgramOptions(arch={ARCH!r}, **{options!r}))\n"
+        "    print(i.hit)\n"
+    )
+    return [line == "True" for line in run_python(script, SOURCE).split()]
+
+
+@pytest.fixture
+def proj(tmp_path, monkeypatch):
+    where = tmp_path / "proj"
+    where.mkdir()
+    (where / "val.h").write_text("#define VAL 1.0f\n")
+    monkeypatch.chdir(where)
+    return where
+
+
+@pytest.mark.parametrize("restrict", [False, True], ids=["here", "in-a-worker"])
+def test_later_instantiations_skip_the_pass_and_are_stored_as_a_pass_would_store_them(
+    tmp_path, proj, monkeypatch, restrict: bool
+) -> None:
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    extra = {"restrict": True} if restrict else {}
+    got = [compiled(cache, n, **extra) for n in (1, 2, 3)]
+    assert [info.header_pass for _, info in got] == [True, False, False]
+    assert all(info.cached and not info.hit for _, info in got)
+    assert [sorted(info.headers) for _, info in got] == [[str(proj / "val.h")]] * 3
+    assert [data for data, _ in got] == [truth(monkeypatch, n, **extra) for n in (1, 2, 3)]
+    assert hits_in_a_fresh_process(str(tmp_path / "cache"), str(proj), [1, 2, 3], **extra) == [True] * 3
+
+
+@pytest.mark.parametrize("restrict", [False, True], ids=["here", "in-a-worker"])
+def test_a_header_that_now_includes_another_gets_a_pass_and_the_new_header_is_tracked(
+    tmp_path, proj, monkeypatch, restrict: bool
+) -> None:
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    extra = {"restrict": True} if restrict else {}
+    assert compiled(cache, 1, **extra)[1].header_pass
+    (proj / "extra.h").write_text("#define EXTRA 2.0f\n")
+    (proj / "val.h").write_text('#include "extra.h"\n#define VAL EXTRA\n')
+    data, info = compiled(cache, 2, **extra)
+    # The list the first pass made ([val.h]) no longer holds: a pass of its own found extra.h.
+    assert info.header_pass and info.cached and not info.hit
+    assert sorted(info.headers) == [str(proj / "extra.h"), str(proj / "val.h")]
+    assert data == truth(monkeypatch, 2, **extra)
+    # extra.h is part of the entry's key: editing it is a miss, never the old kernel.
+    (proj / "extra.h").write_text("#define EXTRA 3.0f\n")
+    data, info = compiled(cache, 2, **extra)
+    assert not info.hit and data == truth(monkeypatch, 2, **extra)
+
+
+def test_a_new_header_shadowing_the_one_found_gets_a_pass(tmp_path, proj, monkeypatch) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (proj / "val.h").unlink()
+    (second / "val.h").write_text("#define VAL 1.0f\n")
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    paths = {"include_path": [str(first), str(second)]}
+    assert compiled(cache, 1, **paths)[1].headers == [str(second / "val.h")]
+    (first / "val.h").write_text("#define VAL 5.0f\n")  # earlier on the search path: NVRTC reads this one now
+    data, info = compiled(cache, 2, **paths)
+    assert info.header_pass and info.cached and info.headers == [str(first / "val.h")]
+    assert data == truth(monkeypatch, 2, **paths)
+    (first / "val.h").write_text("#define VAL 6.0f\n")
+    data, info = compiled(cache, 2, **paths)
+    assert not info.hit and data == truth(monkeypatch, 2, **paths)
+
+
+def test_a_header_edited_during_a_compile_without_a_pass_is_not_stored(tmp_path, proj, monkeypatch) -> None:
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    assert compiled(cache, 1, SLOW)[1].header_pass
+    val = proj / "val.h"
+    watch = _fswatch.Watch()
+    watch.add(str(val), _fswatch.IN_CLOSE_NOWRITE)
+    edited = threading.Event()
+
+    def edit_once_read() -> None:
+        # The first read of val.h after this point is NVRTC's or the build beside it: either
+        # way the edit lands while the compile runs (it has a second of NVVM and ptxas ahead).
+        if watch.events(120):
+            val.write_text("#define VAL 2.0f\n")
+            edited.set()
+
+    editor = threading.Thread(target=edit_once_read)
+    editor.start()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            data, info = compiled(cache, 2, SLOW)
+    finally:
+        editor.join(150)
+        watch.close()
+    assert edited.is_set() and not info.header_pass and not info.hit
+    assert not info.cached and "changed during the compile" in info.not_stored
+    said = [str(w.message) for w in caught if issubclass(w.category, KernelCacheWarning)]
+    assert len(said) == 1 and "changed during the compile" in said[0]
+    assert data in (
+        truth(monkeypatch, 2, SLOW.replace('#include "val.h"', "#define VAL 1.0f")),
+        truth(monkeypatch, 2, SLOW),
+    )
+    # Nothing was stored: the next call compiles the header as it is now, and stores that.
+    data, info = compiled(cache, 2, SLOW)
+    assert not info.hit and info.cached and data == truth(monkeypatch, 2, SLOW)
