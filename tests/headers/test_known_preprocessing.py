@@ -9,6 +9,7 @@ includes another, a new header shadowing the one found, an edit during the compi
 
 from __future__ import annotations
 
+import json
 import threading
 import warnings
 
@@ -169,3 +170,41 @@ def test_a_header_edited_during_a_compile_without_a_pass_is_not_stored(tmp_path,
     # Nothing was stored: the next call compiles the header as it is now, and stores that.
     data, info = compiled(cache, 2, SLOW)
     assert not info.hit and info.cached and data == truth(monkeypatch, 2, SLOW)
+
+
+def compiled_in_a_fresh_process(root: str, cwd: str, n: int) -> dict[str, object]:
+    """compile_program of SOURCE's k<n> in a new interpreter: what its CompileInfo said."""
+    script = (
+        "import json, os, sys, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        f"os.chdir({cwd!r})\n"
+        "from cuda.core import ProgramOptions\n"
+        "from kernelcache import CompileInfo, FileStreamProgramCache, compile_program\n"
+        "i = CompileInfo()\n"
+        f"compile_program(sys.argv[1], cache=FileStreamProgramCache({root!r}), info=i, name_expressions=['k<{n}>'],"
+        f" options=ProgramOptions(arch={ARCH!r}))\n"
+        "print(json.dumps({'hit': i.hit, 'cached': i.cached, 'header_pass': i.header_pass, 'headers': sorted(i.headers)}))\n"
+    )
+    return json.loads(run_python(script, SOURCE).splitlines()[-1])
+
+
+def test_another_process_uses_the_stores_hint_and_notices_what_changed_since(tmp_path, proj) -> None:
+    root = str(tmp_path / "cache")
+    first = compiled_in_a_fresh_process(root, str(proj), 1)
+    assert first["header_pass"] and first["cached"]
+    settle_timestamps()
+    # Another process, another instantiation: the store's hint names the variant, no pass.
+    second = compiled_in_a_fresh_process(root, str(proj), 2)
+    assert second == {"hit": False, "cached": True, "header_pass": False, "headers": [str(proj / "val.h")]}
+    # The header now includes another: the hint no longer holds, a pass finds both.
+    (proj / "extra.h").write_text("#define EXTRA 2.0f\n")
+    (proj / "val.h").write_text('#include "extra.h"\n#define VAL EXTRA\n')
+    settle_timestamps()
+    third = compiled_in_a_fresh_process(root, str(proj), 3)
+    assert third == {
+        "hit": False,
+        "cached": True,
+        "header_pass": True,
+        "headers": [str(proj / "extra.h"), str(proj / "val.h")],
+    }
+    assert hits_in_a_fresh_process(root, str(proj), [1, 2, 3]) == [False, False, True]  # 1, 2 read the old val.h

@@ -285,7 +285,8 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
     cache = look.cache
     count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
     call.info.miss_reason = strict.on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
-    trace = HeaderTrace(look.request, look.manifest_key, cache) if look.track else None
+    compiler = look.toolchain.compiler if look.toolchain is not None else ""
+    trace = HeaderTrace(look.request, look.manifest_key, cache, compiler) if look.track else None
     try:
         obj, log_text, seconds = _compile(look.request, trace, call)
         count(cache, compiles=1)

@@ -11,6 +11,8 @@ the variant is built from that list beside the compile, and a pass runs only whe
 differs (a header edited, a new one shadowing). On the corpus's CuPy kernels, 80 compiles are
 7 distinct preprocessings (templates instantiated one name expression at a time), and the pass
 costs about what the compile does on the H200 host (NVRTC's front end is most of the compile).
+Across processes, the store holds the digest of the last variant each preprocessing gave
+(headers.manifests.preprocessing_hint): the variant's own record names its headers.
 
 Any step that cannot vouch for the headers (no room for the trace, a trace NVRTC did not
 write or wrote incomplete, a header that changed while NVRTC read it, a working directory
@@ -35,9 +37,9 @@ from kernelcache.memo import remember
 from kernelcache.runners.compilers import header_pass_args, new_trace_path, plan_compile, remove_trace
 from kernelcache.stores.base import ProgramCacheResource
 
-# preprocessing key -> (the headers its last pass listed, the digest of the variant built from
-# them). Only ever a hint: a variant built from the list is used where its digest is this one.
-_traced: dict[bytes, tuple[list[str], str]] = {}
+# preprocessing key -> the digest of the variant its last pass in this process gave (the store's
+# hint, headers.manifests, for the others). Only ever a hint: see build_known.
+_traced: dict[bytes, str] = {}
 
 
 def install_bundled_headers(options: Any) -> None:
@@ -81,8 +83,10 @@ def _stamp(path: str) -> int | None:
 class HeaderTrace:
     """Started right before the compile (the digests and the clock the variant is judged by)."""
 
-    def __init__(self, request: CompileRequest, manifest_key: bytes, store: ProgramCacheResource) -> None:
-        self.request = request
+    def __init__(
+        self, request: CompileRequest, manifest_key: bytes, store: ProgramCacheResource, compiler: str = ""
+    ) -> None:
+        self.request, self.store, self.compiler = request, store, compiler  # compiler: the key's NVRTC identity
         self.tmp_dir = tmp_dir = store.tmp_dir
         self.index = header_index.for_store(store)  # the digests read after the compile are kept there
         self.not_stored = ""  # why this compile's result cannot be stored, when it cannot
@@ -101,43 +105,50 @@ class HeaderTrace:
         self.before = manifests.digests_before(manifest_key, self.dirs)
         self.started_ns = hdr.now_ns()  # the clock files are stamped with
         self._built: tuple[dict[str, Any] | None, list[str], Any] | None = None  # by prepare
-        self._found: list[str] | None = None  # the headers the variant is built from
+        self._hinted = False  # the variant was built from an earlier pass's headers (build_known)
         self._preprocessing = b""  # preprocessing_key's, once asked
         self._known: threading.Thread | None = None  # build_known's thread
 
     def preprocessing_key(self) -> bytes:
         """What NVRTC's preprocessing of this compile is a function of, besides the files: the
-        header pass's own inputs (text, program name, flags) and the working directory."""
+        header pass's own inputs (text, program name, flags), the working directory and the
+        NVRTC build (its builtin headers include others)."""
         if not self._preprocessing:
             request = self.request
             source, options, _ = plan_compile(request, None)
             text, name, flags, _ = header_pass_args(source, options, request.target_type, "")
-            parts = [text.encode("utf-8", "surrogateescape"), name, *flags, self.cwd.encode("utf-8", "surrogateescape")]
+            cwd = self.cwd.encode("utf-8", "surrogateescape")
+            parts = [text.encode("utf-8", "surrogateescape"), name, *flags, cwd, self.compiler.encode()]
             self._preprocessing = hashlib.sha256(b"\0".join(len(p).to_bytes(8, "little") + p for p in parts)).digest()
         return self._preprocessing
 
     def build_known(self) -> bool:
         """Start building the variant from the headers an earlier pass of this preprocessing
-        listed, on a thread beside the compile; False (nothing started) where none is known."""
+        listed (this process's, else the store's hint), on a thread beside the compile; False
+        (nothing started) where none is known."""
         if self.not_stored:
             return False
-        known = _traced.get(self.preprocessing_key())
-        if known is None:
+        key = self.preprocessing_key()
+        digest = _traced.get(key) or manifests.preprocessing_hint(self.store, key)
+        if digest is None:
             return False
-        self._known = threading.Thread(target=self._build_known, args=known, daemon=True)
+        self._known = threading.Thread(target=self._build_known, args=(digest,), daemon=True)
         self._known.start()
         return True
 
-    def _build_known(self, found: list[str], digest: str) -> None:
+    def _build_known(self, digest: str) -> None:
         # Race: a header edited before the compile started is read by this build too (it runs
         # after started_ns): the digest then differs and the pass runs. One edited after the
         # start is stamped after it: the check again in variant() refuses to store.
         try:
-            built = self._build(found)
+            earlier = manifests.stored_variant(self.store, digest)
+            found = variants.tracked_paths(earlier, self.dirs) if earlier is not None else None
+            built = self._build(found) if found is not None else None
         except Exception:  # noqa: BLE001 - the pass runs instead
             return
-        if built[0] is not None and built[0]["digest"] == digest:
+        if built is not None and built[0] is not None and built[0]["digest"] == digest:
             self._built = built
+            self._hinted = True
 
     def known_holds(self) -> bool:
         """After build_known: whether the earlier pass's headers still hold (the variant is then
@@ -179,9 +190,13 @@ class HeaderTrace:
         if changed:
             self.not_stored = hdr.why_not_stored(changed)
             return None
-        if self._found is not None:
-            # Race: two threads tracing the same preprocessing both remember; either list holds.
-            remember(_traced, self.preprocessing_key(), (self._found, variant["digest"]), 1024)
+        key = self.preprocessing_key()
+        if _traced.get(key) != variant["digest"]:
+            # Race: two threads or processes tracing the same preprocessing both write; either
+            # digest is a true hint (each is checked where it is used).
+            remember(_traced, key, variant["digest"], 1024)
+            if not self._hinted:
+                manifests.store_preprocessing_hint(self.store, key, variant["digest"])
         return variant
 
     def _build(self, found: list[str] | None = None) -> tuple[dict[str, Any] | None, list[str], Any]:
@@ -192,7 +207,6 @@ class HeaderTrace:
             found, why = hdr.headers_from_trace(self.path, self.cwd)
             if found is None:
                 return None, [why], None
-        self._found = found
         options = self.request.options
         return variants.build_variant(
             found,

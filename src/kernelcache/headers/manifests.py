@@ -115,6 +115,30 @@ def _variant(tier: ProgramCacheResource, digest: str, cache: ProgramCacheResourc
     return None
 
 
+def stored_variant(cache: ProgramCacheResource, digest: str) -> dict[str, Any] | None:
+    """The variant whose digest is ``digest`` (this process's memo, else ``cache``'s record)."""
+    return _variant(cache, digest, None)
+
+
+# A preprocessing hint: the digest of the variant the last header pass of one preprocessing
+# (compile.tracing.HeaderTrace.preprocessing_key) gave, so that another process compiling
+# another instantiation of the same source can skip its pass. Only ever a hint: a variant is
+# built from the headers it names and used where its digest is this one.
+def _hint_key(preprocessing: bytes) -> bytes:
+    return digest_components([("preprocessing", preprocessing), ("format", b"1")])
+
+
+def preprocessing_hint(cache: ProgramCacheResource, preprocessing: bytes) -> str | None:
+    """The variant digest ``cache`` holds for ``preprocessing``; None where it holds none."""
+    record = read_record(cache, _hint_key(preprocessing))
+    digest = record[0] if record else b""
+    return digest.decode("ascii") if len(digest) == 64 and digest.isalnum() else None
+
+
+def store_preprocessing_hint(cache: ProgramCacheResource, preprocessing: bytes, digest: str) -> None:
+    write_record(cache, _hint_key(preprocessing), digest.encode("ascii"), {"kind": "manifest"}, internal=True)
+
+
 def _write_variant(store: ProgramCacheResource, variant: dict[str, Any]) -> None:
     write_record(
         store, variant_key(variant["digest"]), variants.variant_bytes(variant), {"kind": "manifest"}, internal=True

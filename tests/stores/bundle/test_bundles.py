@@ -23,9 +23,10 @@ from kernelcache import config
 from kernelcache.stores.bundle import format as fmt
 
 SOURCES = [f'extern "C" __global__ void k{i}(float* x) {{ x[0] = {i}.0f; }}' for i in range(3)]
-# What _fill stores: 4 artifacts, 1 header manifest and the header variant it names, and, per
-# source, its source-index record (for explained misses): every record of the store, whatever its kind.
-RECORDS = 4 + 2 + 4
+# What _fill stores: 4 artifacts, 1 header manifest and the header variant it names, the
+# preprocessing hint of the one header pass (compile.tracing), and, per source, its source-index
+# record (for explained misses): every record of the store, whatever its kind.
+RECORDS = 4 + 2 + 1 + 4
 HEADER_SOURCE = '#include "conf.h"\nextern "C" __global__ void h(float* x) { x[0] = CONF; }'
 
 
