@@ -208,3 +208,13 @@ def test_another_process_uses_the_stores_hint_and_notices_what_changed_since(tmp
         "headers": [str(proj / "extra.h"), str(proj / "val.h")],
     }
     assert hits_in_a_fresh_process(root, str(proj), [1, 2, 3]) == [False, False, True]  # 1, 2 read the old val.h
+
+
+def test_a_store_filled_without_a_pass_still_gets_the_hint(tmp_path, proj) -> None:
+    # This process traced k<1> into one store; its compile into a second store needs no pass,
+    # and must still leave that store the hint, for the second store's other processes.
+    first, second = FileStreamProgramCache(tmp_path / "first"), FileStreamProgramCache(tmp_path / "second")
+    assert compiled(first, 1)[1].header_pass
+    assert not compiled(second, 1)[1].header_pass
+    got = compiled_in_a_fresh_process(str(tmp_path / "second"), str(proj), 2)
+    assert got == {"hit": False, "cached": True, "header_pass": False, "headers": [str(proj / "val.h")]}

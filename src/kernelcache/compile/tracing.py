@@ -105,7 +105,7 @@ class HeaderTrace:
         self.before = manifests.digests_before(manifest_key, self.dirs)
         self.started_ns = hdr.now_ns()  # the clock files are stamped with
         self._built: tuple[dict[str, Any] | None, list[str], Any] | None = None  # by prepare
-        self._hinted = False  # the variant was built from an earlier pass's headers (build_known)
+        self._stored_hint: str | None = None  # the store's preprocessing hint, where build_known read it
         self._preprocessing = b""  # preprocessing_key's, once asked
         self._known: threading.Thread | None = None  # build_known's thread
 
@@ -129,7 +129,11 @@ class HeaderTrace:
         if self.not_stored:
             return False
         key = self.preprocessing_key()
-        digest = _traced.get(key) or manifests.preprocessing_hint(self.store, key)
+        # The store's hint is read even where this process knows one: a store that lacks it (or
+        # holds another) is given this compile's (variant()), so every store that took a traced
+        # compile can spare its other readers the pass.
+        self._stored_hint = manifests.preprocessing_hint(self.store, key)
+        digest = _traced.get(key) or self._stored_hint
         if digest is None:
             return False
         self._known = threading.Thread(target=self._build_known, args=(digest,), daemon=True)
@@ -148,7 +152,6 @@ class HeaderTrace:
             return
         if built is not None and built[0] is not None and built[0]["digest"] == digest:
             self._built = built
-            self._hinted = True
 
     def known_holds(self) -> bool:
         """After build_known: whether the earlier pass's headers still hold (the variant is then
@@ -190,13 +193,13 @@ class HeaderTrace:
         if changed:
             self.not_stored = hdr.why_not_stored(changed)
             return None
-        key = self.preprocessing_key()
-        if _traced.get(key) != variant["digest"]:
+        key, digest = self.preprocessing_key(), variant["digest"]
+        if _traced.get(key) != digest:
+            remember(_traced, key, digest, 1024)
+        if self._stored_hint != digest:
             # Race: two threads or processes tracing the same preprocessing both write; either
             # digest is a true hint (each is checked where it is used).
-            remember(_traced, key, variant["digest"], 1024)
-            if not self._hinted:
-                manifests.store_preprocessing_hint(self.store, key, variant["digest"])
+            manifests.store_preprocessing_hint(self.store, key, digest)
         return variant
 
     def _build(self, found: list[str] | None = None) -> tuple[dict[str, Any] | None, list[str], Any]:
