@@ -168,21 +168,22 @@ def test_prune_removes_manifests_and_clear_counts_alike(tmp_path) -> None:
         'code = "#if __has_include(\\"none.h\\")\\n#endif\\nextern \\"C\\" __global__ void k() {}"\n'
     )
     ok(kc("warm", str(manifest), "--cache-dir", cache))
-    # Bookkeeping: the header manifest, the header variant it names (a record of its own) and
-    # the source index (explained misses), three records.
+    # Bookkeeping: the header manifest, the header variant it names (a record of its own), the
+    # preprocessing hint of its header pass (compile.tracing) and the source index (explained
+    # misses), four records.
     dry = json.loads(ok(kc("prune", "--older-than", "0s", "--dry-run", "--json", "--cache-dir", cache)).stdout)
-    assert dry["removed"] == 1 and dry["dry_run"] is True and dry["manifests_removed"] == 3
+    assert dry["removed"] == 1 and dry["dry_run"] is True and dry["manifests_removed"] == 4
     assert len(json.loads(ok(kc("ls", "--json", "--cache-dir", cache)).stdout)) == 1  # nothing removed
     text = ok(kc("prune", "--older-than", "0s", "--dry-run", "--cache-dir", cache)).stdout
     assert "would remove 1 entries" in text
     pruned = json.loads(ok(kc("prune", "--older-than", "0s", "--json", "--cache-dir", cache)).stdout)
-    assert pruned["removed"] == 1 and pruned["manifests_removed"] == 3
+    assert pruned["removed"] == 1 and pruned["manifests_removed"] == 4
     files = [f for _, _, fs in os.walk(os.path.join(cache)) for f in fs if f.endswith(".meta")]
     assert files == []  # no manifest left behind
     ok(kc("warm", str(manifest), "--cache-dir", cache))
     verify = json.loads(ok(kc("verify", "--json", "--cache-dir", cache)).stdout)
     ls = json.loads(ok(kc("ls", "--json", "--cache-dir", cache)).stdout)
-    assert verify["checked"] == len(ls) == 1 and verify["manifests_checked"] == 3
+    assert verify["checked"] == len(ls) == 1 and verify["manifests_checked"] == 4
     assert "removed 1 entries" in ok(kc("clear", "--yes", "--cache-dir", cache)).stdout
 
 
