@@ -143,7 +143,9 @@ class HeaderTrace:
     def _build_known(self, digest: str) -> None:
         # Race: a header edited before the compile started is read by this build too (it runs
         # after started_ns): the digest then differs and the pass runs. One edited after the
-        # start is stamped after it: the check again in variant() refuses to store.
+        # start is stamped after it, and a file that appeared, after this build resolved the
+        # probes, at a place an #include searches first is there after the compile: the check
+        # again in variant() refuses to store either (digests.changed_during, untraced).
         try:
             earlier = manifests.stored_variant(self.store, digest)
             found = variants.tracked_paths(earlier, self.dirs) if earlier is not None else None
@@ -206,6 +208,7 @@ class HeaderTrace:
         """(variant, changed paths, the check again) from ``found`` (default: the trace's
         headers); (None, [why], None) when the trace is not usable."""
         assert self.path is not None
+        known = found is not None  # from an earlier pass (build_known): no trace of this compile
         if found is None:
             found, why = hdr.headers_from_trace(self.path, self.cwd)
             if found is None:
@@ -221,6 +224,7 @@ class HeaderTrace:
             self.before,
             includes.option_macros(options),
             self.index,
+            untraced=known,
         )
 
     def remove(self) -> None:

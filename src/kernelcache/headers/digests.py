@@ -220,6 +220,7 @@ def changed_during(
     digests: Mapping[str, str],
     probes: Sequence[tuple[Any, str, str, str, int, list[str]]],
     start_ns: int,
+    untraced: bool = False,
 ) -> list[str]:
     """Paths whose state at the end of the compile may not be what NVRTC read, each as "path
     (why)" (``probes``: headers.variants' resolved probes).
@@ -231,6 +232,12 @@ def changed_during(
     not have seen it), or, for __has_include, a searched directory whose entries changed (a
     file NVRTC saw may be gone). An #include that NVRTC followed is in the trace, so its
     disappearance shows as a missing header.
+
+    ``untraced``: the headers came from an earlier pass (compile.tracing), not from one over
+    this compile, and the probes were resolved while it ran: a file now at a place an
+    #include searched before the one it resolved to may have been created after that and
+    read by NVRTC, which no trace says, so it counts as changed too. (A file created and
+    removed again within the compile is not seen, as by a pass run after the compile.)
     """
     stats: dict[str, os.stat_result | None] = {}
 
@@ -257,11 +264,17 @@ def changed_during(
             for place in places[: at if at >= 0 else len(places)]:
                 if place and moved(place):
                     out.append(f"{place} ({TOUCHED})")
+        elif untraced:
+            for place in places[: at if at >= 0 else len(places)]:
+                earlier = os.path.join(place, name) if place else name
+                if os.path.isfile(earlier):
+                    out.append(f"{earlier} ({APPEARED})")
     return out
 
 
 GONE, REWRITTEN = "gone", "rewritten"  # what certainly changed during the compile
 TOUCHED = "stamped at or after the compile's start"  # what may have: its timestamps say so
+APPEARED = "appeared on the search path during the compile"  # before the place an #include resolved to
 
 
 def why_not_stored(changed: Sequence[str]) -> str:

@@ -86,6 +86,7 @@ def build_variant(
     before: Mapping[str, str],
     option_macros: Sequence[tuple[str, str, str]] = (),
     index: HeaderIndex | None = None,
+    untraced: bool = False,
 ) -> tuple[dict[str, Any], list[str], Callable[[], list[str]]]:
     """(the variant for the headers one compile read, the paths that changed during it, each
     as "path (why)": see why_not_stored, and a function that checks those paths again).
@@ -94,7 +95,8 @@ def build_variant(
     ``index``: the cache's headers.index (the digests read now are remembered there).
     Built while the compile still runs (the header pass beside it, compile.tracing), the
     variant is only true once the check runs again after the compile: a header changed since
-    it was read here is stamped at or after ``start_ns``, which that check sees."""
+    it was read here is stamped at or after ``start_ns``, which that check sees. ``untraced``:
+    ``headers`` came from an earlier pass, not this compile's (digests.changed_during)."""
     texts: dict[str | None, list[tuple[str, str, str]]] = {None: includes.directives(source)}
     texts[None] += [(includes.INCLUDE, "q", name) for name in pre_include]
     digests, changed = _read_headers(headers, before, texts, index.digest if index else file_digest)
@@ -116,7 +118,7 @@ def build_variant(
     if bound:
         variant["cwd"] = os.getcwd()
     variant["digest"] = variant_digest(variant)
-    return variant, sorted(set(changed)), lambda: changed_during(digests, probes, start_ns)
+    return variant, sorted(set(changed)), lambda: changed_during(digests, probes, start_ns, untraced)
 
 
 def _read_headers(
