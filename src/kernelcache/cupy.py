@@ -154,7 +154,8 @@ class _Compiled:
         except NVRTCError as exc:
             raise cupy_build.compile_exception(exc, source, argv) from None
         store = default_cache_or_none() if info.cached else None
-        if store is not None and index and info.key and not may_read_files(source, options):
+        names = self.name_expressions or ()
+        if store is not None and index and info.key and not may_read_files(source, options, names):
             cupy_index.remember(store, index, info.key)
         mapping = getattr(obj, "symbol_mapping", None) or {}
         return self._linked(store, bytes(obj.code), argv, info.key, mapping)

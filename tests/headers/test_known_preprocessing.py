@@ -218,3 +218,28 @@ def test_a_store_filled_without_a_pass_still_gets_the_hint(tmp_path, proj) -> No
     assert not compiled(second, 1)[1].header_pass
     got = compiled_in_a_fresh_process(str(tmp_path / "second"), str(proj), 2)
     assert got == {"hit": False, "cached": True, "header_pass": False, "headers": [str(proj / "val.h")]}
+
+
+def test_a_name_expression_that_probes_a_header_is_tracked(tmp_path, proj, monkeypatch) -> None:
+    # NVRTC compiles name expressions as C++: __has_include is allowed there, and creating the
+    # file it names changes the kernel (k<0> -> k<1>). Found by an adversarial pass: the scan read
+    # the source alone, and the k<0> entry stayed a hit after opt.h was created.
+    source = "template <int N> __global__ void k(float* o) { o[threadIdx.x] = N; }\n"
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    names = ['k<__has_include("opt.h")>']
+
+    def run() -> tuple[bytes, CompileInfo]:
+        settle_timestamps()
+        info = CompileInfo()
+        obj = compile_program(source, cache=cache, info=info, options=ProgramOptions(arch=ARCH), name_expressions=names)
+        return bytes(obj.code), info
+
+    first, info = run()
+    assert info.cached and not info.hit
+    assert run()[1].hit
+    (proj / "opt.h").write_text("\n")
+    data, info = run()
+    assert not info.hit
+    with monkeypatch.context() as m:
+        m.setenv("KERNELCACHE_DISABLE", "1")
+        assert data == run()[0] != first

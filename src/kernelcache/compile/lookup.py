@@ -62,7 +62,8 @@ class Lookup:
             if found is not None:
                 self.base, self.manifest_key, self.entry_key, self.track = found
                 return
-        self.track = self.headers_tracked and includes.may_read_files(request.code, request.options)
+        named = request.name_expressions
+        self.track = self.headers_tracked and includes.may_read_files(request.code, request.options, named)
         self.base = key_components(
             code=request.code,
             code_type=code_type,

@@ -218,7 +218,7 @@ class HeaderTrace:
             found,
             self.dirs,
             hdr.first_include(options),
-            self.request.source_bytes(),
+            includes.main_text(self.request.code, self.request.name_expressions),
             includes.pre_includes(options),
             self.started_ns,
             self.before,

@@ -111,6 +111,12 @@ def directives(text: bytes) -> list[tuple[str, str, str]]:
     return list(found)
 
 
+def main_text(code: str | bytes, name_expressions: Sequence[str | bytes] = ()) -> bytes:
+    """What the main source's probes are read from: its text, and its name expressions (each
+    on a line of its own), which NVRTC compiles as C++ too and which may hold __has_include."""
+    return b"\n".join([code_bytes(code), *(code_bytes(n) for n in name_expressions)])
+
+
 def option_macros(options: Any) -> list[tuple[str, str, str]]:
     """directives() of the macros the options define (``define_macro``), read as #define lines.
 
@@ -151,9 +157,12 @@ def probes(
     return out
 
 
-def may_read_files(code: str | bytes, options: Any) -> bool:
+def may_read_files(code: str | bytes, options: Any, name_expressions: Sequence[str | bytes] = ()) -> bool:
     """False only when this C++ source cannot make NVRTC read a file the key does not pin
     (so no trace is needed: the trace could list nothing but toolchain headers).
+
+    ``name_expressions``: NVRTC compiles them as C++ expressions, where ``__has_include`` is
+    allowed (``k<__has_include("opt.h")>``): one that names "include" is tracked too.
 
     Conservative: any "include" in the text (comments and strings included) that is not
     an angle-bracket name with a literal, relative spelling, any include_path or
@@ -169,6 +178,8 @@ def may_read_files(code: str | bytes, options: Any) -> bool:
     for field in ("pre_include", "extra_sources", "pch", "use_pch", "pch_dir"):
         if emits_flag(field, getattr(options, field, None)):
             return True
+    if any(b"include" in code_bytes(name) for name in name_expressions):
+        return True
     raw = code_bytes(code)
     if b"??/" in raw or _SPLICE.search(raw) is not None:
         return True
