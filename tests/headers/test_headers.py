@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import _fswatch
 import pytest
 from cuda.core import ProgramOptions
-from helpers import ARCH, SUPPORT, run_python, settle_timestamps
+from helpers import ARCH, SUPPORT, rewritten_once_read, run_python, settle_timestamps
 
 from kernelcache import CompileInfo, FileStreamProgramCache, KernelCacheWarning, compile_program
 from kernelcache.headers import digests as hdr
@@ -107,26 +107,12 @@ def test_header_edited_during_the_compile_is_not_stored(tmp_path, monkeypatch) -
     val.write_text("#define VAL 1.0f\n")
     monkeypatch.chdir(proj)
     cache = FileStreamProgramCache(tmp_path / "cache")
-    watch = _fswatch.Watch()
-    watch.add(str(val), _fswatch.IN_CLOSE_NOWRITE)
-    edited = threading.Event()
-
-    def edit_once_read() -> None:
-        # The moment NVRTC has read val.h (and closed it), rewrite it: the compile still
-        # has seconds of NVVM and ptxas ahead, so the edit lands in the middle of it.
-        if watch.events(120):
-            val.write_text("#define VAL 2.0f\n")
-            edited.set()
-
-    editor = threading.Thread(target=edit_once_read)
-    editor.start()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            old, info = compiled(cache, SLOW)
-    finally:
-        editor.join(150)
-        watch.close()
+    # The moment NVRTC has read val.h (and closed it), rewrite it: the compile still has seconds
+    # of NVVM and ptxas ahead, so the edit lands in the middle of it.
+    editing = rewritten_once_read(val, "#define VAL 2.0f\n")
+    with editing as edited, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old, info = compiled(cache, SLOW)
     assert edited.is_set() and not info.hit
     # The first close of val.h may be the header pass's, beside the compile in another process
     # (runners/beside.py): the compile then read one text or the other. Either way it is returned,

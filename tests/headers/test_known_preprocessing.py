@@ -10,13 +10,11 @@ includes another, a new header shadowing the one found, an edit during the compi
 from __future__ import annotations
 
 import json
-import threading
 import warnings
 
-import _fswatch
 import pytest
 from cuda.core import ProgramOptions
-from helpers import ARCH, run_python, settle_timestamps
+from helpers import ARCH, rewritten_once_read, run_python, settle_timestamps
 
 from kernelcache import CompileInfo, FileStreamProgramCache, KernelCacheWarning, compile_program
 
@@ -138,27 +136,12 @@ def test_a_new_header_shadowing_the_one_found_gets_a_pass(tmp_path, proj, monkey
 def test_a_header_edited_during_a_compile_without_a_pass_is_not_stored(tmp_path, proj, monkeypatch) -> None:
     cache = FileStreamProgramCache(tmp_path / "cache")
     assert compiled(cache, 1, SLOW)[1].header_pass
-    val = proj / "val.h"
-    watch = _fswatch.Watch()
-    watch.add(str(val), _fswatch.IN_CLOSE_NOWRITE)
-    edited = threading.Event()
-
-    def edit_once_read() -> None:
-        # The first read of val.h after this point is NVRTC's or the build beside it: either
-        # way the edit lands while the compile runs (it has a second of NVVM and ptxas ahead).
-        if watch.events(120):
-            val.write_text("#define VAL 2.0f\n")
-            edited.set()
-
-    editor = threading.Thread(target=edit_once_read)
-    editor.start()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            data, info = compiled(cache, 2, SLOW)
-    finally:
-        editor.join(150)
-        watch.close()
+    # The first read of val.h after this point is NVRTC's or the build beside it: either way
+    # the edit lands while the compile runs (it has a second of NVVM and ptxas ahead).
+    editing = rewritten_once_read(proj / "val.h", "#define VAL 2.0f\n")
+    with editing as edited, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data, info = compiled(cache, 2, SLOW)
     assert edited.is_set() and not info.header_pass and not info.hit
     assert not info.cached and "changed during the compile" in info.not_stored
     said = [str(w.message) for w in caught if issubclass(w.category, KernelCacheWarning)]

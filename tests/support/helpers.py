@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -50,6 +51,31 @@ def mounted_tmpfs(size: str, *, read_only: bool = False) -> Iterator[str]:
         subprocess.run(["umount", "-l", point], capture_output=True)
         with contextlib.suppress(OSError):
             os.rmdir(point)
+
+
+@contextlib.contextmanager
+def rewritten_once_read(path: os.PathLike[str], text: str) -> Iterator[threading.Event]:
+    """``path`` rewritten with ``text`` on a thread the moment a reader next closes it (inotify):
+    in the middle of a compile that reads it early and runs long after. The event says it was."""
+    import _fswatch
+
+    watch = _fswatch.Watch()
+    watch.add(os.fspath(path), _fswatch.IN_CLOSE_NOWRITE)
+    edited = threading.Event()
+
+    def edit_once_read() -> None:
+        if watch.events(120):
+            with open(path, "w") as f:
+                f.write(text)
+            edited.set()
+
+    editor = threading.Thread(target=edit_once_read)
+    editor.start()
+    try:
+        yield edited
+    finally:
+        editor.join(150)
+        watch.close()
 
 
 def settle_timestamps() -> None:
