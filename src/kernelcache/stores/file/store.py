@@ -66,11 +66,14 @@ _PATH_MEMO_SIZE = 4096
 _PATH_MEMO_KEY_MAX = 256
 
 
-# Records no hit reads: a source's index names its entries to explain a later miss (compile/
-# sourceindex.py). Staged without an fsync: after a power cut such a record is gone or fails its
-# CRC on read (a less precise explanation, never a wrong hit), and a miss then pays one fsync,
-# the artifact's, as cuda.core's cache does, instead of two.
-NOT_DURABLE_KINDS = ("source-index",)
+# Records staged without an fsync: after a power cut such a record is gone or fails its CRC on
+# read, and what that costs is a compile, never a wrong hit. A source's index names its entries
+# to explain a later miss (compile/sourceindex.py; no hit reads it); header bookkeeping (kind
+# "manifest": a manifest, the variants it names, a preprocessing hint, headers/manifests.py)
+# leads a look-up to an entry, and one lost or torn is a miss whose compile writes it again
+# (the entry's key is the same, derived from the headers). A miss then pays one fsync, the
+# artifact's, as cuda.core's cache does, instead of three or four.
+NOT_DURABLE_KINDS = ("source-index", "manifest")
 
 
 class FileStreamProgramCache(EntryReading, RecordStore):
