@@ -55,8 +55,11 @@ def mounted_tmpfs(size: str, *, read_only: bool = False) -> Iterator[str]:
 
 @contextlib.contextmanager
 def rewritten_once_read(path: os.PathLike[str], text: str) -> Iterator[threading.Event]:
-    """``path`` rewritten with ``text`` on a thread the moment a reader next closes it (inotify):
-    in the middle of a compile that reads it early and runs long after. The event says it was."""
+    """``path`` replaced by a file of ``text`` on a thread the moment a reader next closes it
+    (inotify): in the middle of a compile that reads it early and runs long after. The event says
+    it was. Replaced, not rewritten in place: the first close may be another reader's (a header
+    pass beside the compile), and the compile must then read one text or the other, never the
+    empty file a truncating write leaves for a moment."""
     import _fswatch
 
     watch = _fswatch.Watch()
@@ -65,8 +68,10 @@ def rewritten_once_read(path: os.PathLike[str], text: str) -> Iterator[threading
 
     def edit_once_read() -> None:
         if watch.events(120):
-            with open(path, "w") as f:
+            staged = f"{os.fspath(path)}.{uuid.uuid4().hex}"
+            with open(staged, "w") as f:
                 f.write(text)
+            os.replace(staged, path)
             edited.set()
 
     editor = threading.Thread(target=edit_once_read)
