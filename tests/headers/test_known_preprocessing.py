@@ -226,3 +226,19 @@ def test_a_name_expression_that_probes_a_header_is_tracked(tmp_path, proj, monke
     with monkeypatch.context() as m:
         m.setenv("KERNELCACHE_DISABLE", "1")
         assert data == run()[0] != first
+
+
+def test_a_header_reached_by_a_computed_include_always_gets_a_pass(tmp_path, proj, monkeypatch) -> None:
+    # A name spelled by the preprocessor (stringized here, no literal anywhere): no probe says
+    # where NVRTC looked before the header it found, so no check after the compile could see a
+    # file created there meanwhile. Such a preprocessing is never reused.
+    spelled = "#define STR(x) #x\n#define XSTR(x) STR(x)\n#define NAME val\n#include XSTR(NAME.h)"
+    source = SOURCE.replace('#include "val.h"', spelled)
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "val.h").write_text("#define VAL 3.0f\n")
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    got = [compiled(cache, n, source, include_path=[str(inc)]) for n in (1, 2)]
+    assert [info.header_pass for _, info in got] == [True, True]
+    assert all(info.cached for _, info in got)
+    assert [data for data, _ in got] == [truth(monkeypatch, n, source, include_path=[str(inc)]) for n in (1, 2)]

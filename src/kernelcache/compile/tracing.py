@@ -152,8 +152,14 @@ class HeaderTrace:
             built = self._build(found) if found is not None else None
         except Exception:  # noqa: BLE001 - the pass runs instead
             return
-        if built is not None and built[0] is not None and built[0]["digest"] == digest:
-            self._built = built
+        if built is None or built[0] is None or built[0]["digest"] != digest:
+            return
+        if any(not isinstance(entry[0], str) for entry in built[0]["headers"]):
+            # A header reached by a computed include or #include_next: no probe says where NVRTC
+            # looked before it, so nothing after the compile could see a file created there
+            # meanwhile (digests.changed_during, untraced). The pass runs.
+            return
+        self._built = built
 
     def known_holds(self) -> bool:
         """After build_known: whether the earlier pass's headers still hold (the variant is then

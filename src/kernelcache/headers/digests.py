@@ -234,9 +234,9 @@ def changed_during(
     disappearance shows as a missing header.
 
     ``untraced``: the headers came from an earlier pass (compile.tracing), not from one over
-    this compile, and the probes were resolved while it ran: a file now at a place an
-    #include searched before the one it resolved to may have been created after that and
-    read by NVRTC, which no trace says, so it counts as changed too. (A file created and
+    this compile, and the probes were resolved while it ran: a file now at a place a probe
+    searched before the one it resolved to may have been created after that and read (or
+    found) by NVRTC, which no trace says, so it counts as changed too. (A file created and
     removed again within the compile is not seen, as by a pass run after the compile.)
     """
     stats: dict[str, os.stat_result | None] = {}
@@ -264,7 +264,7 @@ def changed_during(
             for place in places[: at if at >= 0 else len(places)]:
                 if place and moved(place):
                     out.append(f"{place} ({TOUCHED})")
-        elif untraced:
+        if untraced:  # __has_include too: a name with a directory part changes that directory, not the place
             for place in places[: at if at >= 0 else len(places)]:
                 earlier = os.path.join(place, name) if place else name
                 if os.path.isfile(earlier):
