@@ -22,7 +22,6 @@ never stored under a key that would claim it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -33,6 +32,7 @@ from kernelcache.headers import digests as hdr
 from kernelcache.headers import index as header_index
 from kernelcache.headers import manifests, variants
 from kernelcache.headers import scan as includes
+from kernelcache.keys.derive import digest_components
 from kernelcache.memo import remember
 from kernelcache.runners.compilers import header_pass_args, new_trace_path, plan_compile, remove_trace
 from kernelcache.stores.base import ProgramCacheResource
@@ -117,9 +117,15 @@ class HeaderTrace:
             request = self.request
             source, options, _ = plan_compile(request, None)
             text, name, flags, _ = header_pass_args(source, options, request.target_type, "")
-            cwd = self.cwd.encode("utf-8", "surrogateescape")
-            parts = [text.encode("utf-8", "surrogateescape"), name, *flags, cwd, self.compiler.encode()]
-            self._preprocessing = hashlib.sha256(b"\0".join(len(p).to_bytes(8, "little") + p for p in parts)).digest()
+            self._preprocessing = digest_components(
+                [
+                    ("text", text.encode("utf-8", "surrogateescape")),
+                    ("program_name", name),
+                    ("flags", b"\0".join(flags)),  # NVRTC's flags are C strings: none holds a NUL
+                    ("cwd", self.cwd.encode("utf-8", "surrogateescape")),
+                    ("compiler", self.compiler.encode()),
+                ]
+            )
         return self._preprocessing
 
     def build_known(self) -> bool:

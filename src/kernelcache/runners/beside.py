@@ -113,11 +113,7 @@ class InWorker:
         self, workers: Any, worker: Any, args: tuple[str, bytes, tuple[bytes, ...], str], traced: Any = None
     ) -> None:
         self.args, self.reply, self.traced = args, None, traced
-        source, program_name, flags, trace_path = args
-        call = compilers.NvrtcCall(
-            source, program_name, tuple(compilers.header_pass_flags(flags, trace_path)), "none", (), None
-        )
-        job = (call, os.path.dirname(trace_path))  # the worker resets NVRTC's trace state there after a failure
+        job = compilers.header_pass_job(args)
         self.thread = threading.Thread(target=self._send, args=(workers, worker, job), daemon=True)
         self.thread.start()
 

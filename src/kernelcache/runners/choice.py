@@ -114,8 +114,7 @@ def run_header_pass(runner: Runner, request: Any, trace_path: str) -> None:
     source, options, _ = compilers.plan_compile(request, None)
     args = compilers.header_pass_args(source, options, request.target_type, trace_path)
     if runner is IN_WORKERS:
-        flags = tuple(compilers.header_pass_flags(args[2], trace_path))
-        job = (compilers.NvrtcCall(args[0], args[1], flags, "none", (), None), os.path.dirname(trace_path))
+        job = compilers.header_pass_job(args)
         restrict = bool(getattr(request.options, "restrict", False))
         from kernelcache.runners import pool as pool_mod
 

@@ -382,6 +382,15 @@ def header_pass_args(
     return str(source), options._name, flags, trace_path  # type: ignore[attr-defined]
 
 
+def header_pass_job(args: tuple[str, bytes, tuple[bytes, ...], str]) -> tuple[NvrtcCall, str]:
+    """What a worker runs for the header pass of header_pass_args ``args``: the front-end-only
+    NvrtcCall and the trace's directory (where the worker resets NVRTC's trace state after a
+    failure, job.py)."""
+    source, program_name, flags, trace_path = args
+    call = NvrtcCall(source, program_name, tuple(header_pass_flags(flags, trace_path)), "none", (), None)
+    return call, os.path.dirname(trace_path)
+
+
 def header_pass_flags(flags: Sequence[bytes], trace_path: str) -> list[bytes]:
     """The header pass's flags: the compile's, less a trace or PCH of its own, plus front end
     only and the trace to ``trace_path``."""
