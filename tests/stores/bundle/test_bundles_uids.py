@@ -111,7 +111,17 @@ def built() -> Iterator[dict]:
 
 
 def _serve(bundle: Path, user: pwd.struct_passwd, home: Path) -> dict:
-    env = {**os.environ, "HOME": str(home), "KERNELCACHE_DIR": str(home / "kc")}
+    # On a GPU host the child's imports before it drops to ``user`` (every module, CuPy's and
+    # torch's integrations among them) make the driver's and CuPy's own caches under $HOME
+    # (measured on the H200 host: ~/.nv/ComputeCache, ~/.cupy/kernel_cache): they go beside it.
+    others = home.parent / (home.name + "-others")
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "KERNELCACHE_DIR": str(home / "kc"),
+        "CUDA_CACHE_PATH": str(others / "nv"),
+        "CUPY_CACHE_DIR": str(others / "cupy"),
+    }
     args = [sys.executable, CHILD, str(bundle), json.dumps(SPEC), str(user.pw_uid), str(user.pw_gid)]
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
