@@ -19,3 +19,22 @@ def remember(memo: dict[K, V], key: K, value: V, limit: int) -> V:
         memo.clear()
     memo[key] = value
     return value
+
+
+_instances: dict[tuple[type, type], bool] = {}  # (type, ABC) -> True, once isinstance said so
+
+
+def is_instance(obj: object, abc_class: type) -> bool:
+    """``isinstance(obj, abc_class)`` for an abc.ABC, its yes remembered by ``type(obj)``.
+
+    An ABC's isinstance goes through ABCMeta.__instancecheck__ (~0.15 us, twice on every hit);
+    a dict look-up answers it again. Only yes is remembered: a type that is an instance stays
+    one (register() adds virtual subclasses, nothing takes them away), a no may become a yes.
+    """
+    key = (type(obj), abc_class)
+    if key in _instances:
+        return True
+    if isinstance(obj, abc_class):
+        remember(_instances, key, True, 256)
+        return True
+    return False

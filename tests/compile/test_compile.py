@@ -110,7 +110,7 @@ def test_heavy_kernel_with_bundled_headers(tmp_path) -> None:
     b, i2 = call(cache, code=HEAVY, options=options)
     assert (i1.hit, i2.hit) == (False, True)
     assert bytes(a.code) == bytes(b.code)
-    assert i2.seconds < i1.seconds / 10
+    assert cache.stats()["compiles"] == 1  # an exact count, not a timing (a GC pause in a long run took 0.13 s)
     # The bundled headers are a user-writable copy: tracked, as any search directory's.
     assert any(os.sep + "nvrtc-bundled-headers" + os.sep in h for h in i2.headers)
 

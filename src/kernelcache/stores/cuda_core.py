@@ -31,6 +31,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from kernelcache.memo import is_instance
 from kernelcache.stores.base import Meta, ProgramCacheResource, ValueLike, as_key_bytes, as_value_bytes
 
 _ABC_MODULE = "cuda.core.utils._program_cache._abc"
@@ -192,7 +193,7 @@ class ForeignStore(ProgramCacheResource):
 
 def as_store(cache: object, what: str = "cache") -> ProgramCacheResource:
     """``cache`` as a kernelcache store: ours as it is, a cuda.core one wrapped; else TypeError."""
-    if isinstance(cache, ProgramCacheResource):
+    if is_instance(cache, ProgramCacheResource):
         return cache
     foreign = cuda_core_resource_type()
     if foreign is not None and isinstance(cache, foreign):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from kernelcache.log import WarnOnce
+from kernelcache.memo import is_instance
 from kernelcache.stats import ErrorCause, error_deltas
 from kernelcache.stores.base import CountingStore, Meta, ProgramCacheResource
 
@@ -33,7 +34,7 @@ def read_record(cache: ProgramCacheResource, key: bytes, *, caller_counts: bool 
     cannot skip counting counts it as internal).
     """
     try:
-        if caller_counts and isinstance(cache, CountingStore):
+        if caller_counts and is_instance(cache, CountingStore):
             return cache.get_record_uncounted(key)
         return cache.get_record(key, internal=True)
     except Exception as exc:
