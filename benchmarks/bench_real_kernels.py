@@ -4,6 +4,7 @@
     python benchmarks/bench_real_kernels.py --set all       # all 183 (171 CuPy + 12 deep)
     python benchmarks/bench_real_kernels.py --set cupy      # the 171 CuPy kernels
     python benchmarks/bench_real_kernels.py --set all --fleet 8   # and 8 processes at once, one empty dir
+    python benchmarks/bench_real_kernels.py --set cupy --limit 80 --cold-rounds 3   # cold: medians of 3
     python benchmarks/bench_real_kernels.py --limit 40      # the first 40 of the set (a quick run)
 
 Each phase runs in fresh processes, one per contender:
@@ -29,6 +30,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -204,6 +206,25 @@ def _fleet(n: int, which: str, work: str) -> dict[str, tuple[float, int]]:
     return out
 
 
+def _cold(rounds: int, which: str, work: str) -> dict[str, dict]:
+    """Per contender, its cold phase with the median seconds of ``rounds`` (``"rounds"``: each).
+    The first round runs in ``work``, whose caches the warm phases use; the others in empty
+    directories beside it, the order reversed every other round (a noisy host slows all alike)."""
+    runs: dict[str, list[dict]] = {}
+    order = ("plain", "theirs", "ours")
+    for r in range(rounds):
+        where = work
+        if r:
+            where = tempfile.mkdtemp(dir=work)
+            os.symlink(os.path.join(work, "bundled"), os.path.join(where, "bundled"))
+        for who in order if r % 2 == 0 else order[::-1]:
+            runs.setdefault(who, []).append(_run(who, "cold", which, where))
+    return {
+        who: {**got[0], "seconds": statistics.median(g["seconds"] for g in got), "rounds": [g["seconds"] for g in got]}
+        for who, got in runs.items()
+    }
+
+
 def _run(who: str, phase: str, which: str, work: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     args = [sys.executable, os.path.abspath(__file__), "--child", who, phase, which, work]
@@ -217,6 +238,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=["deep", "cupy", "all"], default="deep")
     parser.add_argument("--rounds", type=int, default=3, help="warm children per contender (best of them)")
+    parser.add_argument(
+        "--cold-rounds",
+        type=int,
+        default=1,
+        help="cold phases per contender on empty caches, order alternating (medians)",
+    )
     parser.add_argument("--limit", type=int, default=0, help="only the first N kernels of the set")
     parser.add_argument("--fleet", type=int, default=0, help="also N processes at once on one empty directory")
     args = parser.parse_args()
@@ -228,7 +255,7 @@ def main() -> None:
         n = len(chosen)
         _read_once({d for k in chosen for d in k.options["include_path"]})
         print(f"{n} kernels ({which}); cold phase...", file=sys.stderr, flush=True)
-        cold = {who: _run(who, "cold", which, work) for who in ("plain", "theirs", "ours")}
+        cold = _cold(args.cold_rounds, which, work)
         warm: dict[str, dict] = {}
         for r in range(args.rounds):
             for who in ("theirs", "ours") if r % 2 == 0 else ("ours", "theirs"):
@@ -265,6 +292,9 @@ def main() -> None:
         ),
         ("imports, fresh process (ms)", warm["ours-warm"]["imports"] * 1e3, warm["theirs-warm"]["imports"] * 1e3),
     ]
+    if args.cold_rounds > 1:
+        shown = ", ".join(f"{who} {[round(x, 2) for x in got['rounds']]}" for who, got in cold.items())
+        print(f"cold rounds (s, medians below): {shown}")
     print(f"{'measure':<42} {'kernelcache':>12} {'other':>12} {'ratio':>7}")
     for label, ours, theirs in rows:
         print(f"{label:<42} {ours:>12.2f} {theirs:>12.2f} {ours / theirs:>7.2f}")
