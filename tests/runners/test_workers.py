@@ -300,6 +300,36 @@ def test_workers_hold_no_cuda_context(tmp_path) -> None:
         assert "libnvrtc" in maps and "/dev/nvidia-uvm" not in maps
 
 
+def _process_state(pid: int) -> str:
+    """The state letter of /proc/PID/status ("Z": exited, not yet reaped; "gone": reaped)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(line.split()[1] for line in f if line.startswith("State:"))
+    except OSError:
+        return "gone"
+
+
+def test_pids_lists_no_worker_that_ended_after_its_idle_time(tmp_path) -> None:
+    # A worker ends itself after idle_s without a compile ("bye"); the pool learns of it only
+    # at its next use. pids() ("the workers alive now") listed it meanwhile: on the H200 host
+    # test_workers_hold_no_cuda_context read such an exited worker's empty /proc/PID/maps.
+    pool().close()
+    pool().idle_s = 0.3
+    try:
+        reqs = [{"code": TEMPLATE, "options": ProgramOptions(arch=ARCH), "name_expressions": ("axpy<float>",)}]
+        compile_many(reqs, cache=FileStreamProgramCache(tmp_path), processes=True)
+        started = pool().pids()
+        assert started
+        deadline = time.monotonic() + 30
+        while any(_process_state(pid) not in ("Z", "gone") for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_process_state(pid) in ("Z", "gone") for pid in started)  # each ended on its own
+        assert pool().pids() == []
+    finally:
+        pool().idle_s = IDLE_S
+        pool().close()
+
+
 def test_workers_that_cannot_start_leave_the_compile_in_this_process(tmp_path) -> None:
     got = child("no_interpreter", str(tmp_path))
     assert len(got["digests"]) == 3 and any("compiler workers cannot take compiles" in w for w in got["warnings"])

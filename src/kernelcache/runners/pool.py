@@ -64,9 +64,12 @@ class WorkerPool:
         self._starting = 0
 
     def pids(self, compiling: bool = False) -> list[int]:
-        """The process ids of the workers alive now (``compiling``: of those running a compile)."""
+        """The process ids of the workers alive now (``compiling``: of those running a compile).
+
+        A worker that ended itself (idle for idle_s: "bye") stays in the pool until its next
+        use finds it gone; it is not alive, so it is left out here (poll reaps it)."""
         with self._cond:
-            return sorted(w.pid for w in self._all if w.compiling or not compiling)
+            return sorted(w.pid for w in self._all if (w.compiling or not compiling) and w.proc.poll() is None)
 
     def run(self, kind: str, args: tuple[Any, ...], restrict: bool, trace_path: str | None) -> tuple[Any, ...]:
         """One compile in a worker: ``(outcome, value, warnings)`` (job.run_job's).
