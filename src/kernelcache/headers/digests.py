@@ -216,14 +216,36 @@ def headers_from_trace(trace_path: str, cwd: str) -> tuple[list[str] | None, str
     return list(seen), ""
 
 
-def changed_during(
+# What changed_during looks at (watched): (headers: there and unstamped since the start; places,
+# each probe's found file and searched directory: unstamped; earlier, the files a probe would
+# have found first: absent). A plain tuple: a NamedTuple costs every import that makes it.
+Watch = tuple[list[str], list[str], list[str]]
+
+
+def watched(
     digests: Mapping[str, str],
     probes: Sequence[tuple[Any, str, str, str, int, list[str]]],
-    start_ns: int,
     untraced: bool = False,
-) -> list[str]:
+) -> Watch:
+    """What changed_during checks for these headers and probes (headers.variants' resolved
+    probes), as paths: built once, on the thread beside the compile, so that the check after
+    it is a stat per path."""
+    places: dict[str, None] = {}  # ordered, each once
+    earlier: dict[str, None] = {}
+    for _includer, how, _kind, name, at, searched in probes:
+        if at >= 0:
+            places[os.path.join(searched[at], name) if searched[at] else name] = None
+        before = searched[: at if at >= 0 else len(searched)]
+        if how == HAS_INCLUDE:
+            places.update((place, None) for place in before if place)
+        if untraced:  # __has_include too: a name with a directory part changes that directory, not the place
+            earlier.update((os.path.join(place, name) if place else name, None) for place in before)
+    return list(digests), [p for p in places if p not in digests], list(earlier)
+
+
+def changed_during(watch: Watch, start_ns: int) -> list[str]:
     """Paths whose state at the end of the compile may not be what NVRTC read, each as "path
-    (why)" (``probes``: headers.variants' resolved probes).
+    (why)" (``watch``: watched(...) of the compile's headers and probes).
 
     Race: NVRTC reads each header at some moment of the compile and we hash it after. A
     header stamped at or after the start (mtime, or ctime: a rename or a copy keeping the
@@ -233,42 +255,31 @@ def changed_during(
     file NVRTC saw may be gone). An #include that NVRTC followed is in the trace, so its
     disappearance shows as a missing header.
 
-    ``untraced``: the headers came from an earlier pass (compile.tracing), not from one over
-    this compile, and the probes were resolved while it ran: a file now at a place a probe
-    searched before the one it resolved to may have been created after that and read (or
-    found) by NVRTC, which no trace says, so it counts as changed too. (A file created and
-    removed again within the compile is not seen, as by a pass run after the compile.)
+    ``earlier`` (watched with ``untraced``): the headers came from an earlier pass
+    (compile.tracing), not from one over this compile, and the probes were resolved while it
+    ran: a file now at a place a probe searched before the one it resolved to may have been
+    created after that and read (or found) by NVRTC, which no trace says, so it counts as
+    changed too. (A file created and removed again within the compile is not seen, as by a
+    pass run after the compile.)
     """
-    stats: dict[str, os.stat_result | None] = {}
-
-    def moved(path: str) -> bool:
-        if path not in stats:
-            try:
-                stats[path] = os.stat(path)
-            except OSError:
-                stats[path] = None
-        st = stats[path]
-        return st is not None and changed_since(st, start_ns)
-
-    out = [
-        f"{path} ({GONE if stats.get(path) is None else TOUCHED})"
-        for path in digests
-        if moved(path) or stats.get(path, True) is None
-    ]
-    for _includer, how, _kind, name, at, places in probes:
-        if at >= 0:
-            found = os.path.join(places[at], name) if places[at] else name
-            if moved(found):
-                out.append(f"{found} ({TOUCHED})")
-        if how == HAS_INCLUDE:
-            for place in places[: at if at >= 0 else len(places)]:
-                if place and moved(place):
-                    out.append(f"{place} ({TOUCHED})")
-        if untraced:  # __has_include too: a name with a directory part changes that directory, not the place
-            for place in places[: at if at >= 0 else len(places)]:
-                earlier = os.path.join(place, name) if place else name
-                if os.path.isfile(earlier):
-                    out.append(f"{earlier} ({APPEARED})")
+    headers, places, earlier = watch
+    out = []
+    for path in headers:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append(f"{path} ({GONE})")
+            continue
+        if changed_since(st, start_ns):
+            out.append(f"{path} ({TOUCHED})")
+    for path in places:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # not there: nothing NVRTC could have found there
+        if changed_since(st, start_ns):
+            out.append(f"{path} ({TOUCHED})")
+    out.extend(f"{path} ({APPEARED})" for path in earlier if os.path.isfile(path))
     return out
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.headers import scan as includes
-from kernelcache.headers.digests import GONE, REWRITTEN, changed_during, file_digest
+from kernelcache.headers.digests import GONE, REWRITTEN, changed_during, file_digest, watched
 from kernelcache.headers.records import probes_of, variant_bytes, variant_digest, variant_from_bytes
 from kernelcache.headers.scan import entry_paths
 from kernelcache.memo import remember
@@ -103,7 +103,7 @@ def build_variant(
     # Probes, resolved now against the files as they are; the race checks below make sure
     # "now" is what NVRTC saw.
     probes = _resolve_probes(includes.probes(texts, option_macros), dirs, first_include)
-    changed += changed_during(digests, probes, start_ns)
+    changed += changed_during(watched(digests, probes), start_ns)
     entries, position, bound = _header_entries(digests, dirs, probes)
     recorded: dict[tuple[int, str, str], int] = {}
     for includer, _how, kind, name, at, _places in probes:
@@ -118,7 +118,8 @@ def build_variant(
     if bound:
         variant["cwd"] = os.getcwd()
     variant["digest"] = variant_digest(variant)
-    return variant, sorted(set(changed)), lambda: changed_during(digests, probes, start_ns, untraced)
+    again = watched(digests, probes, untraced)  # joined here, beside the compile: after it, a stat per path
+    return variant, sorted(set(changed)), lambda: changed_during(again, start_ns)
 
 
 def _read_headers(
