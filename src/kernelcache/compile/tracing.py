@@ -23,9 +23,8 @@ never stored under a key that would claim it.
 from __future__ import annotations
 
 import os
-import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelcache.compile.request import CompileRequest
 from kernelcache.headers import digests as hdr
@@ -36,6 +35,9 @@ from kernelcache.keys.derive import digest_components
 from kernelcache.memo import remember
 from kernelcache.runners.compilers import header_pass_args, new_trace_path, plan_compile, remove_trace
 from kernelcache.stores.base import ProgramCacheResource
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 # preprocessing key -> the digest of the variant its last pass in this process gave (the store's
 # hint, headers.manifests, for the others). Only ever a hint: see build_known.
@@ -107,7 +109,7 @@ class HeaderTrace:
         self._built: tuple[dict[str, Any] | None, list[str], Any] | None = None  # by prepare
         self._stored_hint: str | None = None  # the store's preprocessing hint, where build_known read it
         self._preprocessing = b""  # preprocessing_key's, once asked
-        self._known: threading.Thread | None = None  # build_known's thread
+        self._known: Future[None] | None = None  # build_known's job
 
     def preprocessing_key(self) -> bytes:
         """What NVRTC's preprocessing of this compile is a function of, besides the files: the
@@ -142,8 +144,12 @@ class HeaderTrace:
         digest = _traced.get(key) or self._stored_hint
         if digest is None:
             return False
-        self._known = threading.Thread(target=self._build_known, args=(digest,), daemon=True)
-        self._known.start()
+        from kernelcache.runners.beside import on_a_thread
+
+        try:
+            self._known = on_a_thread(self._build_known, digest)
+        except RuntimeError:  # the interpreter is shutting down: the pass runs instead
+            return False
         return True
 
     def _build_known(self, digest: str) -> None:
@@ -171,7 +177,7 @@ class HeaderTrace:
         """After build_known: whether the earlier pass's headers still hold (the variant is then
         built); False: this compile needs its own header pass."""
         assert self._known is not None
-        self._known.join()
+        self._known.result()  # _build_known raises nothing
         self._known = None
         return self._built is not None
 
