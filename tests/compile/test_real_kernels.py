@@ -96,7 +96,8 @@ def compiled(tmp_path_factory, bundled) -> dict:
 
 def test_misses_and_hits_are_plain_compiles_bytes(compiled) -> None:
     kernels = compiled["kernels"]
-    assert len(kernels) >= 20 and sum(deep for _, deep, *_ in kernels) == 1 - len(compiled["dropped"])
+    dropped = len(compiled["dropped"])  # the CUB kernel, where a toolkit's CCCL cannot compile it
+    assert len(kernels) + dropped >= 20 and sum(deep for _, deep, *_ in kernels) == 1 - dropped
     wrong = []
     for name, deep, infos, got, plain in kernels:
         if [i.hit for i in infos] != [False, True] or not all(corpus.same_code(g, plain) for g in got):
