@@ -30,11 +30,16 @@ def is_instance(obj: object, abc_class: type) -> bool:
     An ABC's isinstance goes through ABCMeta.__instancecheck__ (~0.15 us, twice on every hit);
     a dict look-up answers it again. Only yes is remembered: a type that is an instance stays
     one (register() adds virtual subclasses, nothing takes them away), a no may become a yes.
+    An object whose ``__class__`` is not its type (a proxy: weakref.proxy, wrapt's ObjectProxy)
+    is answered afresh every time: isinstance looks at ``__class__`` too, and two proxies of
+    one type may stand for objects of different classes.
     """
-    key = (type(obj), abc_class)
+    cls = type(obj)
+    key = (cls, abc_class)
     if key in _instances:
         return True
     if isinstance(obj, abc_class):
-        remember(_instances, key, True, 256)
+        if obj.__class__ is cls:
+            remember(_instances, key, True, 256)
         return True
     return False
