@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat as stat_mod
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -218,8 +219,9 @@ def headers_from_trace(trace_path: str, cwd: str) -> tuple[list[str] | None, str
 
 # What changed_during looks at (watched): (headers: there and unstamped since the start; places,
 # each probe's found file and searched directory: unstamped; earlier, the files a probe would
-# have found first: absent). A plain tuple: a NamedTuple costs every import that makes it.
-Watch = tuple[list[str], list[str], list[str]]
+# have found first: absent; on_paths, every directory on those paths: no symlink among them
+# stamped since the start). A plain tuple: a NamedTuple costs every import that makes it.
+Watch = tuple[list[str], list[str], list[str], list[str]]
 
 
 def watched(
@@ -240,7 +242,22 @@ def watched(
             places.update((place, None) for place in before if place)
         if untraced:  # __has_include too: a name with a directory part changes that directory, not the place
             earlier.update((os.path.join(place, name) if place else name, None) for place in before)
-    return list(digests), [p for p in places if p not in digests], list(earlier)
+    on_paths: dict[str, None] = {}
+    for path in (*digests, *places):
+        _directories_on(path, on_paths)
+    return list(digests), [p for p in places if p not in digests], list(earlier), list(on_paths)
+
+
+def _directories_on(path: str, into: dict[str, None]) -> None:
+    """Add every directory ``path`` is reached through (its parent, the parent's, ... up to
+    the root or the first relative part), each once across calls."""
+    parent = os.path.dirname(path)
+    while parent and parent not in into:
+        into[parent] = None  # its own parents are added now, or were with it
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
 
 
 def changed_during(watch: Watch, start_ns: int) -> list[str]:
@@ -261,31 +278,57 @@ def changed_during(watch: Watch, start_ns: int) -> list[str]:
     created after that and read (or found) by NVRTC, which no trace says, so it counts as
     changed too. (A file created and removed again within the compile is not seen, as by a
     pass run after the compile.)
+
+    Race: a symlink on the way to a header (the header itself, ``ln -sfn``; a directory, a
+    deploy's ``current`` link switched to another release) repointed during the compile to a
+    file stamped before it: NVRTC read the old target, the digest the new one, and the stat of
+    the path (which follows links) shows only the target's old times. The link itself is new
+    (a rename stamps its ctime too), so each path's links are checked by lstat: the header's
+    own, and every directory on the way (``on_paths``). (A real directory renamed over the
+    way, ``mv v1 old && mv v2 v1``, is not seen: a directory's stamps move with every entry
+    made in it, so checking them would refuse every compile in a busy working directory.)
     """
-    headers, places, earlier = watch
+    headers, places, earlier, on_paths = watch
     out = []
     for path in headers:
-        try:
-            st = os.stat(path)
-        except OSError:
+        st = _followed(path, start_ns, out)
+        if st is None:
             out.append(f"{path} ({GONE})")
-            continue
-        if changed_since(st, start_ns):
+        elif changed_since(st, start_ns):
             out.append(f"{path} ({TOUCHED})")
     for path in places:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue  # not there: nothing NVRTC could have found there
-        if changed_since(st, start_ns):
+        st = _followed(path, start_ns, out)  # None: not there, nothing NVRTC could have found there
+        if st is not None and changed_since(st, start_ns):
             out.append(f"{path} ({TOUCHED})")
     out.extend(f"{path} ({APPEARED})" for path in earlier if os.path.isfile(path))
+    for path in on_paths:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue  # gone: the headers under it are then gone too, and said so above
+        if stat_mod.S_ISLNK(st.st_mode) and changed_since(st, start_ns):
+            out.append(f"{path} ({RELINKED})")
     return out
+
+
+def _followed(path: str, start_ns: int, out: list[str]) -> os.stat_result | None:
+    """The stat of what ``path`` names now (None: nothing); a symlink at ``path`` itself
+    stamped since ``start_ns`` is added to ``out``. One lstat where it is no link (the usual)."""
+    try:
+        st = os.lstat(path)
+        if not stat_mod.S_ISLNK(st.st_mode):
+            return st
+        if changed_since(st, start_ns):
+            out.append(f"{path} ({RELINKED})")
+        return os.stat(path)
+    except OSError:
+        return None
 
 
 GONE, REWRITTEN = "gone", "rewritten"  # what certainly changed during the compile
 TOUCHED = "stamped at or after the compile's start"  # what may have: its timestamps say so
 APPEARED = "appeared on the search path during the compile"  # before the place an #include resolved to
+RELINKED = "a symlink replaced during the compile"  # on the way to a header: NVRTC may have read another file
 
 
 def why_not_stored(changed: Sequence[str]) -> str:
