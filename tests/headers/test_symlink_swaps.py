@@ -5,7 +5,8 @@ NVRTC read the old target, the variant was hashed from the new one; the check af
 (headers.digests.changed_during) must refuse to store, or a fresh process's hit on the new
 target returns the old target's kernel. Found by an adversarial pass (wrong bytes, in a fresh
 process, before the fix). The same with a compile that skips its header pass (compile.tracing):
-the link moves after the rebuild beside the compile and before NVRTC's look-up.
+the link moves after the rebuild beside the compile and before NVRTC's look-up. And a real
+directory renamed onto the way (``mv``), refused by its own stamps.
 """
 
 from __future__ import annotations
@@ -112,6 +113,24 @@ def test_an_include_directory_switched_during_the_compile_is_not_stored(tmp_path
         lambda: compiled(FileStreamProgramCache(root), SPIN_AFTER, inc, "k<1>"),
     )
     assert not info.hit and not info.cached and "replaced during the compile" in info.not_stored
+    assert fresh(SPIN_AFTER, inc, root, "k<1>") == {"hit": False, "same": True}
+
+
+def test_an_include_directory_renamed_over_during_the_compile_is_not_stored(tmp_path) -> None:
+    """The same without a link: ``mv v1 old && mv v2 v1``. The directory now at sdk/v1 was
+    renamed there (its ctime moved, its mtime did not): refused by its stamps."""
+    sdk = tmp_path / "sdk"
+    for release, value in (("v1", "1.0f"), ("v2", "2.0f")):
+        (sdk / release).mkdir(parents=True)
+        (sdk / release / "val.h").write_text(f"#define VAL {value}\n")
+    inc, root = str(sdk / "v1"), str(tmp_path / "cache")
+
+    def swap() -> None:
+        os.rename(sdk / "v1", sdk / "old")
+        os.rename(sdk / "v2", sdk / "v1")
+
+    info = during(swap, lambda: compiled(FileStreamProgramCache(root), SPIN_AFTER, inc, "k<1>"))
+    assert not info.hit and not info.cached and "renamed or replaced during the compile" in info.not_stored
     assert fresh(SPIN_AFTER, inc, root, "k<1>") == {"hit": False, "same": True}
 
 

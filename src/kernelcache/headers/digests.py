@@ -34,7 +34,7 @@ from kernelcache.keys.options import as_list
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.memo import remember
 from kernelcache.regular_file import NotRegularFileError, open_regular
-from kernelcache.timestamps import changed_since, now_ns
+from kernelcache.timestamps import changed_since, now_ns, only_ctime_since
 
 _memo_lock = threading.Lock()
 _digest_memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
@@ -284,9 +284,11 @@ def changed_during(watch: Watch, start_ns: int) -> list[str]:
     file stamped before it: NVRTC read the old target, the digest the new one, and the stat of
     the path (which follows links) shows only the target's old times. The link itself is new
     (a rename stamps its ctime too), so each path's links are checked by lstat: the header's
-    own, and every directory on the way (``on_paths``). (A real directory renamed over the
-    way, ``mv v1 old && mv v2 v1``, is not seen: a directory's stamps move with every entry
-    made in it, so checking them would refuse every compile in a busy working directory.)
+    own, and every directory on the way (``on_paths``). A real directory renamed onto the way
+    (``mv v1 old && mv v2 v1``) is caught by its stamps: a rename moves a directory's ctime
+    and not its mtime. Both move with every entry made or removed in it, which is no rename
+    (refusing that would refuse every compile in a busy working directory), so a directory
+    renamed and also written in during the compile is not seen.
     """
     headers, places, earlier, on_paths = watch
     out = []
@@ -306,8 +308,11 @@ def changed_during(watch: Watch, start_ns: int) -> list[str]:
             st = os.lstat(path)
         except OSError:
             continue  # gone: the headers under it are then gone too, and said so above
-        if stat_mod.S_ISLNK(st.st_mode) and changed_since(st, start_ns):
-            out.append(f"{path} ({RELINKED})")
+        if stat_mod.S_ISLNK(st.st_mode):
+            if changed_since(st, start_ns):
+                out.append(f"{path} ({RELINKED})")
+        elif only_ctime_since(st, start_ns):
+            out.append(f"{path} ({MOVED})")
     return out
 
 
@@ -329,6 +334,7 @@ GONE, REWRITTEN = "gone", "rewritten"  # what certainly changed during the compi
 TOUCHED = "stamped at or after the compile's start"  # what may have: its timestamps say so
 APPEARED = "appeared on the search path during the compile"  # before the place an #include resolved to
 RELINKED = "a symlink replaced during the compile"  # on the way to a header: NVRTC may have read another file
+MOVED = "a directory renamed or replaced during the compile"  # on the way to a header: the same
 
 
 def why_not_stored(changed: Sequence[str]) -> str:
