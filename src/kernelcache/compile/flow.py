@@ -122,7 +122,7 @@ def probe(
         from kernelcache.headers import digests as hdr
         from kernelcache.headers import variants
 
-        info.headers = variants.tracked_paths(variant, hdr.search_dirs(request.options))
+        info.headers = hdr.as_shown(variants.tracked_paths(variant, hdr.search_dirs(request.options)))
     return info
 
 
@@ -259,7 +259,7 @@ def replay_hit(look: Lookup, found: Found, call: Call) -> ObjectCode:
         from kernelcache.headers import digests as hdr
         from kernelcache.headers import variants
 
-        info.headers = variants.tracked_paths(variant, hdr.search_dirs(options))
+        info.headers = hdr.as_shown(variants.tracked_paths(variant, hdr.search_dirs(options)))
     obj = object_from_record(payload, look.request.target_type, compiled_name(options, look.request.code_type), meta)
     call.done()
     if logger.isEnabledFor(DEBUG):
@@ -356,13 +356,14 @@ def _store(
     """Write the record (and the header manifest naming its variant); log the compile."""
     from kernelcache.compile import strict
     from kernelcache.compile.metadata import artifact_meta
+    from kernelcache.headers import digests as hdr
     from kernelcache.headers import manifests, variants
     from kernelcache.stores.safe import write_record
 
     info, request = call.info, look.request
     if variant is not None:
         key = manifests.full_key(look.base, variant)
-        info.headers = variants.tracked_paths(variant, dirs)
+        info.headers = hdr.as_shown(variants.tracked_paths(variant, dirs))
     else:
         key = look.entry_key
     info.key = key

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernelcache import forksafe
-from kernelcache.headers.scan import HAS_INCLUDE
+from kernelcache.headers.scan import HAS_INCLUDE, normalized
 from kernelcache.keys.options import as_list
 from kernelcache.keys.program_name import compiled_name
 from kernelcache.memo import remember
@@ -100,6 +100,27 @@ def workdir() -> str | None:
         return None
 
 
+def as_shown(paths: Sequence[str]) -> list[str]:
+    """``paths`` as CompileInfo.headers lists them: a ".." after a real directory dropped with it
+    (os.path.normpath's spelling), one after a symlink kept (the kernel resolves it from the
+    link's target: dropping it would name another file; headers.scan.normalized)."""
+    return list(dict.fromkeys(_shown(p) if "/.." in p else p for p in paths))
+
+
+def _shown(path: str) -> str:
+    absolute = path.startswith("/")
+    out: list[str] = []
+    for part in path.split("/"):
+        if not part or part == ".":
+            continue
+        if part == ".." and out and out[-1] != ".." and not os.path.islink(("/" if absolute else "") + "/".join(out)):
+            out.pop()
+        else:
+            out.append(part)
+    joined = "/".join(out)
+    return "/" + joined if absolute else joined or "."
+
+
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
     """Absolute search directories in NVRTC's order (memoised): the main source's own
     directory (that of the program name, joined to the working directory), then the -I
@@ -118,12 +139,12 @@ def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
     )
     dirs = _dirs_memo.get(memo_key)
     if dirs is None:
-        own = os.path.normpath(os.path.join(cwd, os.path.dirname(name)))
+        own = normalized(os.path.join(cwd, os.path.dirname(name)))
         if getattr(options, "no_source_include", None):
             own = ""  # --no-source-include: no includer's directory is searched
-        included = [os.path.normpath(os.path.join(cwd, d)) for d in as_list(include)]
+        included = [normalized(os.path.join(cwd, d)) for d in as_list(include)]
         for at, root in reversed(bundled):
-            root = os.path.normpath(os.path.join(cwd, root))
+            root = normalized(os.path.join(cwd, root))
             included[at:at] = [root, os.path.join(root, BUNDLED_CCCL)]
         dirs = [own] + included
         remember(_dirs_memo, memo_key, dirs, 1024)
@@ -208,7 +229,7 @@ def headers_from_trace(trace_path: str, cwd: str) -> tuple[list[str] | None, str
             detail = (event.get("args") or {}).get("detail")
             if isinstance(detail, str) and detail:
                 whole = whole or os.path.basename(detail) == BUILTIN_HEADER
-                seen[os.path.normpath(os.path.join(cwd, detail))] = None
+                seen[normalized(os.path.join(cwd, detail))] = None
     if not whole:
         return None, (
             "NVRTC's header trace is incomplete (an earlier traced compile in this process failed, and NVRTC "

@@ -203,6 +203,24 @@ def pre_includes(options: Any) -> list[str]:
     return as_list(value) if emits_flag("pre_include", value) else []
 
 
+def normalized(path: str) -> str:
+    """``path`` without "." parts and repeated or trailing separators, its ".." parts kept.
+
+    NVRTC opens the path it joins, an includer's directory and the name as written (its trace
+    lists "inc/sub/../val.h"), and the kernel resolves a ".." from where the part before it
+    leads: through a symlink ``sub``, to the parent of the link's target. os.path.normpath
+    would drop "sub/.." and name inc/val.h, another file: hashed and vouched for in place of
+    the one compiled (wrong bytes once the one compiled is edited). Every header path here
+    (the trace's, the probes', a variant's on a hit) goes through this one function, so they
+    agree as strings; the same file reached by two spellings is two entries, which costs at
+    most a stat."""
+    if "/." not in path and "//" not in path and not path.startswith("./") and not path.endswith("/"):
+        return path
+    parts = [part for part in path.split("/") if part and part != "."]
+    joined = "/".join(parts)
+    return "/" + joined if path.startswith("/") else joined or "."
+
+
 def candidates(kind: str, name: str, includer_dir: str | None, dirs: Sequence[str], first_include: int) -> list[str]:
     """The directories NVRTC tries for ``name``, in order ([""] for an absolute name);
     ``includer_dir`` None for the main source (its directory is ``dirs[0]``)."""
@@ -233,7 +251,7 @@ def entry_path(entry: Sequence[Any], paths: Sequence[str], dirs: Sequence[str], 
         places = candidates(kind, name, includer_dir, dirs, first_include)
         if not 0 <= at < len(places):
             return None
-        return os.path.normpath(os.path.join(places[at], name) if places[at] else name)
+        return normalized(os.path.join(places[at], name) if places[at] else name)
     index, rel = entry[0], entry[1]
     if index < 0:
         return str(rel)
@@ -249,7 +267,7 @@ def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None
     tail = list(dirs[first_include:])
     no_source = bool(dirs) and not dirs[0]  # --no-source-include: no includer's directory
     includer_dirs: dict[int, str] = {}
-    isabs, normpath, join, dirname = os.path.isabs, os.path.normpath, os.path.join, os.path.dirname
+    isabs, norm, join, dirname = os.path.isabs, normalized, os.path.join, os.path.dirname
     for entry in variant.get("headers", ()):
         kind = entry[0]
         if not isinstance(kind, str):
@@ -263,7 +281,7 @@ def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None
         else:
             own = dirs[0] if dirs else None
         if isabs(name):
-            paths.append(normpath(name) if at == 0 else None)
+            paths.append(norm(name) if at == 0 else None)
             continue
         if kind == "a":
             place = tail[at] if 0 <= at < len(tail) else None
@@ -275,5 +293,5 @@ def entry_paths(variant: dict[str, Any], dirs: Sequence[str]) -> list[str | None
         if place is None:
             paths.append(None)
         else:
-            paths.append(normpath(join(place, name) if place else name))
+            paths.append(norm(join(place, name) if place else name))
     return paths

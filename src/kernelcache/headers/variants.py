@@ -186,7 +186,7 @@ def _header_entries(
         for _inc, _how, kind, name, at, places in by_includer.get(includer, ()):
             if at < 0:
                 continue
-            path = os.path.normpath(os.path.join(places[at], name) if places[at] else name)
+            path = includes.normalized(os.path.join(places[at], name) if places[at] else name)
             if path in digests and path not in position:
                 position[path] = len(entries)
                 entries.append([kind, -1 if includer is None else position[includer], name, at, digests[path]])
@@ -214,7 +214,7 @@ def _locate(path: str, dirs: Sequence[str]) -> tuple[int, str]:
             best = i
     if best is None:
         return -1, path  # outside every search dir: kept absolute
-    return best, os.path.relpath(path, dirs[best])
+    return best, path[len(dirs[best].rstrip(os.sep)) + 1 :]  # as it is: no relpath, which drops ".." parts
 
 
 def variant_matches(variant: dict[str, Any], dirs: Sequence[str], look: Look | None = None) -> bool:
@@ -350,7 +350,7 @@ def _probe_plan(variant: dict[str, Any], dirs: Sequence[str], paths: list[str]) 
         for where, kind, name, at in probes_of(variant):
             includer_dir = os.path.dirname(paths[where]) if where >= 0 else None
             places = includes.candidates(kind, name, includer_dir, dirs, first_include)
-            probes.append(([os.path.normpath(os.path.join(place, name)) for place in places], at))
+            probes.append(([includes.normalized(os.path.join(place, name)) for place in places], at))
         searched = sorted({os.path.dirname(place) for places, _ in probes for place in places})
         plan = _Plan(probes, searched)
         remember(_plans, memo_key, plan, 4096)
