@@ -39,13 +39,16 @@ def now_ns() -> int:
 def changed_since(st: os.stat_result, since_ns: int) -> bool:
     """Whether the file (or directory) may have changed at or after ``since_ns`` (a now_ns()):
     what its timestamps say, at its filesystem's granularity (the ctime's)."""
-    margin = _COARSE_FS_MARGIN_NS if st.st_ctime_ns % 1_000_000_000 == 0 else 0
-    return max(st.st_mtime_ns, st.st_ctime_ns) >= since_ns - margin
+    return max(st.st_mtime_ns, st.st_ctime_ns) >= since_ns - _margin(st)
 
 
 def only_ctime_since(st: os.stat_result, since_ns: int) -> bool:
     """Whether the ctime says a change at or after ``since_ns`` and the mtime does not (at the
     same granularity as changed_since): a rename, chmod or chown, or a copy that kept an old
     mtime. A directory whose entries changed has both moved."""
-    margin = _COARSE_FS_MARGIN_NS if st.st_ctime_ns % 1_000_000_000 == 0 else 0
-    return st.st_ctime_ns >= since_ns - margin > st.st_mtime_ns
+    return st.st_ctime_ns >= since_ns - _margin(st) > st.st_mtime_ns
+
+
+def _margin(st: os.stat_result) -> int:
+    """How long before a change its filesystem may stamp it (see the granularity note above)."""
+    return _COARSE_FS_MARGIN_NS if st.st_ctime_ns % 1_000_000_000 == 0 else 0
