@@ -103,7 +103,10 @@ def build_variant(
     # Probes, resolved now against the files as they are; the race checks below make sure
     # "now" is what NVRTC saw.
     probes = _resolve_probes(includes.probes(texts, option_macros), dirs, first_include)
-    changed += changed_during(watched(digests, probes), start_ns)
+    again = watched(digests, probes, untraced)  # joined here, beside the compile: after it, a stat per path
+    # Now, the files a probe would have found first are not looked at yet (they are once the
+    # compile ended: untraced); the rest is checked now and again after it.
+    changed += changed_during((again[0], again[1], [], again[3]), start_ns)
     entries, position, bound = _header_entries(digests, dirs, probes)
     recorded: dict[tuple[int, str, str], int] = {}
     for includer, _how, kind, name, at, _places in probes:
@@ -118,7 +121,6 @@ def build_variant(
     if bound:
         variant["cwd"] = os.getcwd()
     variant["digest"] = variant_digest(variant)
-    again = watched(digests, probes, untraced)  # joined here, beside the compile: after it, a stat per path
     return variant, sorted(set(changed)), lambda: changed_during(again, start_ns)
 
 
