@@ -120,9 +120,10 @@ def probe(
     info = CompileInfo(hit=record is not None, key=key)
     if variant is not None:
         from kernelcache.headers import digests as hdr
+        from kernelcache.headers import scan as includes
         from kernelcache.headers import variants
 
-        info.headers = hdr.as_shown(variants.tracked_paths(variant, hdr.search_dirs(request.options)))
+        info.headers = includes.as_shown(variants.tracked_paths(variant, hdr.search_dirs(request.options)))
     return info
 
 
@@ -257,9 +258,10 @@ def replay_hit(look: Lookup, found: Found, call: Call) -> ObjectCode:
     info.hit, info.key, info.compile_seconds = True, key, saved
     if call.want_headers and variant and variant["headers"]:
         from kernelcache.headers import digests as hdr
+        from kernelcache.headers import scan as includes
         from kernelcache.headers import variants
 
-        info.headers = hdr.as_shown(variants.tracked_paths(variant, hdr.search_dirs(options)))
+        info.headers = includes.as_shown(variants.tracked_paths(variant, hdr.search_dirs(options)))
     obj = object_from_record(payload, look.request.target_type, compiled_name(options, look.request.code_type), meta)
     call.done()
     if logger.isEnabledFor(DEBUG):
@@ -356,14 +358,14 @@ def _store(
     """Write the record (and the header manifest naming its variant); log the compile."""
     from kernelcache.compile import strict
     from kernelcache.compile.metadata import artifact_meta
-    from kernelcache.headers import digests as hdr
     from kernelcache.headers import manifests, variants
+    from kernelcache.headers import scan as includes
     from kernelcache.stores.safe import write_record
 
     info, request = call.info, look.request
     if variant is not None:
         key = manifests.full_key(look.base, variant)
-        info.headers = hdr.as_shown(variants.tracked_paths(variant, dirs))
+        info.headers = includes.as_shown(variants.tracked_paths(variant, dirs))
     else:
         key = look.entry_key
     info.key = key

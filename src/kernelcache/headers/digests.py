@@ -100,27 +100,6 @@ def workdir() -> str | None:
         return None
 
 
-def as_shown(paths: Sequence[str]) -> list[str]:
-    """``paths`` as CompileInfo.headers lists them: a ".." after a real directory dropped with it
-    (os.path.normpath's spelling), one after a symlink kept (the kernel resolves it from the
-    link's target: dropping it would name another file; headers.scan.normalized)."""
-    return list(dict.fromkeys(_shown(p) if "/.." in p else p for p in paths))
-
-
-def _shown(path: str) -> str:
-    absolute = path.startswith("/")
-    out: list[str] = []
-    for part in path.split("/"):
-        if not part or part == ".":
-            continue
-        if part == ".." and out and out[-1] != ".." and not os.path.islink(("/" if absolute else "") + "/".join(out)):
-            out.pop()
-        else:
-            out.append(part)
-    joined = "/".join(out)
-    return "/" + joined if absolute else joined or "."
-
-
 def search_dirs(options: Any, cwd: str | None = None) -> list[str]:
     """Absolute search directories in NVRTC's order (memoised): the main source's own
     directory (that of the program name, joined to the working directory), then the -I

@@ -216,7 +216,29 @@ def normalized(path: str) -> str:
     most a stat."""
     if "/." not in path and "//" not in path and not path.startswith("./") and not path.endswith("/"):
         return path
-    parts = [part for part in path.split("/") if part and part != "."]
+    return _joined(path, [part for part in path.split("/") if part and part != "."])
+
+
+def as_shown(paths: Sequence[str]) -> list[str]:
+    """``paths`` as CompileInfo.headers lists them: a ".." after a real directory dropped with
+    it (os.path.normpath's spelling), one after a symlink kept (see normalized)."""
+    return list(dict.fromkeys(_shown(p) if "/.." in p else p for p in paths))
+
+
+def _shown(path: str) -> str:
+    out: list[str] = []
+    for part in normalized(path).split("/"):
+        if not part:
+            continue  # the root's
+        if part == ".." and out and out[-1] != ".." and not os.path.islink(_joined(path, out)):
+            out.pop()
+        else:
+            out.append(part)
+    return _joined(path, out)
+
+
+def _joined(path: str, parts: list[str]) -> str:
+    """``parts`` joined, absolute where ``path`` is."""
     joined = "/".join(parts)
     return "/" + joined if path.startswith("/") else joined or "."
 
