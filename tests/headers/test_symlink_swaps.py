@@ -86,13 +86,18 @@ def fresh(source: str, inc: str, root: str, name: str) -> dict:
     return json.loads(run_python(FRESH, source, inc, root, name, ARCH, timeout=300).strip().splitlines()[-1])
 
 
-def test_a_header_symlink_repointed_during_the_compile_is_not_stored(tmp_path) -> None:
+def linked_header(tmp_path):  # noqa: ANN001, ANN201 - (include dir, cache root)
+    """inc/val.h -> one.h (VAL 1), beside two.h (VAL 2); and where the cache goes."""
     inc = tmp_path / "inc"
     inc.mkdir()
     (inc / "one.h").write_text("#define VAL 1.0f\n")
     (inc / "two.h").write_text("#define VAL 2.0f\n")
     os.symlink("one.h", inc / "val.h")
-    root = str(tmp_path / "cache")
+    return inc, str(tmp_path / "cache")
+
+
+def test_a_header_symlink_repointed_during_the_compile_is_not_stored(tmp_path) -> None:
+    inc, root = linked_header(tmp_path)
     info = during(
         lambda: repoint(str(inc / "val.h"), "two.h"),
         lambda: compiled(FileStreamProgramCache(root), SPIN_AFTER, str(inc), "k<1>"),
@@ -135,12 +140,7 @@ def test_an_include_directory_renamed_over_during_the_compile_is_not_stored(tmp_
 
 
 def test_a_symlink_repointed_during_a_compile_without_a_pass_is_not_stored(tmp_path) -> None:
-    inc = tmp_path / "inc"
-    inc.mkdir()
-    (inc / "one.h").write_text("#define VAL 1.0f\n")
-    (inc / "two.h").write_text("#define VAL 2.0f\n")
-    os.symlink("one.h", inc / "val.h")
-    root = str(tmp_path / "cache")
+    inc, root = linked_header(tmp_path)
     cache = FileStreamProgramCache(root)
     settle_timestamps()
     assert compiled(cache, SPIN_BEFORE, str(inc), "k<1>").header_pass  # the pass: val.h -> one.h
