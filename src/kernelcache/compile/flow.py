@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
 
     from kernelcache.compile.flight import SingleFlight
+    from kernelcache.compile.strict import MissBooks
     from kernelcache.compile.tracing import HeaderTrace
 
 __all__ = ["CompileInfo", "compile_program", "probe"]
@@ -285,15 +286,16 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
     from kernelcache.keys import basedir
 
     cache = look.cache
-    count(cache, misses=1)  # counted first: a compile that fails is still this call's miss
-    call.info.miss_reason = strict.on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
+    books = strict.MissBooks(look)  # counted and explained beside the compile; REQUIRE_HIT=1 raises here
     compiler = look.toolchain.compiler if look.toolchain is not None else ""
-    trace = HeaderTrace(look.request, look.manifest_key, cache, compiler) if look.track else None
+    trace: HeaderTrace | None = None
     try:
+        trace = HeaderTrace(look.request, look.manifest_key, cache, compiler) if look.track else None
         obj, log_text, seconds = _compile(look.request, trace, call)
         count(cache, compiles=1)
         call.emit_log(log_text)
         call.info.hit, call.info.compile_seconds = False, seconds
+        call.info.miss_reason = books.reason()
         variant = trace.variant() if trace is not None else None
         request = look.request
         not_stored = (
@@ -306,11 +308,15 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
             call.info.cached, call.info.not_stored = False, not_stored
             call.done()
             return obj
-        _store(look, call, obj, log_text, seconds, variant, trace.dirs if trace is not None else [])
+        _store(look, call, obj, log_text, seconds, variant, trace.dirs if trace is not None else [], books)
         return obj
     finally:
-        if trace is not None:
-            trace.remove()
+        try:
+            books.close()  # nothing beside the compile outlives the call; a key indexed but not stored leaves
+            call.info.miss_reason = books.reason()
+        finally:
+            if trace is not None:
+                trace.remove()
 
 
 def _compiled_by_another(look: Lookup) -> str:
@@ -354,9 +360,9 @@ def _store(
     seconds: float,
     variant: dict[str, Any] | None,
     dirs: list[str],
+    books: MissBooks,
 ) -> None:
     """Write the record (and the header manifest naming its variant); log the compile."""
-    from kernelcache.compile import strict
     from kernelcache.compile.metadata import artifact_meta
     from kernelcache.headers import manifests, variants
     from kernelcache.headers import scan as includes
@@ -375,7 +381,7 @@ def _store(
         info.cached, info.not_stored = False, "the cache did not take the write (see the warning above)"
     if variant is not None:
         manifests.store_manifest(look.cache, look.manifest_key, variant)
-    strict.stored(look, key)  # the source index explains later misses
+    books.stored(key)  # the source index explains later misses
     info.store_seconds = time.perf_counter() - stored_at
     call.done()
     if logger.isEnabledFor(INFO):

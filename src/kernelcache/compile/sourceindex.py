@@ -27,7 +27,6 @@ from kernelcache.stores.tiered import leaf_tiers
 
 if TYPE_CHECKING:
     from kernelcache.compile.lookup import Lookup
-    from kernelcache.stores.base import ProgramCacheResource
 
 INDEX_FORMAT = 2  # 2: components as keys.explain shows them (1: the options as metadata shows them)
 MAX_KEYS = 64  # keys remembered per source (newest first): enough for every arch x option set in use
@@ -153,9 +152,22 @@ def add(look: Lookup, key: bytes) -> None:
     from the index makes a later miss's explanation less precise, never a hit wrong (the
     index is never read on a hit).
     """
-    cache: ProgramCacheResource = look.cache
-    ikey = index_key(look)
     entries = [e for e in _merged(look, writable_only=True) if e["key"] != key.hex()]
     entries.insert(0, {"key": key.hex(), "components": components(look)})
+    _write(look, entries)
+
+
+def remove(look: Lookup, key: bytes) -> None:
+    """Take ``key`` out of its source's index (it was indexed before its compile, which then
+    failed or was not stored: compile.strict.MissBooks); under the same flight as add."""
+    entries = _merged(look, writable_only=True)
+    kept = [e for e in entries if e["key"] != key.hex()]
+    if kept and len(kept) != len(entries):
+        _write(look, kept)
+    elif not kept and entries:
+        look.cache.discard(index_key(look))  # the index that key's add made: gone, as before it
+
+
+def _write(look: Lookup, entries: list[dict[str, Any]]) -> None:
     raw = json.dumps({"format": INDEX_FORMAT, "entries": entries[:MAX_KEYS]}, separators=(",", ":")).encode()
-    write_record(cache, ikey, raw, {"kind": "source-index"}, internal=True)
+    write_record(look.cache, index_key(look), raw, {"kind": "source-index"}, internal=True)

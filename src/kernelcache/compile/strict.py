@@ -11,19 +11,21 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
 from kernelcache.compile import sourceindex
 from kernelcache.compile.flight import SingleFlight
 from kernelcache.compile.metadata import kernel_names
-from kernelcache.log import logger
+from kernelcache.log import INFO, logger
 from kernelcache.stores.base import KernelCacheWarning
+from kernelcache.stores.safe import count
 
 if TYPE_CHECKING:
     from kernelcache.compile.lookup import Lookup
 
-__all__ = ["CacheMissError", "on_miss", "on_triton_miss", "on_uncached", "stored"]
+__all__ = ["CacheMissError", "MissBooks", "on_miss", "on_triton_miss", "on_uncached", "stored", "unstored"]
 
 _INDEX_LOCK_S = 5.0  # the index's read-merge-write takes milliseconds; past this, write without the lock
 
@@ -61,7 +63,12 @@ def _what(look: Lookup) -> str:
     return f"{shown} ({compile_})" if shown else compile_
 
 
-def _apply(mode: str | None, reason: str, what: str) -> None:
+def _apply(mode: str | None, reason: str, what_of: Callable[[], str]) -> None:
+    """Log the miss at INFO, then raise or warn as ``mode`` says. ``what_of`` names the
+    kernel: called only when something shows it (it parses the source)."""
+    if mode is None and not logger.isEnabledFor(INFO):
+        return
+    what = what_of()
     logger.info("miss (%s): %s", what, reason)
     if mode == "raise":
         raise CacheMissError(reason, what)
@@ -86,14 +93,80 @@ def on_miss(look: Lookup) -> str:
     """Explain this miss (log it at INFO); raise or warn as KERNELCACHE_REQUIRE_HIT says; the reason."""
     mode = config.require_hit()
     reason = sourceindex.explain(look)
-    _apply(mode, reason, _what(look))
+    _apply(mode, reason, lambda: _what(look))
     return reason
+
+
+class MissBooks:
+    """A miss's bookkeeping: the miss counted, explained (the source index read, on_miss) and
+    its stored key put first in the source's index (stored), run beside the compile where it can.
+
+    None of it decides what is compiled, stored or returned, and it is about half a
+    millisecond of file work (two record reads, one unsynced record write, a counter
+    update) on the critical path of every miss: 4% of a small kernel's, after the compile
+    (benchmarks/bench_cold.py --only a). So it runs on a kept thread (runners.beside)
+    while the compile runs, and ``close`` joins it: nothing of it outlives the call.
+    Where the entry's key is known before the compile (no header tracked: the key is the
+    request's), the index is written then too; a compile that then fails or is not stored
+    takes its key out again (close), so the index only names keys that were stored.
+    KERNELCACHE_REQUIRE_HIT (raise, warn) needs the explanation before the compile: then
+    everything runs here, first, as before; so does an interpreter that is shutting down.
+    """
+
+    def __init__(self, look: Lookup) -> None:
+        self._look, self._reason = look, ""
+        self._indexed, self._stored = b"", False  # the key this call put in the index; was it stored
+        predicted = b"" if look.track else look.entry_key
+        self._future = None
+        if config.require_hit() is None:
+            from kernelcache.runners.beside import on_a_thread
+
+            try:
+                self._future = on_a_thread(self._beside, predicted)
+            except RuntimeError:  # the interpreter is shutting down: here, then
+                pass
+        if self._future is None:
+            count(look.cache, misses=1)
+            self._reason = on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
+
+    def _beside(self, predicted: bytes) -> None:
+        count(self._look.cache, misses=1)  # counted whatever the compile does: a failed one is a miss too
+        # Explained first: the index read must not find this very call's key, written next.
+        self._reason = on_miss(self._look)
+        if predicted:
+            stored(self._look, predicted)
+            self._indexed = predicted
+
+    def reason(self) -> str:
+        """Why this call missed (joins the work beside the compile; re-raises what it raised)."""
+        if self._future is not None:
+            future, self._future = self._future, None
+            future.result()
+        return self._reason
+
+    def stored(self, key: bytes) -> None:
+        """The entry is stored under ``key``: index it, unless that was done beside the compile."""
+        self.reason()
+        if key != self._indexed:
+            if self._indexed:
+                unstored(self._look, self._indexed)
+            stored(self._look, key)
+            self._indexed = key
+        self._stored = True
+
+    def close(self) -> None:
+        """Join the work beside the compile; a key it indexed that was not stored leaves the index."""
+        try:
+            self.reason()
+        finally:
+            if self._indexed and not self._stored:
+                unstored(self._look, self._indexed)
 
 
 def on_uncached(disabled: bool) -> str:
     """A call that compiles with no cache at all (disabled, or none usable): a miss like any other."""
     why = "the cache is disabled (KERNELCACHE_DISABLE=1)" if disabled else "no usable cache (see the warning above)"
-    _apply(config.require_hit(), why, "a call without a cache")
+    _apply(config.require_hit(), why, lambda: "a call without a cache")
     return why
 
 
@@ -103,7 +176,8 @@ def on_triton_miss(triton_key: str, filename: str) -> None:
     Triton's key already covers its source, options and toolchain; there is no nearer entry to name.
     """
     name = filename[: -len(".json")] if filename.endswith(".json") else filename
-    _apply(config.require_hit(), f"no entry for this Triton kernel (Triton key {triton_key})", f"Triton's {name}")
+    why = f"no entry for this Triton kernel (Triton key {triton_key})"
+    _apply(config.require_hit(), why, lambda: f"Triton's {name}")
 
 
 def stored(look: Lookup, key: bytes) -> None:
@@ -115,3 +189,11 @@ def stored(look: Lookup, key: bytes) -> None:
     flight = SingleFlight.for_store(look.cache, sourceindex.index_key(look), _INDEX_LOCK_S)
     with flight.hold():
         sourceindex.add(look, key)
+
+
+def unstored(look: Lookup, key: bytes) -> None:
+    """Take ``key`` out of its source's index again (indexed beside a compile that then failed
+    or was not stored), under the index's own flight as in stored."""
+    flight = SingleFlight.for_store(look.cache, sourceindex.index_key(look), _INDEX_LOCK_S)
+    with flight.hold():
+        sourceindex.remove(look, key)

@@ -37,7 +37,7 @@ from kernelcache.runners.compilers import header_pass_args, new_trace_path, plan
 from kernelcache.stores.base import ProgramCacheResource
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
+    from kernelcache.runners.beside import Job
 
 # preprocessing key -> the digest of the variant its last pass in this process gave (the store's
 # hint, headers.manifests, for the others). Only ever a hint: see build_known.
@@ -109,7 +109,7 @@ class HeaderTrace:
         self._built: tuple[dict[str, Any] | None, list[str], Any] | None = None  # by prepare
         self._stored_hint: str | None = None  # the store's preprocessing hint, where build_known read it
         self._preprocessing = b""  # preprocessing_key's, once asked
-        self._known: Future[None] | None = None  # build_known's job
+        self._known: Job | None = None  # build_known's job
 
     def preprocessing_key(self) -> bytes:
         """What NVRTC's preprocessing of this compile is a function of, besides the files: the

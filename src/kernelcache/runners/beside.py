@@ -28,14 +28,12 @@ import os
 import signal
 import threading
 import time
+from _queue import SimpleQueue  # queue.SimpleQueue itself; `queue` imports heapq and more (0.7 ms)
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernelcache import forksafe
 from kernelcache.runners import compilers, slots
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
 
 # A pass reads what the compile read and generates no code: it takes less time than the compile
 # did (measured on the corpus: 0.5-0.9x). A child still running well past that is stuck (a fork
@@ -216,28 +214,76 @@ def _prctl() -> Any:
         return None
 
 
-_threads: ThreadPoolExecutor | None = None  # made on first use (its import is a miss's, once)
-_threads_lock = threading.Lock()
+class Job:
+    """``fn(*args)`` given to a kept thread (on_a_thread); ``result()`` waits for it to end and
+    re-raises what it raised (any number of times)."""
+
+    __slots__ = ("_fn", "_args", "_error", "_done")
+
+    def __init__(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self._fn, self._args, self._error = fn, args, None
+        self._done = threading.Lock()  # held until the job ends: a lock is the cheapest wait there is
+        self._done.acquire()
+
+    def run(self) -> None:
+        try:
+            self._fn(*self._args)
+        except BaseException as exc:  # noqa: BLE001 - handed to result(), as a Future would
+            self._error = exc
+        finally:
+            self._fn = self._args = None  # type: ignore[assignment]
+            self._done.release()
+
+    def result(self) -> None:
+        with self._done:
+            pass
+        if self._error is not None:
+            raise self._error
 
 
-def on_a_thread(fn: Callable[..., None], *args: Any) -> Future[None]:
+# The kept threads. Not concurrent.futures' ThreadPoolExecutor: importing it imports logging,
+# 3-12 ms here on the first miss of every process, for a pool that never needs more than
+# this. Invariant, under _lock: _idle == threads waiting in _jobs.get() - jobs queued, so a job
+# is queued only when a thread will take it (one waiting now, or a busy one once it is done).
+_jobs: SimpleQueue[Job] | None = None
+_idle = _started = 0
+_lock = threading.Lock()
+
+
+def on_a_thread(fn: Callable[..., None], *args: Any) -> Job:
     """``fn(*args)`` on a thread kept for work beside a compile (compile.tracing's build of a
-    known variant). Kept, not started per compile: Thread.start() waits for the new thread,
-    which then holds the GIL for its first Python work before the caller gets it back (0.6 ms
-    of a CuPy miss, measured here); a kept thread takes the job once the compile releases the
-    GIL. RuntimeError at interpreter shutdown (no thread can start then)."""
-    global _threads
-    with _threads_lock:
-        if _threads is None:
-            from concurrent.futures import ThreadPoolExecutor
+    known variant, compile.strict's bookkeeping of a miss). Kept, not started per compile:
+    Thread.start() waits for the new thread, which then holds the GIL for its first Python work
+    before the caller gets it back (0.6 ms of a CuPy miss, measured here); a kept thread takes
+    the job once the compile releases the GIL. At most one thread per core; past that a job
+    waits for the first free one. RuntimeError at interpreter shutdown (no thread can start then)."""
+    global _jobs, _idle, _started
+    job = Job(fn, args)
+    with _lock:
+        if _jobs is None:
+            _jobs = SimpleQueue()
+        if _idle <= 0 and _started < (os.cpu_count() or 1):
+            thread = threading.Thread(target=_serve, args=(job, _jobs), name="kernelcache-beside", daemon=True)
+            thread.start()  # RuntimeError at shutdown: nothing was counted yet
+            _started += 1
+        else:
+            _idle -= 1
+            _jobs.put(job)
+    return job
 
-            _threads = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="kernelcache-beside")
-        return _threads.submit(fn, *args)
+
+def _serve(job: Job, jobs: SimpleQueue[Job]) -> None:
+    global _idle
+    while True:
+        job.run()
+        with _lock:
+            _idle += 1
+        job = jobs.get()
 
 
 def _forget_threads_in_child() -> None:
-    global _threads, _threads_lock
-    _threads, _threads_lock = None, threading.Lock()  # the parent's threads are not the child's
+    global _jobs, _idle, _started, _lock
+    _jobs, _idle, _started, _lock = None, 0, 0, threading.Lock()  # the parent's threads are not the child's
 
 
 forksafe.reset_function_in_child(_forget_threads_in_child)

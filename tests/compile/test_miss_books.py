@@ -1,0 +1,85 @@
+"""A miss's bookkeeping beside its compile (compile.strict.MissBooks): counted, explained and
+indexed as before, and a compile that fails takes its key out of the source's index again.
+Real NVRTC compiles, real files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cuda.core import ProgramOptions
+from helpers import ARCH, settle_timestamps
+
+from kernelcache import CompileInfo, FileStreamProgramCache, compile_program
+from kernelcache.compile.lookup import Lookup
+from kernelcache.compile.request import CompileRequest
+from kernelcache.compile.sourceindex import index_key
+
+# Compiles for every arch but sm_80: one source whose compile fails under one option set only.
+SRC = """
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 800
+#error "not for sm_80"
+#endif
+extern "C" __global__ void fill(float* a) { a[threadIdx.x] = 1.0f; }
+"""
+
+
+def _index(cache: FileStreamProgramCache) -> list[dict]:
+    record = cache.get_record(index_key(Lookup(cache, CompileRequest.of(SRC, options=ProgramOptions(arch=ARCH)))), internal=True)
+    return [] if record is None else json.loads(record[0])["entries"]
+
+
+def test_a_failed_compile_is_counted_explained_and_leaves_the_index_as_it_was(tmp_path) -> None:
+    from cuda.core._utils.cuda_utils import NVRTCError
+
+    cache = FileStreamProgramCache(tmp_path)
+    good = CompileInfo()
+    compile_program(SRC, options=ProgramOptions(arch=ARCH), cache=cache, info=good)
+    assert [e["key"] for e in _index(cache)] == [good.key.hex()]
+
+    failed = CompileInfo()
+    with pytest.raises(NVRTCError, match="not for sm_80"):
+        compile_program(SRC, options=ProgramOptions(arch="sm_80"), cache=cache, info=failed)
+    # Its key was indexed beside the compile, before the compile failed: it is out again.
+    assert [e["key"] for e in _index(cache)] == [good.key.hex()]
+    assert failed.miss_reason is not None and "differs in options.arch" in failed.miss_reason
+    stats = cache.stats()
+    assert (stats["misses"], stats["compiles"], stats["stores"]) == (2, 1, 1)
+
+    # A later miss is explained against what is stored, never against the failed compile.
+    later = CompileInfo()
+    compile_program(SRC, options=ProgramOptions(arch="sm_86"), cache=cache, info=later)
+    assert later.miss_reason is not None and f"cached '{ARCH}', this call 'sm_86'" in later.miss_reason, later.miss_reason
+    assert [e["key"] for e in _index(cache)] == [later.key.hex(), good.key.hex()]
+
+
+def test_a_failed_first_compile_of_a_source_leaves_no_index(tmp_path) -> None:
+    from cuda.core._utils.cuda_utils import NVRTCError
+
+    cache = FileStreamProgramCache(tmp_path)
+    with pytest.raises(NVRTCError):
+        compile_program(SRC, options=ProgramOptions(arch="sm_80"), cache=cache)
+    assert _index(cache) == [] and len(cache) == 0
+    assert cache.stats()["misses"] == 1
+    info = CompileInfo()
+    compile_program(SRC, options=ProgramOptions(arch=ARCH), cache=cache, info=info)
+    assert info.miss_reason == "no entry for this source"
+
+
+def test_a_tracked_miss_is_indexed_after_its_compile_as_before(tmp_path) -> None:
+    # A source that may read headers: its key depends on them, so it is indexed once stored.
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "v.h").write_text("#define V 2\n")
+    settle_timestamps()
+    code = '#include "v.h"\n' + SRC
+    cache = FileStreamProgramCache(tmp_path / "c")
+    infos = []
+    for arch in (ARCH, "sm_86"):
+        infos.append(CompileInfo())
+        options = ProgramOptions(arch=arch, include_path=[str(tmp_path / "inc")])
+        compile_program(code, options=options, cache=cache, info=infos[-1])
+        assert infos[-1].cached, infos[-1].not_stored
+    look = Lookup(cache, CompileRequest.of(code, options=ProgramOptions(arch=ARCH)))
+    entries = json.loads(cache.get_record(index_key(look), internal=True)[0])["entries"]
+    assert [e["key"] for e in entries] == [infos[1].key.hex(), infos[0].key.hex()]
+    assert "differs in options.arch" in (infos[1].miss_reason or "")
