@@ -83,3 +83,20 @@ def test_a_tracked_miss_is_indexed_after_its_compile_as_before(tmp_path) -> None
     entries = json.loads(cache.get_record(index_key(look), internal=True)[0])["entries"]
     assert [e["key"] for e in entries] == [infos[1].key.hex(), infos[0].key.hex()]
     assert "differs in options.arch" in (infos[1].miss_reason or "")
+
+
+def test_a_compile_returned_but_not_stored_leaves_no_key_in_the_index(tmp_path, monkeypatch) -> None:
+    # No #include: untracked, so its key was indexed beside the compile. __FILE__ names the
+    # KERNELCACHE_BASE_DIR in the artifact: returned, not stored (keys.basedir), key taken out.
+    base = tmp_path / "proj"
+    base.mkdir()
+    monkeypatch.setenv("KERNELCACHE_BASE_DIR", str(base))
+    code = 'extern "C" __global__ void w(const char** p) { *p = __FILE__; }\n'
+    options = ProgramOptions(arch=ARCH, name=str(base / "k.cu"))
+    cache = FileStreamProgramCache(tmp_path / "c")
+    info = CompileInfo()
+    with pytest.warns(Warning, match="KERNELCACHE_BASE_DIR"):
+        compile_program(code, options=options, cache=cache, info=info)
+    assert not info.cached and info.not_stored and info.miss_reason == "no entry for this source"
+    look = Lookup(cache, CompileRequest.of(code, options=options))
+    assert cache.get_record(index_key(look), internal=True) is None and len(cache) == 0

@@ -24,6 +24,7 @@ from kernelcache.stores.safe import count
 
 if TYPE_CHECKING:
     from kernelcache.compile.lookup import Lookup
+    from kernelcache.runners.beside import Job
 
 __all__ = ["CacheMissError", "MissBooks", "on_miss", "on_triton_miss", "on_uncached", "stored", "unstored"]
 
@@ -117,15 +118,15 @@ class MissBooks:
         self._look, self._reason = look, ""
         self._indexed, self._stored = b"", False  # the key this call put in the index; was it stored
         predicted = b"" if look.track else look.entry_key
-        self._future = None
+        self._job: Job | None = None
         if config.require_hit() is None:
             from kernelcache.runners.beside import on_a_thread
 
             try:
-                self._future = on_a_thread(self._beside, predicted)
+                self._job = on_a_thread(self._beside, predicted)
             except RuntimeError:  # the interpreter is shutting down: here, then
                 pass
-        if self._future is None:
+        if self._job is None:
             count(look.cache, misses=1)
             self._reason = on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
 
@@ -133,15 +134,19 @@ class MissBooks:
         count(self._look.cache, misses=1)  # counted whatever the compile does: a failed one is a miss too
         # Explained first: the index read must not find this very call's key, written next.
         self._reason = on_miss(self._look)
-        if predicted:
-            stored(self._look, predicted)
+        # Race: the index names the key before its entry exists; a reader meanwhile (another
+        # process's miss of this source under other options) explains against it a moment
+        # early, and never a hit reads the index. A key indexed already (KERNELCACHE_RECACHE
+        # of a stored entry) is left for stored(): a compile that fails then must not take
+        # out the key of the entry that stays.
+        if predicted and stored(self._look, predicted):
             self._indexed = predicted
 
     def reason(self) -> str:
         """Why this call missed (joins the work beside the compile; re-raises what it raised)."""
-        if self._future is not None:
-            future, self._future = self._future, None
-            future.result()
+        if self._job is not None:
+            job, self._job = self._job, None
+            job.result()
         return self._reason
 
     def stored(self, key: bytes) -> None:
@@ -180,15 +185,16 @@ def on_triton_miss(triton_key: str, filename: str) -> None:
     _apply(config.require_hit(), why, lambda: f"Triton's {name}")
 
 
-def stored(look: Lookup, key: bytes) -> None:
-    """Add the entry just stored under ``key`` to its source's index, under the index's own flight.
+def stored(look: Lookup, key: bytes) -> bool:
+    """Add the entry just stored under ``key`` to its source's index, under the index's own
+    flight; whether the key was new to the index.
 
     That flight is held inside the entry's own (a different key), for milliseconds, and
     waits _INDEX_LOCK_S at most: whatever its outcome, the index is then written.
     """
     flight = SingleFlight.for_store(look.cache, sourceindex.index_key(look), _INDEX_LOCK_S)
     with flight.hold():
-        sourceindex.add(look, key)
+        return sourceindex.add(look, key)
 
 
 def unstored(look: Lookup, key: bytes) -> None:
