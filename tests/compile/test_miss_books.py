@@ -100,3 +100,45 @@ def test_a_compile_returned_but_not_stored_leaves_no_key_in_the_index(tmp_path, 
     assert not info.cached and info.not_stored and info.miss_reason == "no entry for this source"
     look = Lookup(cache, CompileRequest.of(code, options=options))
     assert cache.get_record(index_key(look), internal=True) is None and len(cache) == 0
+
+
+def test_a_miss_interrupted_before_its_compile_started_is_counted_and_explained(tmp_path) -> None:
+    # The bookkeeping is handed to a thread only once the compiler takes over (MissBooks.start);
+    # a call interrupted before that (here: Ctrl-C while it waits for one of the node's compile
+    # slots, all held by this process) still counts and explains its miss, and indexes nothing.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from kernelcache.runners import slots
+
+    held = [s for s in iter(slots.try_take, None)]
+    assert len(held) == slots.usable_cores()
+    child = (
+        "import json, sys\n"
+        "from cuda.core import ProgramOptions\n"
+        "from kernelcache import CompileInfo, FileStreamProgramCache, compile_program\n"
+        "cache, info = FileStreamProgramCache(sys.argv[1]), CompileInfo()\n"
+        "try:\n"
+        f"    compile_program({SRC!r}, options=ProgramOptions(arch={ARCH!r}), cache=cache, info=info)\n"
+        "except KeyboardInterrupt:\n"
+        "    s = cache.stats()\n"
+        "    print(json.dumps([s['misses'], s['compiles'], len(cache), info.miss_reason]))\n"
+    )
+    kid = subprocess.Popen([sys.executable, "-c", child, str(tmp_path / "c")], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not slots.others_wait():  # it waits for a slot: its compile has not started
+            assert kid.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        kid.send_signal(signal.SIGINT)
+        out, _ = kid.communicate(timeout=60)
+    finally:
+        kid.kill()
+        for slot in held:
+            slot.release()
+    assert json.loads(out) == [1, 0, 0, "no entry for this source"]
+    cache = FileStreamProgramCache(tmp_path / "c")
+    assert _index(cache) == [] and os.listdir(tmp_path / "c" / "v2" / "entries") == []

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import config
@@ -291,7 +291,7 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
     trace: HeaderTrace | None = None
     try:
         trace = HeaderTrace(look.request, look.manifest_key, cache, compiler) if look.track else None
-        obj, log_text, seconds = _compile(look.request, trace, call)
+        obj, log_text, seconds = _compile(look.request, trace, call, books.start)
         count(cache, compiles=1)
         call.emit_log(log_text)
         call.info.hit, call.info.compile_seconds = False, seconds
@@ -329,20 +329,23 @@ def _compiled_by_another(look: Lookup) -> str:
     return toolchain.confirm(look.request.code_type, look.toolchain.compiler)
 
 
-def _compile(request: CompileRequest, trace: HeaderTrace | None, call: Call) -> tuple[ObjectCode, str, float]:
+def _compile(
+    request: CompileRequest, trace: HeaderTrace | None, call: Call, started: Callable[[], None]
+) -> tuple[ObjectCode, str, float]:
     """The plain compile, then its header pass (compilers.header_pass) when headers are tracked,
     unless an earlier pass of the same preprocessing still holds (compile.tracing). Here, in a
-    worker process (runners.choice; restrict=True: never here) or an executor's."""
+    worker process (runners.choice; restrict=True: never here) or an executor's. ``started``:
+    called right before the compiler takes over (work beside the compile begins then)."""
     from kernelcache.runners.choice import IN_PROCESS, IN_WORKERS, run_header_pass, runner_for
 
     runner = runner_for(request, call.processes, call.remote)
     if trace is None:
-        return runner.run_compiler(request, None)
+        return runner.run_compiler(request, None, started=started)
     if runner not in (IN_PROCESS, IN_WORKERS) or not trace.build_known():
         call.info.header_pass = trace.path is not None
-        return runner.run_compiler(request, trace.path, trace.prepare)
+        return runner.run_compiler(request, trace.path, trace.prepare, started=started)
     try:
-        result = runner.run_compiler(request, None)
+        result = runner.run_compiler(request, None, started=started)
     finally:
         holds = trace.known_holds()  # joined on a failed compile too: nothing of the call outlives it
     if not holds:

@@ -106,29 +106,42 @@ class MissBooks:
     millisecond of file work (two record reads, one unsynced record write, a counter
     update) on the critical path of every miss: 4% of a small kernel's, after the compile
     (benchmarks/bench_cold.py --only a). So it runs on a kept thread (runners.beside)
-    while the compile runs, and ``close`` joins it: nothing of it outlives the call.
+    while the compile runs: ``start`` hands it over, called by the runner right before the
+    compiler takes over (the GIL then released), and ``close`` joins it: nothing of it
+    outlives the call. Started earlier, it took the GIL at this thread's first system call
+    before the compile (the node's slot, 0.3 ms of a small kernel's miss here, py-spy).
     Where the entry's key is known before the compile (no header tracked: the key is the
     request's), the index is written then too; a compile that then fails or is not stored
     takes its key out again (close), so the index only names keys that were stored.
     KERNELCACHE_REQUIRE_HIT (raise, warn) needs the explanation before the compile: then
-    everything runs here, first, as before; so does an interpreter that is shutting down.
+    everything runs here, first, as before. Where no thread took it (a compile that raised
+    before it started, an interpreter shutting down), ``reason`` runs it here, after.
     """
 
     def __init__(self, look: Lookup) -> None:
         self._look, self._reason = look, ""
         self._indexed, self._stored = b"", False  # the key this call put in the index; was it stored
-        predicted = b"" if look.track else look.entry_key
         self._job: Job | None = None
-        if config.require_hit() is None:
-            from kernelcache.runners.beside import on_a_thread
-
-            try:
-                self._job = on_a_thread(self._beside, predicted)
-            except RuntimeError:  # the interpreter is shutting down: here, then
-                pass
-        if self._job is None:
+        self._pending = config.require_hit() is None  # start() still to hand the work over
+        if not self._pending:
             count(look.cache, misses=1)
             self._reason = on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
+
+    def start(self) -> None:
+        """Hand the bookkeeping to a kept thread, once (later calls do nothing); at
+        interpreter shutdown it is left for ``reason``, after the compile."""
+        if not self._pending:
+            return
+        from kernelcache.runners.beside import on_a_thread
+
+        try:
+            self._job = on_a_thread(self._beside, self._predicted())
+        except RuntimeError:  # the interpreter is shutting down: no thread can start
+            return
+        self._pending = False
+
+    def _predicted(self) -> bytes:
+        return b"" if self._look.track else self._look.entry_key
 
     def _beside(self, predicted: bytes) -> None:
         count(self._look.cache, misses=1)  # counted whatever the compile does: a failed one is a miss too
@@ -144,6 +157,9 @@ class MissBooks:
 
     def reason(self) -> str:
         """Why this call missed (joins the work beside the compile; re-raises what it raised)."""
+        if self._pending:  # nothing started it (the compile raised first, or at shutdown): here,
+            self._pending = False  # and no key foreseen: stored() indexes the key that was stored
+            self._beside(b"")
         if self._job is not None:
             job, self._job = self._job, None
             job.result()

@@ -37,10 +37,19 @@ MISSES_PER_WORKER = 8
 
 class Runner(Protocol):
     """``traced``: called on another thread once the trace is written while the compile still
-    runs (a header pass beside it: beside.py), for work on the trace to overlap the compile."""
+    runs (a header pass beside it: beside.py), for work on the trace to overlap the compile.
+    ``started``: called on the calling thread right before the compiler takes over (NVRTC's
+    compile in this process, the job handed to a worker or an executor), once or more: work
+    beside the compile begins then, when this thread is about to release the GIL for long, not
+    earlier, where it would take the GIL at each of this thread's system calls before it."""
 
     def run_compiler(
-        self, request: Any, trace_path: str | None, traced: Callable[[], None] | None = None
+        self,
+        request: Any,
+        trace_path: str | None,
+        traced: Callable[[], None] | None = None,
+        *,
+        started: Callable[[], None] | None = None,
     ) -> tuple[Any, str, float]: ...
 
 
@@ -49,7 +58,12 @@ class _InProcess:
     its header pass, where a second slot is free, beside it in another process (beside.py)."""
 
     def run_compiler(
-        self, request: Any, trace_path: str | None, traced: Callable[[], None] | None = None
+        self,
+        request: Any,
+        trace_path: str | None,
+        traced: Callable[[], None] | None = None,
+        *,
+        started: Callable[[], None] | None = None,
     ) -> tuple[Any, str, float]:
         slot = slots.take()
         pass_beside = None
@@ -59,7 +73,7 @@ class _InProcess:
             # an NVRTC call no fork of another thread may catch halfway.
             pass_beside = beside.start(request, trace_path, _COMPILING, traced)
             with _COMPILING:
-                result = compilers.run_compiler(request, None if pass_beside else trace_path)
+                result = compilers.run_compiler(request, None if pass_beside else trace_path, started)
                 if pass_beside is not None:
                     pass_beside.finish(result[2])
             return result
@@ -77,7 +91,12 @@ class _InWorkers:
     (compilers.reset_nvrtc_trace_state): the worker resets itself before it answers."""
 
     def run_compiler(
-        self, request: Any, trace_path: str | None, traced: Callable[[], None] | None = None
+        self,
+        request: Any,
+        trace_path: str | None,
+        traced: Callable[[], None] | None = None,
+        *,
+        started: Callable[[], None] | None = None,
     ) -> tuple[Any, str, float]:
         ptx = request.code_type == "c++" and request.target_type == "ptx"
         _, _, call = compilers.plan_compile(request, trace_path, direct_ptx=ptx)
@@ -88,6 +107,8 @@ class _InWorkers:
         restrict = bool(getattr(request.options, "restrict", False))
         from kernelcache.runners import pool as pool_mod  # here: a hit never needs the pool
 
+        if started is not None:
+            started()  # this thread only waits from here on
         try:
             outcome, value, shown = pool_mod.pool().run(kind, args, restrict, trace_path)
         except pool_mod.NoSlot:

@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kernelcache.keys.program_name import compiled_name
@@ -166,9 +166,11 @@ def nvrtc_run(
     name_expressions: Sequence[str | bytes],
     log: LogCollector,
     error: type[Exception] | None = None,
+    started: Callable[[], None] | None = None,
 ) -> tuple[bytes, dict[str | bytes, bytes | None]]:
     """nvrtc_compile's NVRTC calls alone: (output bytes, symbol mapping), nothing of cuda.core
-    imported unless a call fails and ``error`` is None (then NVRTCError is raised)."""
+    imported unless a call fails and ``error`` is None (then NVRTCError is raised).
+    ``started``: called right before nvrtcCompileProgram, which releases the GIL for the compile."""
     from cuda.bindings import nvrtc
 
     err, prog = nvrtc.nvrtcCreateProgram(code.encode(), program_name, 0, [], [])
@@ -177,6 +179,8 @@ def nvrtc_run(
         for expr in name_expressions:
             added = nvrtc.nvrtcAddNameExpression(prog, expr.encode() if isinstance(expr, str) else expr)
             _nvrtc_check(added[0], prog, error)
+        if started is not None:
+            started()
         # The compile itself releases the GIL: this is what runs on all cores.
         _nvrtc_check(nvrtc.nvrtcCompileProgram(prog, len(flags), list(flags))[0], prog, error)
         data = bytearray()
@@ -218,11 +222,13 @@ class NvrtcCall:
     trace: str | None = None  # where the header pass writes its trace, after the compile (None: no pass)
 
     def run(
-        self, log: LogCollector, error: type[Exception] | None = None
+        self, log: LogCollector, error: type[Exception] | None = None, started: Callable[[], None] | None = None
     ) -> tuple[bytes, dict[str | bytes, bytes | None]]:
         """(output bytes, symbol mapping); NVRTCError (or ``error``) in cuda.core's words.
-        With ``trace``, the header pass runs once the compile succeeded (header_pass)."""
-        out = nvrtc_run(self.source, self.program_name, self.flags, self.target_type, self.name_expressions, log, error)
+        With ``trace``, the header pass runs once the compile succeeded (header_pass).
+        ``started``: called right before NVRTC's compile (nvrtc_run)."""
+        args = (self.source, self.program_name, self.flags, self.target_type, self.name_expressions)
+        out = nvrtc_run(*args, log, error, started)
         if self.trace is not None:
             header_pass(self.source, self.program_name, self.flags, self.trace)
         return out
@@ -398,21 +404,26 @@ def header_pass_flags(flags: Sequence[bytes], trace_path: str) -> list[bytes]:
     return [*kept, *HEADER_PASS_FLAGS, b"--fdevice-time-trace=" + os.fsencode(trace_path)]
 
 
-def run_compiler(request: CompileRequest, trace_path: str | None) -> tuple[ObjectCode, str, float]:
+def run_compiler(
+    request: CompileRequest, trace_path: str | None, started: Callable[[], None] | None = None
+) -> tuple[ObjectCode, str, float]:
     """Compile with the real compiler; return (object code, log text, seconds).
 
     ``trace_path``: where the header pass after a successful C++ compile writes its trace (the
-    headers the compile read, header_pass), or None.
+    headers the compile read, header_pass), or None. ``started``: called right before the
+    compile itself (runners.choice.Runner).
     """
     log = LogCollector()
     start = time.perf_counter()
     source, options, call = plan_compile(request, trace_path)
     if call is not None:
-        obj = call.object_code(*call.run(log))
+        obj = call.object_code(*call.run(log, started=started))
     else:
         from cuda.core import Program
 
         program = Program(source, request.code_type, options=options)
+        if started is not None:
+            started()
         try:
             obj = program.compile(request.target_type, name_expressions=request.name_expressions, logs=log)
         finally:

@@ -153,7 +153,12 @@ class OnExecutor:
         return request.code_type == "c++" and not getattr(request.options, "restrict", False)
 
     def run_compiler(
-        self, request: Any, trace_path: str | None, traced: Callable[[], None] | None = None
+        self,
+        request: Any,
+        trace_path: str | None,
+        traced: Callable[[], None] | None = None,
+        *,
+        started: Callable[[], None] | None = None,
     ) -> tuple[Any, str, float]:
         """``traced`` is never called: the trace comes back with the compile's result."""
         from kernelcache.keys.toolchain import toolchain_for
@@ -171,6 +176,8 @@ class OnExecutor:
             empty = cwd is None or not os.listdir(cwd)
         except OSError:
             empty = False  # unreadable here: a worker without it must not compile as if it were empty
+        if started is not None:
+            started()  # this thread only waits from here on
         # Positional arguments only: Dask's executor takes keyword arguments as its own.
         got = self.executor.submit(kernelcache_compile, kind, args, cwd, empty, _overrides(), traced).result()
         outcome = got["reply"][0]
