@@ -1,6 +1,6 @@
-"""A miss's bookkeeping beside its compile (compile.strict.MissBooks): counted, explained and
-indexed as before, and a compile that fails takes its key out of the source's index again.
-Real NVRTC compiles, real files."""
+"""A miss's bookkeeping beside its compile (compile.strict.MissBooks): counted and explained as
+before, and the source's index names only entries that were stored (a compile that fails, is
+refused by the store, or whose process is killed leaves no key). Real NVRTC compiles, real files."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ extern "C" __global__ void fill(float* a) { a[threadIdx.x] = 1.0f; }
 """
 
 
-def _index(cache: FileStreamProgramCache) -> list[dict]:
-    record = cache.get_record(index_key(Lookup(cache, CompileRequest.of(SRC, options=ProgramOptions(arch=ARCH)))), internal=True)
+def _index(cache: FileStreamProgramCache, code: str = SRC) -> list[dict]:
+    record = cache.get_record(index_key(Lookup(cache, CompileRequest.of(code, options=ProgramOptions(arch=ARCH)))), internal=True)
     return [] if record is None else json.loads(record[0])["entries"]
 
 
@@ -40,7 +40,7 @@ def test_a_failed_compile_is_counted_explained_and_leaves_the_index_as_it_was(tm
     failed = CompileInfo()
     with pytest.raises(NVRTCError, match="not for sm_80"):
         compile_program(SRC, options=ProgramOptions(arch="sm_80"), cache=cache, info=failed)
-    # Its key was indexed beside the compile, before the compile failed: it is out again.
+    # Nothing of the failed compile is in the index.
     assert [e["key"] for e in _index(cache)] == [good.key.hex()]
     assert failed.miss_reason is not None and "differs in options.arch" in failed.miss_reason
     stats = cache.stats()
@@ -86,8 +86,8 @@ def test_a_tracked_miss_is_indexed_after_its_compile_as_before(tmp_path) -> None
 
 
 def test_a_compile_returned_but_not_stored_leaves_no_key_in_the_index(tmp_path, monkeypatch) -> None:
-    # No #include: untracked, so its key was indexed beside the compile. __FILE__ names the
-    # KERNELCACHE_BASE_DIR in the artifact: returned, not stored (keys.basedir), key taken out.
+    # No #include: untracked, its key known before the compile. __FILE__ names the
+    # KERNELCACHE_BASE_DIR in the artifact: returned, not stored (keys.basedir), never indexed.
     base = tmp_path / "proj"
     base.mkdir()
     monkeypatch.setenv("KERNELCACHE_BASE_DIR", str(base))
@@ -142,3 +142,64 @@ def test_a_miss_interrupted_before_its_compile_started_is_counted_and_explained(
     assert json.loads(out) == [1, 0, 0, "no entry for this source"]
     cache = FileStreamProgramCache(tmp_path / "c")
     assert _index(cache) == [] and os.listdir(tmp_path / "c" / "v2" / "entries") == []
+
+
+def test_an_entry_the_store_refuses_is_not_indexed(tmp_path) -> None:
+    # Larger than the store's cap: the write is dropped (warned), so no key may name it, and the
+    # next miss is explained as what it is, not as an entry "no longer in the store".
+    cache = FileStreamProgramCache(tmp_path, max_size_bytes=1000)
+    info = CompileInfo()
+    with pytest.warns(Warning, match="exceeds max_size_bytes"):
+        compile_program(SRC, options=ProgramOptions(arch=ARCH), cache=cache, info=info)
+    assert not info.cached and _index(cache) == []
+    again = CompileInfo()
+    with pytest.warns(Warning, match="exceeds max_size_bytes"):
+        compile_program(SRC, options=ProgramOptions(arch=ARCH), cache=FileStreamProgramCache(tmp_path, max_size_bytes=1000), info=again)
+    assert again.miss_reason == "no entry for this source"
+
+
+# No #include (untracked: its key is known before the compile) and slow: seconds of NVRTC.
+SLOW = "".join(
+    f"""
+extern "C" __global__ void slow{j}(float* a) {{
+  float x = a[threadIdx.x];
+#pragma unroll
+  for (int i = 0; i < 2000; ++i) x = __sinf(x * {j + 1}.5f + i) * x + __cosf(x + i);
+  a[threadIdx.x] = x;
+}}
+"""
+    for j in range(8)
+)
+
+
+def test_a_process_killed_during_its_compile_leaves_no_key_in_the_index(tmp_path) -> None:
+    # Killed (the OOM killer, a scheduler, kill -9) while NVRTC compiles: nothing runs after. An
+    # index written beside the compile kept a key with no entry for good, and later misses of
+    # the source were explained against a compile that never finished.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = (
+        "import sys\n"
+        "from cuda.core import ProgramOptions\n"
+        "from kernelcache import FileStreamProgramCache, compile_program\n"
+        "cache = FileStreamProgramCache(sys.argv[1])\n"
+        "print('compiling', flush=True)\n"
+        f"compile_program({SLOW!r}, options=ProgramOptions(arch={ARCH!r}), cache=cache)\n"
+    )
+    kid = subprocess.Popen([sys.executable, "-c", child, str(tmp_path / "c")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert kid.stdout is not None and kid.stdout.readline() == "compiling\n"
+        time.sleep(1.0)  # the bookkeeping beside the compile has run by now; the compile (~4 s) has not
+        assert kid.poll() is None
+        kid.send_signal(signal.SIGKILL)
+        kid.wait(timeout=60)
+    finally:
+        kid.kill()
+        kid.wait()
+        if kid.stdout is not None:
+            kid.stdout.close()
+    cache = FileStreamProgramCache(tmp_path / "c")
+    assert len(cache) == 0 and _index(cache, SLOW) == []

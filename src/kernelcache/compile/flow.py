@@ -312,7 +312,7 @@ def compile_miss(look: Lookup, call: Call) -> ObjectCode:
         return obj
     finally:
         try:
-            books.close()  # nothing beside the compile outlives the call; a key indexed but not stored leaves
+            books.close()  # nothing beside the compile outlives the call
             call.info.miss_reason = books.reason()
         finally:
             if trace is not None:
@@ -380,11 +380,13 @@ def _store(
     info.key = key
     meta = artifact_meta(request, obj, log_text, seconds, look.toolchain, info.headers)
     stored_at = time.perf_counter()
-    if not write_record(look.cache, key, as_value_bytes(obj), meta):  # it warned (or the store is read-only)
+    written = write_record(look.cache, key, as_value_bytes(obj), meta)
+    if not written:  # it warned (or the store is read-only)
         info.cached, info.not_stored = False, "the cache did not take the write (see the warning above)"
     if variant is not None:
         manifests.store_manifest(look.cache, look.manifest_key, variant)
-    books.stored(key)  # the source index explains later misses
+    if written:  # the source index explains later misses: it names only entries that were stored
+        books.stored(key)
     info.store_seconds = time.perf_counter() - stored_at
     call.done()
     if logger.isEnabledFor(INFO):

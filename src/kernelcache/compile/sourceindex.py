@@ -159,17 +159,6 @@ def add(look: Lookup, key: bytes) -> bool:
     return len(entries) > len(before)
 
 
-def remove(look: Lookup, key: bytes) -> None:
-    """Take ``key`` out of its source's index (it was indexed before its compile, which then
-    failed or was not stored: compile.strict.MissBooks); under the same flight as add."""
-    entries = _merged(look, writable_only=True)
-    kept = [e for e in entries if e["key"] != key.hex()]
-    if kept and len(kept) != len(entries):
-        _write(look, kept)
-    elif not kept and entries:
-        look.cache.discard(index_key(look))  # the index that key's add made: gone, as before it
-
-
 def _write(look: Lookup, entries: list[dict[str, Any]]) -> None:
     raw = json.dumps({"format": INDEX_FORMAT, "entries": entries[:MAX_KEYS]}, separators=(",", ":")).encode()
     write_record(look.cache, index_key(look), raw, {"kind": "source-index"}, internal=True)

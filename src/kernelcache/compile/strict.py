@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kernelcache.compile.lookup import Lookup
     from kernelcache.runners.beside import Job
 
-__all__ = ["CacheMissError", "MissBooks", "on_miss", "on_triton_miss", "on_uncached", "stored", "unstored"]
+__all__ = ["CacheMissError", "MissBooks", "on_miss", "on_triton_miss", "on_uncached", "stored"]
 
 _INDEX_LOCK_S = 5.0  # the index's read-merge-write takes milliseconds; past this, write without the lock
 
@@ -92,35 +92,37 @@ def _outside_level() -> int:
 
 def on_miss(look: Lookup) -> str:
     """Explain this miss (log it at INFO); raise or warn as KERNELCACHE_REQUIRE_HIT says; the reason."""
-    mode = config.require_hit()
+    return _explained(look, config.require_hit())
+
+
+def _explained(look: Lookup, mode: str | None) -> str:
     reason = sourceindex.explain(look)
     _apply(mode, reason, lambda: _what(look))
     return reason
 
 
 class MissBooks:
-    """A miss's bookkeeping: the miss counted, explained (the source index read, on_miss) and
-    its stored key put first in the source's index (stored), run beside the compile where it can.
+    """A miss's bookkeeping: the miss counted and explained (the source index read, on_miss)
+    beside the compile where it can, and its stored key put first in the source's index.
 
-    None of it decides what is compiled, stored or returned, and it is about half a
-    millisecond of file work (two record reads, one unsynced record write, a counter
-    update) on the critical path of every miss: 4% of a small kernel's, after the compile
-    (benchmarks/bench_cold.py --only a). So it runs on a kept thread (runners.beside)
-    while the compile runs: ``start`` hands it over, called by the runner right before the
-    compiler takes over (the GIL then released), and ``close`` joins it: nothing of it
-    outlives the call. Started earlier, it took the GIL at this thread's first system call
-    before the compile (the node's slot, 0.3 ms of a small kernel's miss here, py-spy).
-    Where the entry's key is known before the compile (no header tracked: the key is the
-    request's), the index is written then too; a compile that then fails or is not stored
-    takes its key out again (close), so the index only names keys that were stored.
-    KERNELCACHE_REQUIRE_HIT (raise, warn) needs the explanation before the compile: then
-    everything runs here, first, as before. Where no thread took it (a compile that raised
-    before it started, an interpreter shutting down), ``reason`` runs it here, after.
+    The count and the explanation decide nothing that is compiled, stored or returned: they
+    run on a kept thread (runners.beside) while the compile runs. ``start`` hands them over,
+    called by the runner right before the compiler takes over (the GIL then released);
+    started earlier, that thread took the GIL at each system call this one made before the
+    compile (the node slot's open: 0.3 ms of a small kernel's miss here, py-spy). ``reason``
+    joins them, and ``close`` does in any case: nothing of it outlives the call.
+    KERNELCACHE_REQUIRE_HIT (raise, warn) needs the explanation before the compile: then it
+    runs here, first. Where no thread took it (a compile that raised before it started, an
+    interpreter shutting down), ``reason`` runs it here, after.
+
+    The index is written only after the entry was (``stored``), on this thread. Written
+    beside the compile (before it was known to be stored), it named keys with no entry: a
+    process killed during its compile left one for good, and a concurrent miss of the same
+    source was explained against a compile that then failed (helper review, stop 46).
     """
 
     def __init__(self, look: Lookup) -> None:
         self._look, self._reason = look, ""
-        self._indexed, self._stored = b"", False  # the key this call put in the index; was it stored
         self._job: Job | None = None
         self._pending = config.require_hit() is None  # start() still to hand the work over
         if not self._pending:
@@ -128,60 +130,43 @@ class MissBooks:
             self._reason = on_miss(look)  # KERNELCACHE_REQUIRE_HIT=1 raises here
 
     def start(self) -> None:
-        """Hand the bookkeeping to a kept thread, once (later calls do nothing); at
-        interpreter shutdown it is left for ``reason``, after the compile."""
+        """Hand the count and the explanation to a kept thread, once (later calls do nothing);
+        at interpreter shutdown they are left for ``reason``, after the compile."""
         if not self._pending:
             return
         from kernelcache.runners.beside import on_a_thread
 
         try:
-            self._job = on_a_thread(self._beside, self._predicted())
+            self._job = on_a_thread(self._beside)
         except RuntimeError:  # the interpreter is shutting down: no thread can start
             return
         self._pending = False
 
-    def _predicted(self) -> bytes:
-        return b"" if self._look.track else self._look.entry_key
-
-    def _beside(self, predicted: bytes) -> None:
+    def _beside(self) -> None:
         count(self._look.cache, misses=1)  # counted whatever the compile does: a failed one is a miss too
-        # Explained first: the index read must not find this very call's key, written next.
-        self._reason = on_miss(self._look)
-        # Race: the index names the key before its entry exists; a reader meanwhile (another
-        # process's miss of this source under other options) explains against it a moment
-        # early, and never a hit reads the index. A key indexed already (KERNELCACHE_RECACHE
-        # of a stored entry) is left for stored(): a compile that fails then must not take
-        # out the key of the entry that stays.
-        if predicted and stored(self._look, predicted):
-            self._indexed = predicted
+        # The mode is the one read at the miss's start (None: neither raise nor warn), not the
+        # environment's now: a raise after the compile would say "nothing compiled".
+        self._reason = _explained(self._look, None)
 
     def reason(self) -> str:
         """Why this call missed (joins the work beside the compile; re-raises what it raised)."""
-        if self._pending:  # nothing started it (the compile raised first, or at shutdown): here,
-            self._pending = False  # and no key foreseen: stored() indexes the key that was stored
-            self._beside(b"")
-        if self._job is not None:
-            job, self._job = self._job, None
-            job.result()
+        if self._pending:  # nothing started it (the compile raised first, or at shutdown): here
+            self._pending = False
+            self._beside()
+        job = self._job
+        if job is not None:
+            job.result()  # an interrupted wait (Ctrl-C) leaves the job to close(), joined there
+            self._job = None
         return self._reason
 
     def stored(self, key: bytes) -> None:
-        """The entry is stored under ``key``: index it, unless that was done beside the compile."""
+        """The entry was stored under ``key``: index it (the index explains later misses)."""
         self.reason()
-        if key != self._indexed:
-            if self._indexed:
-                unstored(self._look, self._indexed)
-            stored(self._look, key)
-            self._indexed = key
-        self._stored = True
+        stored(self._look, key)
 
     def close(self) -> None:
-        """Join the work beside the compile; a key it indexed that was not stored leaves the index."""
-        try:
-            self.reason()
-        finally:
-            if self._indexed and not self._stored:
-                unstored(self._look, self._indexed)
+        """Join the work beside the compile (nothing of it outlives the call)."""
+        self.reason()
 
 
 def on_uncached(disabled: bool) -> str:
@@ -211,11 +196,3 @@ def stored(look: Lookup, key: bytes) -> bool:
     flight = SingleFlight.for_store(look.cache, sourceindex.index_key(look), _INDEX_LOCK_S)
     with flight.hold():
         return sourceindex.add(look, key)
-
-
-def unstored(look: Lookup, key: bytes) -> None:
-    """Take ``key`` out of its source's index again (indexed beside a compile that then failed
-    or was not stored), under the index's own flight as in stored."""
-    flight = SingleFlight.for_store(look.cache, sourceindex.index_key(look), _INDEX_LOCK_S)
-    with flight.hold():
-        sourceindex.remove(look, key)
