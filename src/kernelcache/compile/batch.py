@@ -282,7 +282,7 @@ def run_batch(
     jobs = _hits_first(batch, normalized, store, strict, what)
     if not jobs:
         return batch  # all hits: no thread started
-    batch.fresh.extend(jobs)
+    batch.fresh.extend(_sources_apart(jobs))
     batch.remote = remote
     batch.processes = remote is None and batch_uses_processes(processes, len(jobs))
     if batch.processes and processes is None:
@@ -315,6 +315,34 @@ def run_batch(
         for thread in threads:
             thread.join()
     return batch
+
+
+def _sources_apart(jobs: list[_Job]) -> list[_Job]:
+    """The misses in the order they are taken: one of each source first, round robin over the
+    sources (each source's own jobs in request order).
+
+    Why: the instantiations of one template (one source and options, other name expressions)
+    share one preprocessing. The first compile of it runs the header pass; the later ones skip
+    it once that pass's hint is stored (compile.tracing), but not while it still runs. Taken in
+    request order, N takers (this batch's threads, and every process's batch over the same
+    requests, which skip the keys a peer holds) start N instantiations of one source together,
+    and each runs the pass: 59 passes for 120 CuPy kernels in 8 processes on the H200 host.
+    Taken one source at a time, the first round runs the passes that are needed and a source's
+    next instantiation comes about a round later. Only the order changes; untracked sources (no
+    header pass) and uncached calls each count as a source of their own.
+    """
+    groups: dict[object, list[_Job]] = {}
+    for job in jobs:
+        look = job.look
+        if look is not None and look.track:
+            source: object = tuple(c for c in look.base if c[0] != "name_expressions")
+        else:
+            source = job.index
+        groups.setdefault(source, []).append(job)
+    if len(groups) == len(jobs):
+        return jobs
+    rounds = max(len(group) for group in groups.values())
+    return [group[n] for n in range(rounds) for group in groups.values() if n < len(group)]
 
 
 def _hits_first(
