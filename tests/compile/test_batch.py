@@ -287,3 +287,24 @@ def test_warm_compiles_through_compile_many_and_an_all_hit_manifest_starts_no_th
     assert started.names == set()  # all hits: no worker at all, whatever -j says
     assert [r["hit"] for r in again] == [True] * 3
     assert [r["key"] for r in again] == [r["key"] for r in first[:3]]
+
+
+def test_misses_are_taken_one_source_at_a_time(tmp_path) -> None:
+    # Two templates (each reads a header: tracked), instantiated three and two times, and one
+    # plain kernel, in request order A A A B B k: taken A B k A B A, so that takers starting
+    # together start different preprocessings (each one's first compile runs its header pass).
+    from kernelcache.compile.batch import run_batch
+
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "t.h").write_text("template <typename T> __device__ T twice(T x) { return x + x; }\n")
+    settle_timestamps()
+    options = ProgramOptions(arch=ARCH, include_path=[str(tmp_path / "inc")])
+    a = '#include "t.h"\ntemplate <typename T> __global__ void a(T* p) { p[0] = twice(p[0]); }\n'
+    b = '#include "t.h"\ntemplate <typename T> __global__ void b(T* p) { p[1] = twice(p[1]); }\n'
+    reqs = [{"code": a, "options": options, "name_expressions": (f"a<{t}>",)} for t in ("int", "float", "double")]
+    reqs += [{"code": b, "options": options, "name_expressions": (f"b<{t}>",)} for t in ("int", "float")]
+    reqs.append({"code": bw.variant(0), "options": ProgramOptions(arch=ARCH)})
+    taken: list[int] = []
+    batch = run_batch(reqs, FileStreamProgramCache(tmp_path / "c"), 1, on_done=taken.append, processes=False)
+    assert not batch.errors and taken == [0, 3, 5, 1, 4, 2]
+    assert [bool(info.header_pass) for info in batch.infos] == [True, False, False, True, False, False]
