@@ -3,9 +3,10 @@
 The order of work, and why:
 1. Every request is looked up first, in this thread: a hit costs microseconds, and an
    all-hit batch starts no thread at all.
-2. The misses, one source at a time (_sources_apart), go to up to ``max_workers`` threads (NVRTC, nvJitLink and NVVM release the
-   GIL, so compiles on threads run on all cores). A thread takes a key's single-flight
-   lock only if nobody holds it (one non-blocking try); a key that a peer -- another
+2. The misses, one source at a time (_sources_apart), go to up to ``max_workers`` threads
+   (NVRTC, nvJitLink and NVVM release the GIL, so compiles on threads run on all cores). A
+   thread takes a key's single-flight lock only if nobody holds it (one non-blocking try);
+   a key that a peer -- another
    thread, another process sharing the directory, another host sharing a Redis tier -- is
    compiling is put aside. So P processes given the same K requests split the K compiles
    between them instead of queueing behind each other on the same key.
