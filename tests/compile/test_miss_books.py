@@ -114,7 +114,7 @@ def test_a_miss_interrupted_before_its_compile_started_is_counted_and_explained(
 
     from kernelcache.runners import slots
 
-    held = [s for s in iter(slots.try_take, None)]
+    held = list(iter(slots.try_take, None))
     assert len(held) == slots.usable_cores()
     child = (
         "import json, sys\n"

@@ -6,9 +6,8 @@ The order of work, and why:
 2. The misses, one source at a time (_sources_apart), go to up to ``max_workers`` threads
    (NVRTC, nvJitLink and NVVM release the GIL, so compiles on threads run on all cores). A
    thread takes a key's single-flight lock only if nobody holds it (one non-blocking try);
-   a key that a peer -- another
-   thread, another process sharing the directory, another host sharing a Redis tier -- is
-   compiling is put aside. So P processes given the same K requests split the K compiles
+   a key that a peer -- another thread, another process sharing the directory, another host
+   sharing a Redis tier -- is compiling is put aside. So P processes given the same K requests split the K compiles
    between them instead of queueing behind each other on the same key.
 3. Only when no fresh key is left does a thread come back to the keys put aside, trying
    each again every few milliseconds: a key is taken the moment its peer releases it,

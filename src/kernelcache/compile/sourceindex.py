@@ -142,8 +142,8 @@ def _header_text(look: Lookup) -> str:
     return "its headers are unchanged: the entry is no longer in the store (evicted, removed or failed its check)"
 
 
-def add(look: Lookup, key: bytes) -> bool:
-    """Put ``key`` (just stored) first in its source's index; whether it was not in it before.
+def add(look: Lookup, key: bytes) -> None:
+    """Put ``key`` (just stored) first in its source's index.
 
     Race: two processes storing entries of one source under different options both read,
     merge and write the index; the caller holds the index's own single flight (its thread,
@@ -152,11 +152,9 @@ def add(look: Lookup, key: bytes) -> bool:
     from the index makes a later miss's explanation less precise, never a hit wrong (the
     index is never read on a hit).
     """
-    before = _merged(look, writable_only=True)
-    entries = [e for e in before if e["key"] != key.hex()]
+    entries = [e for e in _merged(look, writable_only=True) if e["key"] != key.hex()]
     entries.insert(0, {"key": key.hex(), "components": components(look)})
     _write(look, entries)
-    return len(entries) > len(before)
 
 
 def _write(look: Lookup, entries: list[dict[str, Any]]) -> None:

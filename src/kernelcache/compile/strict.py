@@ -118,7 +118,7 @@ class MissBooks:
     The index is written only after the entry was (``stored``), on this thread. Written
     beside the compile (before it was known to be stored), it named keys with no entry: a
     process killed during its compile left one for good, and a concurrent miss of the same
-    source was explained against a compile that then failed (helper review, stop 46).
+    source was explained against a compile that then failed.
     """
 
     def __init__(self, look: Lookup) -> None:
@@ -186,13 +186,12 @@ def on_triton_miss(triton_key: str, filename: str) -> None:
     _apply(config.require_hit(), why, lambda: f"Triton's {name}")
 
 
-def stored(look: Lookup, key: bytes) -> bool:
-    """Add the entry just stored under ``key`` to its source's index, under the index's own
-    flight; whether the key was new to the index.
+def stored(look: Lookup, key: bytes) -> None:
+    """Add the entry just stored under ``key`` to its source's index, under the index's own flight.
 
     That flight is held inside the entry's own (a different key), for milliseconds, and
     waits _INDEX_LOCK_S at most: whatever its outcome, the index is then written.
     """
     flight = SingleFlight.for_store(look.cache, sourceindex.index_key(look), _INDEX_LOCK_S)
     with flight.hold():
-        return sourceindex.add(look, key)
+        sourceindex.add(look, key)
