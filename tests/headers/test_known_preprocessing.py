@@ -242,3 +242,35 @@ def test_a_header_reached_by_a_computed_include_always_gets_a_pass(tmp_path, pro
     assert [info.header_pass for _, info in got] == [True, True]
     assert all(info.cached for _, info in got)
     assert [data for data, _ in got] == [truth(monkeypatch, n, source, include_path=[str(inc)]) for n in (1, 2)]
+
+
+def _variant_record(cache: FileStreamProgramCache, n: int) -> str:
+    """The path of the record of the header variant k<n>'s entry was stored under."""
+    from kernelcache.compile.lookup import Lookup
+    from kernelcache.compile.request import CompileRequest
+    from kernelcache.headers import manifests
+    from kernelcache.stores.naming import entry_name
+
+    request = CompileRequest.of(SOURCE, "c++", "cubin", ProgramOptions(arch=ARCH), [f"k<{n}>"], None)
+    _, record, variant = Lookup(cache, request).find()
+    assert record is not None and variant is not None
+    return cache.entry_path(entry_name(manifests.variant_key(variant["digest"])))
+
+
+def test_a_variant_record_the_store_holds_is_not_written_again_and_one_gone_is(tmp_path, proj) -> None:
+    """Instantiations of one template share one header variant: the misses after the first
+    leave its record as it is (the same file, the same inode), and one removed meanwhile (as
+    eviction or ``kernelcache rm`` would) is written again, so every instantiation still hits
+    in a fresh process."""
+    import os
+
+    cache = FileStreamProgramCache(tmp_path / "cache")
+    compiled(cache, 1)
+    path = _variant_record(cache, 1)
+    first = os.stat(path).st_ino
+    assert not compiled(cache, 2)[1].header_pass
+    assert _variant_record(cache, 2) == path and os.stat(path).st_ino == first  # not rewritten
+    os.unlink(path)
+    _, info = compiled(cache, 3)
+    assert info.cached and os.path.exists(path)
+    assert hits_in_a_fresh_process(str(tmp_path / "cache"), str(proj), [1, 2, 3]) == [True] * 3

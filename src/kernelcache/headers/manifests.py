@@ -20,6 +20,7 @@ variants that other hosts added.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -137,6 +138,28 @@ def preprocessing_hint(cache: ProgramCacheResource, preprocessing: bytes) -> str
 
 def store_preprocessing_hint(cache: ProgramCacheResource, preprocessing: bytes, digest: str) -> None:
     write_record(cache, _hint_key(preprocessing), digest.encode("ascii"), {"kind": "manifest"}, internal=True)
+
+
+def _held_everywhere(cache: ProgramCacheResource, digest: str) -> bool:
+    """Whether every writable tier holds the record of the variant ``digest`` already, as the
+    bytes that digest names (then they are this variant's: a record is content-addressed).
+
+    The instantiations of one template (CuPy's kernels, one name expression each) share one
+    variant: rewriting its record on each of their misses was most of a tracked miss's store
+    (JSON of hundreds of headers and their probes). Each tier is read, not this process's memo
+    trusted: a record evicted or cleared since would otherwise never be written again.
+    Race: one evicted between this read and the manifest's write below leaves the manifest
+    naming a record that is gone; a look-up then leaves that variant out (a miss, never a
+    wrong entry) and that miss's store writes the record again.
+    """
+    key = variant_key(digest)
+    for tier in _tiers(cache):
+        if tier.read_only:
+            continue
+        record = read_record(tier, key)
+        if record is None or hashlib.sha256(record[0]).hexdigest() != digest:
+            return False
+    return True
 
 
 def _write_variant(store: ProgramCacheResource, variant: dict[str, Any]) -> None:
@@ -270,7 +293,8 @@ def store_manifest(cache: ProgramCacheResource, manifest_key: bytes, variant: di
     # The variant's record first: a reader that finds the manifest finds what it names (a
     # record gone later, evicted or cleared, leaves that variant out: a compile, never a
     # wrong entry, since a variant is only trusted as the bytes its digest names).
-    _write_variant(cache, variant)
+    if not _held_everywhere(cache, variant["digest"]):
+        _write_variant(cache, variant)
     write_record(cache, manifest_key, _manifest_bytes(manifest), {"kind": "manifest"}, internal=True)
     remember(_variant_memo, variant["digest"], variant, 1024)
     _memo_put(cache, manifest_key, manifest)
