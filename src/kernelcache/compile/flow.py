@@ -345,7 +345,7 @@ def _compile(
         call.info.header_pass = trace.path is not None
         return runner.run_compiler(request, trace.path, trace.prepare, started=started)
     try:
-        result = runner.run_compiler(request, None, started=started)
+        result = runner.run_compiler(request, None, started=lambda: (started(), trace.start_known()))
     finally:
         holds = trace.known_holds()  # joined on a failed compile too: nothing of the call outlives it
     if not holds:

@@ -109,7 +109,8 @@ class HeaderTrace:
         self._built: tuple[dict[str, Any] | None, list[str], Any] | None = None  # by prepare
         self._stored_hint: str | None = None  # the store's preprocessing hint, where build_known read it
         self._preprocessing = b""  # preprocessing_key's, once asked
-        self._known: Job | None = None  # build_known's job
+        self._known_digest: str | None = None  # the variant an earlier pass gave, where build_known found one
+        self._known: Job | None = None  # start_known's job
 
     def preprocessing_key(self) -> bytes:
         """What NVRTC's preprocessing of this compile is a function of, besides the files: the
@@ -131,9 +132,9 @@ class HeaderTrace:
         return self._preprocessing
 
     def build_known(self) -> bool:
-        """Start building the variant from the headers an earlier pass of this preprocessing
-        listed (this process's, else the store's hint), on a thread beside the compile; False
-        (nothing started) where none is known."""
+        """Whether an earlier pass of this preprocessing listed its headers (this process's, else
+        the store's hint): then ``start_known`` builds the variant from that list beside the
+        compile; False where none is known."""
         if self.not_stored:
             return False
         key = self.preprocessing_key()
@@ -141,16 +142,21 @@ class HeaderTrace:
         # holds another) is given this compile's (variant()), so every store that took a traced
         # compile can spare its other readers the pass.
         self._stored_hint = manifests.preprocessing_hint(self.store, key)
-        digest = _traced.get(key) or self._stored_hint
-        if digest is None:
-            return False
+        self._known_digest = _traced.get(key) or self._stored_hint
+        return self._known_digest is not None
+
+    def start_known(self) -> None:
+        """Start build_known's build on a kept thread: called when the compiler takes over (it
+        releases the GIL), so that the build's Python never holds up this thread's way to it.
+        Where no thread can start (the interpreter is shutting down), the pass runs instead."""
         from kernelcache.runners.beside import on_a_thread
 
+        if self._known_digest is None or self._known is not None:
+            return
         try:
-            self._known = on_a_thread(self._build_known, digest)
-        except RuntimeError:  # the interpreter is shutting down: the pass runs instead
-            return False
-        return True
+            self._known = on_a_thread(self._build_known, self._known_digest)
+        except RuntimeError:
+            return
 
     def _build_known(self, digest: str) -> None:
         # Race: a header edited before the compile started is read by this build too (it runs
@@ -176,7 +182,8 @@ class HeaderTrace:
     def known_holds(self) -> bool:
         """After build_known: whether the earlier pass's headers still hold (the variant is then
         built); False: this compile needs its own header pass."""
-        assert self._known is not None
+        if self._known is None:
+            return False  # never started: the compile did not start, or no thread could
         self._known.result()  # _build_known raises nothing
         self._known = None
         return self._built is not None
