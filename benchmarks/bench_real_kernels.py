@@ -11,6 +11,9 @@ Each phase runs in fresh processes, one per contender:
 - cold: a plain ``Program.compile`` loop (no cache), cuda.core's ``FileStreamProgramCache`` used
   as its docs show for include paths (``make_program_cache_key(..., extra_digest=<digest of the
   include paths>)``), and kernelcache's ``compile_program``: the miss's cost over a plain compile;
+  and per kernel (medians), the call, its compile's wall (NVRTC's part), the rest, and the calling
+  thread's CPU time (NVRTC compiles on that thread: a compile that costs more CPU in one process
+  than in the other shows there, as it did on the H200 host, see the README);
 - warm, fresh process, all hits: the same two caches (imports excluded, reported apart; so is
   the full garbage collection the imports leave due, taken right after them in every child: it
   is a cost of the imports, and whichever contender allocates first would pay it);
@@ -63,6 +66,28 @@ def _read_once(dirs: set[str]) -> None:
                     pass
 
 
+_COMPILES: list[float] = []  # a cold child's compile walls, one per miss (NVRTC's part of each call)
+
+
+def _per_kernel(run, kernels: list[corpus.Kernel]) -> tuple[list, dict[str, float]]:  # noqa: ANN001
+    """Each kernel through ``run``, with the medians of the cold detail: a call's wall, its
+    compile's wall, the rest, and the calling thread's CPU time (NVRTC compiles on it)."""
+    got, walls, cpus = [], [], []
+    for k in kernels:
+        t, c = time.perf_counter(), time.thread_time()
+        got.append(run(k))
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.thread_time() - c)
+    compiles = _COMPILES if len(_COMPILES) == len(kernels) else walls  # plain: the call is the compile
+    med = statistics.median
+    return got, {
+        "call_ms": med(walls) * 1e3,
+        "compile_ms": med(compiles) * 1e3,
+        "outside_ms": med(w - c for w, c in zip(walls, compiles)) * 1e3,
+        "cpu_ms": med(cpus) * 1e3,
+    }
+
+
 def _theirs(cache, kernel: corpus.Kernel) -> tuple[bytes, bool]:  # noqa: ANN001
     """cuda.core's cache the way its docs show for include paths: (bytes, hit)."""
     from cuda.core import ObjectCode, Program, ProgramOptions
@@ -82,10 +107,12 @@ def _theirs(cache, kernel: corpus.Kernel) -> tuple[bytes, bool]:  # noqa: ANN001
     if data is not None:
         return bytes(ObjectCode.from_cubin(data).code), True
     program = Program(kernel.code, "c++", options=options)
+    start = time.perf_counter()
     try:
         obj = program.compile("cubin", name_expressions=kernel.name_expressions)
     finally:
         program.close()
+        _COMPILES.append(time.perf_counter() - start)
     cache[key] = obj
     return bytes(obj.code), False
 
@@ -103,6 +130,8 @@ def _ours(cache, kernel: corpus.Kernel) -> tuple[bytes, bool]:  # noqa: ANN001
         name_expressions=kernel.name_expressions,
         info=info,
     )
+    if not info.hit:
+        _COMPILES.append(info.compile_seconds)
     return bytes(obj.code), info.hit
 
 
@@ -128,7 +157,7 @@ def child(who: str, phase: str, which: str, work: str) -> None:
         cache = FileStreamProgramCache(os.path.join(work, "ours"))
         run = lambda k: _ours(cache, k)  # noqa: E731
     start = time.perf_counter()
-    got = [run(k) for k in kernels]
+    got, detail = _per_kernel(run, kernels)
     seconds = time.perf_counter() - start
     passes = []
     if phase == "repeat":
@@ -151,6 +180,7 @@ def child(who: str, phase: str, which: str, work: str) -> None:
                 "hits": hits,
                 "imports": imported - t0,
                 "n": len(kernels),
+                **detail,
             }
         )
     )
@@ -220,9 +250,22 @@ def _cold(rounds: int, which: str, work: str) -> dict[str, dict]:
         for who in order if r % 2 == 0 else order[::-1]:
             runs.setdefault(who, []).append(_run(who, "cold", which, where))
     return {
-        who: {**got[0], "seconds": statistics.median(g["seconds"] for g in got), "rounds": [g["seconds"] for g in got]}
+        who: {
+            **got[0],
+            **{k: statistics.median(g[k] for g in got) for k in ("seconds", *_DETAIL)},
+            "rounds": [g["seconds"] for g in got],
+        }
         for who, got in runs.items()
     }
+
+
+# The cold detail (medians per kernel over a contender's rounds' medians): where a miss's time goes.
+_DETAIL = {
+    "call_ms": "a call",
+    "compile_ms": "its compile",
+    "outside_ms": "outside the compile",
+    "cpu_ms": "calling thread's CPU",
+}
 
 
 def _run(who: str, phase: str, which: str, work: str) -> dict:
@@ -298,6 +341,10 @@ def main() -> None:
     print(f"{'measure':<42} {'kernelcache':>12} {'other':>12} {'ratio':>7}")
     for label, ours, theirs in rows:
         print(f"{label:<42} {ours:>12.2f} {theirs:>12.2f} {ours / theirs:>7.2f}")
+    for key, what in _DETAIL.items():
+        label = f"cold, per kernel: {what} (ms)"
+        ours_v, theirs_v = cold["ours"][key], cold["theirs"][key]
+        print(f"{label:<42} {ours_v:>12.2f} {theirs_v:>12.2f} {ours_v / theirs_v:>7.2f}")
     for who, label in (("ours", "compile_program loop"), ("many", "compile_many")):
         if fleet:
             (ours_s, ours_c), (theirs_s, theirs_c) = fleet[who], fleet["theirs"]
