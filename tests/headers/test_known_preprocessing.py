@@ -274,3 +274,37 @@ def test_a_variant_record_the_store_holds_is_not_written_again_and_one_gone_is(t
     _, info = compiled(cache, 3)
     assert info.cached and os.path.exists(path)
     assert hits_in_a_fresh_process(str(tmp_path / "cache"), str(proj), [1, 2, 3]) == [True] * 3
+
+
+def test_a_variant_record_is_written_again_where_only_a_write_keeps_it(tmp_path, proj, server) -> None:
+    """Where records live by their last write, the shared record must outlive the newest entry
+    that needs it: each miss writes it again. Redis with a ttl: the record's expiry moves with
+    the second instantiation's (a real server); a file cache with touch_on_read=False (reads
+    leave the eviction order alone): a new file."""
+    import os
+
+    import redis
+
+    from kernelcache import RedisProgramCache
+    from kernelcache.compile.lookup import Lookup
+    from kernelcache.compile.request import CompileRequest
+    from kernelcache.headers import manifests
+
+    rc = RedisProgramCache(server.url, namespace=f"vttl{os.getpid()}", ttl=600)
+    compiled(rc, 1)
+    request = CompileRequest.of(SOURCE, "c++", "cubin", ProgramOptions(arch=ARCH), ["k<1>"], None)
+    variant = Lookup(rc, request).find()[2]
+    assert variant is not None
+    record = rc._entry_key(manifests.variant_key(variant["digest"]))
+    client = redis.Redis.from_url(server.url)
+    before = client.pttl(record)
+    assert 0 < before <= 600_000
+    compiled(rc, 2)  # a compile of tens of milliseconds at least: the ttl would have moved on
+    assert client.pttl(record) > before
+
+    cache = FileStreamProgramCache(tmp_path / "untouched", touch_on_read=False)
+    compiled(cache, 1)
+    path = _variant_record(cache, 1)
+    first = os.stat(path).st_ino
+    compiled(cache, 2)
+    assert os.stat(path).st_ino != first

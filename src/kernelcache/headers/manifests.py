@@ -142,12 +142,16 @@ def store_preprocessing_hint(cache: ProgramCacheResource, preprocessing: bytes, 
 
 def _held_everywhere(cache: ProgramCacheResource, digest: str) -> bool:
     """Whether every writable tier holds the record of the variant ``digest`` already, as the
-    bytes that digest names (then they are this variant's: a record is content-addressed).
+    bytes that digest names (then they are this variant's: a record is content-addressed), and
+    keeps it for this read as a rewrite would (``reads_renew``).
 
     The instantiations of one template (CuPy's kernels, one name expression each) share one
     variant: rewriting its record on each of their misses was most of a tracked miss's store
     (JSON of hundreds of headers and their probes). Each tier is read, not this process's memo
-    trusted: a record evicted or cleared since would otherwise never be written again.
+    trusted: a record evicted or cleared since would otherwise never be written again. A tier
+    whose records live by their last write (Redis with a ttl, a file cache with
+    touch_on_read=False) is written as before: the record, shared by every entry of the
+    variant, must outlive the newest of them, not expire with the first.
     Race: one evicted between this read and the manifest's write below leaves the manifest
     naming a record that is gone; a look-up then leaves that variant out (a miss, never a
     wrong entry) and that miss's store writes the record again.
@@ -156,6 +160,8 @@ def _held_everywhere(cache: ProgramCacheResource, digest: str) -> bool:
     for tier in _tiers(cache):
         if tier.read_only:
             continue
+        if not tier.reads_renew:
+            return False
         record = read_record(tier, key)
         if record is None or hashlib.sha256(record[0]).hexdigest() != digest:
             return False

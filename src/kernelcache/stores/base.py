@@ -189,6 +189,13 @@ class ProgramCacheResource(abc.ABC):
         """True: this store never writes or deletes (a tiered store skips it for writes and clear)."""
         return False
 
+    @property
+    def reads_renew(self) -> bool:
+        """True: reading a record keeps it as long as rewriting it would (eviction by last read,
+        no expiry from the write): a record read often is never dropped first. False (this
+        default): only a write renews it (a TTL from the write, or an order nobody said)."""
+        return False
+
     def lock_path(self, name: str) -> str | None:
         """The lock file ``name`` that this host's processes flock for single flight; None: no
         file locks (threads of one process still meet). OSError: locks/ cannot be made."""

@@ -73,6 +73,10 @@ class InMemoryProgramCache(RecordStore):
         except KeyError:
             return default
 
+    @property
+    def reads_renew(self) -> bool:
+        return True  # LRU by access
+
     def _read(self, key: bytes) -> tuple[bytes, Meta] | None:
         with self._lock:
             self._apply_pending_hits()

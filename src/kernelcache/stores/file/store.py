@@ -221,6 +221,10 @@ class FileStreamProgramCache(EntryReading, RecordStore):
     def tmp_dir(self) -> str:
         return self._tmp
 
+    @property
+    def reads_renew(self) -> bool:
+        return self._touch  # a read stamps the last use (lru.py), which eviction goes by
+
     def tier_counters(self, tier: str) -> FileStats:
         """The counters file of another tier of the default cache built over this directory
         (``v2/stats.<tier>``: memory, bundle, redis, object), shared like this store's own:

@@ -144,6 +144,12 @@ class RedisProgramCache(RecordStore):
         return self._read_only
 
     @property
+    def reads_renew(self) -> bool:
+        # With a ttl every key expires that long after its last write, whatever reads it; without
+        # one, only the server's maxmemory policy drops keys, and its LRU/LFU ones count reads.
+        return self._ttl_ms is None
+
+    @property
     def has_remote_lock(self) -> bool:
         return not self._read_only  # a read_only store must not make others wait for it
 
