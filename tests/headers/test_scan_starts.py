@@ -84,3 +84,11 @@ def test_random_texts_give_what_the_plain_scan_gives(seed: int) -> None:
     for _ in range(1500):
         text = b"".join(rng.choice(_PIECES) for _ in range(rng.randrange(1, 40)))
         assert scan.directives(text) == plain_directives(text), text
+
+
+def test_a_generated_header_with_long_lines_gives_what_the_plain_scan_gives() -> None:
+    """Lines that hold the words many times (a generated header's table, a minified blob), next
+    to directives: each line is searched once, and what is found is the plain scan's."""
+    blob = b'static const char* t = "' + b'#include <x.h> __has_include("y.h") (<z.h>) define ' * 2000 + b'";\n'
+    text = b'#include "a.h"\n' + blob + b'#define CFG "cfg.h" define\n%:include <b.h>\n' + blob[:-1]
+    assert scan.directives(text) == plain_directives(text)

@@ -97,14 +97,19 @@ def _matches(pattern: re.Pattern[bytes], text: bytes, starts: Sequence[int]) -> 
 
 
 def _line_starts(text: bytes, word: bytes) -> list[int]:
-    """The start of every line holding ``word`` (a directive's match starts there), ascending."""
+    """The start of every line holding ``word`` (a directive's match starts there), ascending.
+
+    Each line is searched once: the next search starts past the end of the line just found
+    (one long line holding the word many times, a generated header's, is not read again from
+    its start for each)."""
     out: list[int] = []
     at = text.find(word)
     while at >= 0:
-        start = text.rfind(b"\n", 0, at) + 1
-        if not out or out[-1] != start:
-            out.append(start)
-        at = text.find(word, at + len(word))
+        out.append(text.rfind(b"\n", 0, at) + 1)
+        end = text.find(b"\n", at)
+        if end < 0:
+            break
+        at = text.find(word, end + 1)
     return out
 
 
