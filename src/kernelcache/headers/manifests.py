@@ -20,7 +20,6 @@ variants that other hosts added.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -28,8 +27,8 @@ from typing import Any
 
 from kernelcache import forksafe
 from kernelcache.headers import index as header_index
+from kernelcache.headers import records, variants
 from kernelcache.headers import scan as includes
-from kernelcache.headers import variants
 from kernelcache.headers.digests import file_digest
 from kernelcache.headers.watch import Look
 from kernelcache.keys.derive import digest_components
@@ -163,7 +162,7 @@ def _held_everywhere(cache: ProgramCacheResource, digest: str) -> bool:
         if not tier.reads_renew:
             return False
         record = read_record(tier, key)
-        if record is None or hashlib.sha256(record[0]).hexdigest() != digest:
+        if record is None or not records.is_record_of(record[0], digest):
             return False
     return True
 

@@ -27,6 +27,12 @@ def variant_digest(variant: dict[str, Any]) -> str:
     return hashlib.sha256(variant_bytes(variant)).hexdigest()
 
 
+def is_record_of(raw: bytes, digest: str) -> bool:
+    """Whether ``raw`` are the canonical bytes of the variant ``digest`` (variant_digest's rule):
+    the one check by which a stored record is taken for that variant."""
+    return hashlib.sha256(raw).hexdigest() == digest
+
+
 _DECODER = json.JSONDecoder()
 
 
@@ -38,7 +44,7 @@ def variant_from_bytes(raw: bytes, digest: str) -> dict[str, Any] | None:
     (headers.index) never does, and they are most of a deep variant's bytes (6,500 probes, 300 KB
     of a CUB kernel's 376 KB). So the headers are read from the front and the small fields from
     the back; the slice between is the probes' text."""
-    if hashlib.sha256(raw).hexdigest() != digest:
+    if not is_record_of(raw, digest):
         return None
     try:
         text = raw.decode("ascii")  # canonical bytes are json.dumps' (ASCII: every other char escaped)
