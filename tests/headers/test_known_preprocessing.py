@@ -155,8 +155,9 @@ def test_a_header_edited_during_a_compile_without_a_pass_is_not_stored(tmp_path,
     assert not info.hit and info.cached and data == truth(monkeypatch, 2, SLOW)
 
 
-def compiled_in_a_fresh_process(root: str, cwd: str, n: int) -> dict[str, object]:
-    """compile_program of SOURCE's k<n> in a new interpreter: what its CompileInfo said."""
+def compiled_in_a_fresh_process(root: str, cwd: str, n: int, why: bool = False) -> dict[str, object]:
+    """compile_program of SOURCE's k<n> in a new interpreter: what its CompileInfo said (``why``:
+    its miss_reason too)."""
     script = (
         "import json, os, sys, warnings\n"
         "warnings.simplefilter('ignore')\n"
@@ -166,9 +167,13 @@ def compiled_in_a_fresh_process(root: str, cwd: str, n: int) -> dict[str, object
         "i = CompileInfo()\n"
         f"compile_program(sys.argv[1], cache=FileStreamProgramCache({root!r}), info=i, name_expressions=['k<{n}>'],"
         f" options=ProgramOptions(arch={ARCH!r}))\n"
-        "print(json.dumps({'hit': i.hit, 'cached': i.cached, 'header_pass': i.header_pass, 'headers': sorted(i.headers)}))\n"
+        "print(json.dumps({'hit': i.hit, 'cached': i.cached, 'header_pass': i.header_pass, 'headers': sorted(i.headers),"
+        " 'miss_reason': i.miss_reason}))\n"
     )
-    return json.loads(run_python(script, SOURCE).splitlines()[-1])
+    said = json.loads(run_python(script, SOURCE).splitlines()[-1])
+    if not why:
+        del said["miss_reason"]
+    return said
 
 
 def test_another_process_uses_the_stores_hint_and_notices_what_changed_since(tmp_path, proj) -> None:
@@ -274,6 +279,23 @@ def test_a_variant_record_the_store_holds_is_not_written_again_and_one_gone_is(t
     _, info = compiled(cache, 3)
     assert info.cached and os.path.exists(path)
     assert hits_in_a_fresh_process(str(tmp_path / "cache"), str(proj), [1, 2, 3]) == [True] * 3
+
+
+def test_a_miss_whose_variant_record_is_gone_says_so_not_that_the_entry_is(tmp_path, proj) -> None:
+    """The entry is still stored but the record of the headers it read is gone (evicted, or
+    removed by hand): the look-up cannot vouch for the entry, and the miss's explanation names
+    the record, not a vanished entry; the compile writes the record again."""
+    import os
+
+    root = str(tmp_path / "cache")
+    cache = FileStreamProgramCache(root)
+    compiled(cache, 1)
+    os.unlink(_variant_record(cache, 1))
+    again = compiled_in_a_fresh_process(root, str(proj), 1, why=True)  # no memo of this process's
+    assert not again["hit"] and again["cached"]
+    assert "record of the headers" in again["miss_reason"], again["miss_reason"]
+    assert "no longer in the store" not in again["miss_reason"]
+    assert hits_in_a_fresh_process(root, str(proj), [1]) == [True]
 
 
 def test_a_variant_record_is_written_again_where_only_a_write_keeps_it(tmp_path, proj, server) -> None:

@@ -139,6 +139,11 @@ def _header_text(look: Lookup) -> str:
     parts = [f"{what} header {path}" for what, paths in (changes or {}).items() for path in paths]
     if parts:
         return "differs in headers: " + "; ".join(parts)
+    if manifests.gone_variants(look.cache, look.manifest_key):
+        return (
+            "the record of the headers it was compiled with is gone from the store (evicted or removed), "
+            "so the entry cannot be vouched for; this compile writes the record again"
+        )
     return "its headers are unchanged: the entry is no longer in the store (evicted, removed or failed its check)"
 
 

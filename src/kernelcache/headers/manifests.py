@@ -347,6 +347,17 @@ def header_changes(cache: ProgramCacheResource, manifest_key: bytes, dirs: list[
     return {what: list(dict.fromkeys(found)) for what, found in changes.items()}
 
 
+def gone_variants(cache: ProgramCacheResource, manifest_key: bytes) -> int:
+    """How many variants the stored manifest of this source+options names whose record no tier
+    holds (evicted or removed): their entries may be stored still, but no look-up can vouch for
+    them (a miss, whose compile writes the record again)."""
+    record = read_record(cache, manifest_key) if manifest_key else None
+    listed = parse_manifest(record[0]) if record else None
+    if listed is None:
+        return 0
+    return sum(_variant(cache, digest, None) is None for digest in listed["variants"])
+
+
 def add_variant(manifest: dict[str, Any] | None, variant: dict[str, Any]) -> dict[str, Any]:
     """The manifest with ``variant`` first (deduplicated, at most variants.MAX_VARIANTS)."""
     old = (manifest or {}).get("variants", [])
