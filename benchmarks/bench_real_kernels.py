@@ -6,6 +6,7 @@
     python benchmarks/bench_real_kernels.py --set all --fleet 8   # and 8 processes at once, one empty dir
     python benchmarks/bench_real_kernels.py --set cupy --limit 80 --cold-rounds 3   # cold: medians of 3
     python benchmarks/bench_real_kernels.py --limit 40      # the first 40 of the set (a quick run)
+    python benchmarks/bench_real_kernels.py --cpus all      # children unpinned (default: all on the same 2 CPUs)
 
 Each phase runs in fresh processes, one per contender:
 - cold: a plain ``Program.compile`` loop (no cache), cuda.core's ``FileStreamProgramCache`` used
@@ -268,10 +269,33 @@ _DETAIL = {
 }
 
 
+# The CPUs every cold and warm child runs on (--cpus; None: wherever the scheduler puts it). On the
+# H200 host (a VM) one CPU compiles up to 1.6x slower than another, the same CPU each time (a plain
+# loop of 40 CuPy kernels pinned to each of 6 CPUs in turn, twice: 3.0-3.2 s on three, 3.6-5.0 s on
+# the others): unpinned, a contender's time was that of the CPU it landed on, and contenders whose
+# compiles are the same differed by 1.4x between processes. Pinned, all run on the same CPUs.
+_PIN: set[int] | None = None
+
+
+def _pinned() -> None:
+    if _PIN is not None:
+        os.sched_setaffinity(0, _PIN)
+
+
+def _pin_set(spec: str) -> set[int] | None:
+    """--cpus: "all" (no pinning), N (the first N CPUs this process may use), or a list "0,3"."""
+    if spec == "all":
+        return None
+    usable = sorted(os.sched_getaffinity(0))
+    if "," in spec:
+        return {int(c) for c in spec.split(",")}
+    return set(usable[: int(spec)])
+
+
 def _run(who: str, phase: str, which: str, work: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     args = [sys.executable, os.path.abspath(__file__), "--child", who, phase, which, work]
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=3600, preexec_fn=_pinned)
     if proc.returncode:
         raise SystemExit(f"{who} {phase} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -289,7 +313,16 @@ def main() -> None:
     )
     parser.add_argument("--limit", type=int, default=0, help="only the first N kernels of the set")
     parser.add_argument("--fleet", type=int, default=0, help="also N processes at once on one empty directory")
+    parser.add_argument(
+        "--cpus",
+        default="2",
+        help="CPUs each cold and warm child is pinned to, the same for every contender: N (the first N "
+        "usable), a list 0,3, or all (unpinned); 2 leaves kernelcache's header pass a core beside the "
+        "compile. The fleet is never pinned",
+    )
     args = parser.parse_args()
+    global _PIN
+    _PIN = _pin_set(args.cpus)
     which = f"{args.set}:{args.limit}" if args.limit else args.set
     work = tempfile.mkdtemp(prefix="kc-bench-real-")
     fleet: dict[str, tuple[float, int]] = {}
@@ -359,7 +392,8 @@ def main() -> None:
     hits = (warm["ours-warm"]["hits"], warm["theirs-warm"]["hits"])
     print(f"hits on the warm run: kernelcache {hits[0]}/{n}, cuda.core {hits[1]}/{n}")
     print(f"bytes differing from a plain compile: {len(wrong)} of {2 * n} (misses and hits) {wrong[:10]}")
-    print(f"(python {sys.version.split()[0]}, {os.cpu_count()} CPUs, warm figures best of {args.rounds} children)")
+    pinned = "unpinned" if _PIN is None else f"cold and warm children on CPUs {sorted(_PIN)}"
+    print(f"(python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {pinned}, warm figures best of {args.rounds})")
 
 
 if __name__ == "__main__":
