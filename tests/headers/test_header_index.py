@@ -65,21 +65,21 @@ def _tree(root) -> None:
     (root / "pre.h").write_text("#define PRE 1\n")
 
 
-def _child(root: str, tree: str) -> dict:
-    args = [sys.executable, "-c", CHILD, root, ARCH, tree, KERNEL]
+def _child(root: str, tree: str, code: str = KERNEL) -> dict:
+    args = [sys.executable, "-c", CHILD, root, ARCH, tree, code]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _truth(tree: str) -> str:
+def _truth(tree: str, code: str = KERNEL) -> str:
     """The sha256 of CHILD's kernel compiled now without kernelcache (a plain cuda.core compile,
     here: it needs no fresh process, only the same request)."""
     from cuda.core import Program, ProgramOptions
 
     tree = os.path.realpath(tree)
     options = ProgramOptions(arch=ARCH, include_path=[tree + "/inc1", tree + "/inc2"], pre_include=[tree + "/pre.h"])
-    program = Program(KERNEL, "c++", options=options)
+    program = Program(code, "c++", options=options)
     try:
         return hashlib.sha256(bytes(program.compile("cubin").code)).hexdigest()
     finally:
@@ -96,6 +96,59 @@ def test_a_fresh_process_hit_reads_no_header_and_lists_no_directory(tmp_path) ->
     for got in warm:
         assert got["hit"] and got["sha"] == first["sha"]
         assert (got["header_opens"], got["scandirs"], got["index_opens"]) == (0, 0, 1), got
+
+
+# KERNEL, and a header that only a dangling symlink names for now (a view's link to a file that
+# its package does not have yet).
+LINKED_KERNEL = (
+    '#if __has_include("extra.h")\n#include "extra.h"\n#endif\n#ifndef EXTRA\n#define EXTRA 0\n#endif\n'
+    + KERNEL.replace("TOTAL + PRE", "TOTAL + PRE + EXTRA")
+)
+
+
+def _view(real, view) -> None:
+    """``view``: inc1/, inc2/ and pre.h of the tree ``real`` as symlinks to its entries (a
+    Spack view, a Bazel execroot), and inc1/extra.h a link to a file ``real`` lacks."""
+    for inc in ("inc1", "inc2"):
+        (view / inc).mkdir(parents=True)
+        for entry in os.listdir(real / inc):
+            os.symlink(real / inc / entry, view / inc / entry)
+    os.symlink(real / "pre.h", view / "pre.h")
+    os.symlink(real / "inc1" / "extra.h", view / "inc1" / "extra.h")
+
+
+def _proofs(root: str) -> dict:
+    with open(os.path.join(root, "v2", "index", f"headers-{os.getuid()}.json")) as f:
+        return json.load(f)["proofs"]
+
+
+def test_a_view_of_symlinks_keeps_its_proof_and_a_link_whose_target_appears_misses(tmp_path) -> None:
+    """Headers reached through symlink entries: no listing proves what a link names (its
+    target can change elsewhere), so a fresh process proved every probe again (the H200
+    host: 183 real kernels through such a tree, all hits, 309 ms against 45 ms through real
+    files). The proof now keeps those places and asks each again by a stat; a dangling link
+    whose target then appears, the view's directories untouched, is a miss, never the old entry."""
+    real, view = tmp_path / "real", tmp_path / "view"
+    _tree(real)
+    _view(real, view)
+    settle_timestamps()
+    root = str(tmp_path / "cache")
+    first = _child(root, str(view), LINKED_KERNEL)
+    assert not first["hit"] and first["sha"] == _truth(str(view), LINKED_KERNEL)
+    warm = _child(root, str(view), LINKED_KERNEL)
+    assert warm["hit"] and warm["sha"] == first["sha"]
+    kept = [p for p in _proofs(root).values() if len(p) == 3]
+    assert len(kept) == 1, _proofs(root)  # the proof, with the places only a stat answers
+    # Its headers (top.h, linked) are vouched for by their digests; the one probe that only a
+    # stat answers is the dangling link.
+    assert dict(kept[0][2]) == {str(view / "inc1" / "extra.h"): False}
+    assert _child(root, str(view), LINKED_KERNEL)["hit"]  # the kept proof holds
+
+    (real / "inc1" / "extra.h").write_text("#define EXTRA 40\n")  # the link's target appears
+    settle_timestamps()
+    got = _child(root, str(view), LINKED_KERNEL)
+    assert not got["hit"] and got["sha"] == _truth(str(view), LINKED_KERNEL) != first["sha"]
+    assert _child(root, str(view), LINKED_KERNEL)["hit"]
 
 
 def _edit(path, text: str) -> None:

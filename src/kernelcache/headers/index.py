@@ -154,23 +154,48 @@ class HeaderIndex:
 
     def proof_dirs(self, key: str) -> list[str] | None:
         """The directories the probes of ``key`` search, as its proof recorded them."""
-        proof = self._proofs.get(key)
-        return proof[0] if isinstance(proof, list) and len(proof) == 2 else None
+        proof = self._proof(key)
+        return proof[0] if proof is not None else None
+
+    def proof_links(self, key: str) -> list[Any]:
+        """The places of ``key``'s proof that no listing proves (``[path, answer]``: a symlink
+        entry, a directory too big to list), checked by a stat each time the proof is used."""
+        proof = self._proof(key)
+        return proof[2] if proof is not None and len(proof) == 3 else []
 
     def proved(self, key: str, state: list[Any]) -> bool:
         """Whether the probes of ``key`` (a variant under a search path) were proved to resolve
         where they did with every directory they search in ``state``: no entry was created,
-        removed or renamed in any of them since, so they still do."""
-        proof = self._proofs.get(key)
-        return isinstance(proof, list) and len(proof) == 2 and proof[1] == state
+        removed or renamed in any of them since, so they still do. Its places that no listing
+        proves are asked again, each by a stat: one such answer differing fails the proof."""
+        proof = self._proof(key)
+        if proof is None or proof[1] != state:
+            return False
+        return all(os.path.isfile(path) == answer for path, answer in self.proof_links(key))
 
-    def keep_proof(self, key: str, directories: list[str], state: list[Any]) -> None:
+    def keep_proof(self, key: str, directories: list[str], state: list[Any], links: list[Any]) -> None:
         """Remember that the probes of ``key`` resolve where they did while ``directories``
-        are in ``state`` (only a state every listing proved, safely past: see
-        variants.variant_matches)."""
+        are in ``state`` and each of ``links`` (``[path, os.path.isfile(path)]``) answers as it
+        did (only a state every listing proved, safely past: see variants.variant_matches)."""
         with self._lock:
-            self._proofs[key] = [directories, state]
+            # Without links, the form every earlier version reads; with them a third item, which
+            # an earlier version takes for no proof (it proves again): never for a proof that holds.
+            self._proofs[key] = [directories, state, links] if links else [directories, state]
             self._new += 1
+
+    def _proof(self, key: str) -> list[Any] | None:
+        """The proof of ``key`` if well formed (the index file is this user's, but may come from
+        another version of this code: a malformed proof is no proof, never an error)."""
+        proof = self._proofs.get(key)
+        if not isinstance(proof, list) or len(proof) not in (2, 3) or not isinstance(proof[0], list):
+            return None
+        if len(proof) == 3:
+            links = proof[2]
+            if not isinstance(links, list) or not all(
+                isinstance(x, list) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], bool) for x in links
+            ):
+                return None
+        return proof
 
     def _listing(self, directory: str) -> dict[str, str] | None:
         try:

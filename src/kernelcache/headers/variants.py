@@ -278,8 +278,10 @@ def _probes_hold(
     entry was created, removed or renamed in any of them (their mtimes and ctimes stay), each
     probe's answer stays. Race: the state is read before the listings that prove the answers;
     a directory changed in between has another state by the next look-up, which then proves
-    again. A proof is kept only when every answer came from a listing (no symlink entry, no
-    directory too big to list) and every state is safely past (the racy rule)."""
+    again. An answer no listing proves (a symlink entry: its target may change where no
+    listing sees it; a directory too big to list) is kept in the proof with the place, and
+    asked again by a stat at each use. A proof is kept only when every state is safely past
+    (the racy rule)."""
     key = _proof_key(variant["digest"], dirs)
     if look is not None:
         if look.probes_known(key):
@@ -288,12 +290,12 @@ def _probes_hold(
         if searched is not None:
             state, _safe = look.dir_state(searched)
             if look.proved(key, state):
-                look.holds(key, searched, state, kept=False)
+                look.holds(key, searched, state, kept=False, links=look.proof_links(key))
                 return True
     plan = _probe_plan(variant, dirs, paths)
     state, safe = look.dir_state(plan.dirs) if look is not None else ([], False)
     present = set(paths)
-    proven = True
+    links: list[Any] = []  # [place, answer] where no listing proves the answer (index.proof_links)
     for places, at in plan.probes:
         found = -1
         for i, place in enumerate(places):
@@ -303,15 +305,23 @@ def _probes_hold(
             if place in absent:
                 continue
             here, by_listing = is_file(place)
-            proven = proven and by_listing
+            if not by_listing:
+                links.append([place, here])
             if here:
                 found = i
                 break
         if found != at:
             return False
-    if look is not None and proven:
-        look.holds(key, plan.dirs, state, kept=safe)
+    if look is not None and len(links) <= MAX_LINKS:
+        look.holds(key, plan.dirs, state, kept=safe, links=links)
     return True
+
+
+# Places of one proof answered by a stat, not a listing (a symlink entry: a view of symlinks to
+# the files, as Spack views, Bazel's execroot or a toolkit assembled from links make every
+# header one), asked again at each use of the proof. Past this many the proof is not kept:
+# checking it would cost about what proving the probes again does.
+MAX_LINKS = 256
 
 
 _proof_keys: dict[tuple[str, tuple[str, ...]], str] = {}

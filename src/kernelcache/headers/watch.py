@@ -297,12 +297,17 @@ class Look:
     def proved(self, key: str, state: list[Any]) -> bool:
         return self.index.proved(key, state)
 
-    def holds(self, key: str, directories: list[str], state: list[Any], kept: bool) -> None:
-        """The probes of ``key`` hold while ``directories`` are in ``state`` (``kept``: also a
-        proof for other processes)."""
+    def proof_links(self, key: str) -> list[Any]:
+        return self.index.proof_links(key)
+
+    def holds(self, key: str, directories: list[str], state: list[Any], kept: bool, links: list[Any]) -> None:
+        """The probes of ``key`` hold while ``directories`` are in ``state`` and each of
+        ``links`` answers as it did (``kept``: also a proof for other processes). A proof with
+        links is never trusted under watch: a symlink's target can change in a directory no
+        watch covers, so each use asks its links again (index.proved)."""
         if kept:
-            self.index.keep_proof(key, directories, state)
-        if getattr(self, "_guarded_state", False):
+            self.index.keep_proof(key, directories, state, links)
+        if getattr(self, "_guarded_state", False) and not links:
             self._proofs.append(key)
         else:
             self._unwatched = True
